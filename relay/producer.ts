@@ -1,0 +1,83 @@
+/**
+ * The relay's Kafka producer, behind a small interface of outboxkit's own so that another client
+ * (for example @confluentinc/kafka-javascript) can be added later without touching the relay.
+ */
+import type { Kafka, Producer, ProducerConfig } from 'kafkajs';
+
+/** One record to publish. */
+export interface OutboundRecord {
+  topic: string;
+  key: string | null;
+  value: Buffer;
+  headers: Record<string, string>;
+}
+
+/** What the relay needs from a Kafka producer. */
+export interface RelayProducer {
+  connect(): Promise<void>;
+  /**
+   * Publishes the records and resolves once the broker acknowledged all of them (acks=all).
+   * Rejects if any was not acknowledged; then some may have been written (the relay republishes
+   * them: at least once).
+   */
+  send(records: readonly OutboundRecord[]): Promise<void>;
+  disconnect(): Promise<void>;
+}
+
+/**
+ * The producer settings the relay's guarantees depend on; user settings cannot override them.
+ * - `idempotence: true` with `acks: -1` (all in-sync replicas): no duplicates from internal
+ *   retries, no loss on leader change.
+ * - `maxInFlightRequests: 1`: kafkajs allows unlimited in-flight requests by default, which can
+ *   reorder batches of one partition on retry.
+ * - finite `retry.retries`: with idempotence kafkajs otherwise retries almost forever, so a
+ *   failure never surfaces to the relay (which rebuilds the producer and backs off instead).
+ */
+export const SAFE_PRODUCER_CONFIG = Object.freeze({
+  idempotent: true,
+  maxInFlightRequests: 1,
+  allowAutoTopicCreation: false,
+} satisfies ProducerConfig);
+
+/**
+ * A kafkajs-backed {@link RelayProducer}. Sends are serialised: kafkajs' idempotent producer can
+ * assign broken sequence numbers under concurrent sends on one producer (case C09), so at most one
+ * `send()` is in flight at a time, whoever calls it.
+ *
+ * @param kafka - a kafkajs client.
+ * @param options.requestTimeoutMs - how long one produce request may take, in ms. @defaultValue 30_000
+ * @param options.retries - kafkajs retries inside one send before it rejects. @defaultValue 5
+ */
+export function createKafkajsProducer(
+  kafka: Kafka,
+  options: { requestTimeoutMs?: number; retries?: number } = {},
+): RelayProducer {
+  const producer: Producer = kafka.producer({
+    ...SAFE_PRODUCER_CONFIG,
+    retry: { retries: options.retries ?? 5, initialRetryTime: 100, maxRetryTime: 2_000 },
+  });
+  let tail: Promise<unknown> = Promise.resolve();
+
+  return {
+    connect: () => producer.connect(),
+    disconnect: () => producer.disconnect(),
+    send(records) {
+      const run = async (): Promise<void> => {
+        const byTopic = new Map<string, { key: string | null; value: Buffer; headers: Record<string, string> }[]>();
+        for (const r of records) {
+          let list = byTopic.get(r.topic);
+          if (!list) byTopic.set(r.topic, (list = []));
+          list.push({ key: r.key, value: r.value, headers: r.headers });
+        }
+        await producer.sendBatch({
+          acks: -1,
+          timeout: options.requestTimeoutMs ?? 30_000,
+          topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
+        });
+      };
+      const result = tail.then(run, run);
+      tail = result.catch(() => undefined);
+      return result;
+    },
+  };
+}

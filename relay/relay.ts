@@ -1,0 +1,402 @@
+/**
+ * The relay: publishes committed outbox events to Kafka, at least once, in per-key order.
+ *
+ * How the work is divided: every event belongs to one of 64 lanes (by a hash of its key). A relay
+ * holds a fair share of the lanes through leases kept in `relay_lanes` (database clock), each with
+ * a fencing token that grows on every takeover. Only the holder of a lane publishes its events, so
+ * each key has one active publisher; a relay that dies loses its lanes when its lease expires
+ * (`leaseMs`), and the others take them over. A paused relay that wakes after losing a lane may
+ * still send what it had read (a late duplicate), but it can no longer mark rows: the mark checks
+ * the fencing token.
+ *
+ * The relay needs a session-mode connection (a direct PostgreSQL connection, or PgBouncer in
+ * session mode): LISTEN does not work through a transaction-pooling proxy.
+ */
+import { EventEmitter } from 'node:events';
+import { hostname } from 'node:os';
+import { randomUUID } from 'node:crypto';
+import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
+import { type Queryable } from '../src/database.js';
+import { InvalidOptionsError, LifecycleError, TopicMissingError } from '../src/errors.js';
+import { noopLogger, type Logger } from '../src/logger.js';
+import { DEFAULT_SCHEMA, OUTBOX_LANES } from '../src/schema.js';
+import { quoteSchema } from '../src/schema-name.js';
+import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
+import { notifyChannel } from '../src/outbox/enqueue.js';
+import { fullJitterBackoffMs } from '../src/backoff.js';
+import { createKafkajsProducer, type OutboundRecord, type RelayProducer } from './producer.js';
+import * as sql from './sql.js';
+
+/** Options of {@link Relay}. */
+export interface RelayOptions {
+  /** PostgreSQL connection string (session mode). Required unless `pool` is given. */
+  connectionString?: string;
+  /** A pool to use instead of `connectionString`; outboxkit does not end it. */
+  pool?: pg.Pool;
+  /** Kafka brokers, `host:port`. Required unless `kafka` or `producer` is given. */
+  brokers?: string[];
+  /** A kafkajs client to use instead of `brokers`. */
+  kafka?: Kafka;
+  /** A producer to use instead of the kafkajs one (tests, other clients). */
+  producer?: RelayProducer;
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+  /** This instance's id, shown in `outboxkit status`. @defaultValue `<hostname>-<pid>-<random>` */
+  relayId?: string;
+  /** Most rows read and published in one pass. @defaultValue 500 */
+  batchSize?: number;
+  /**
+   * Most payload bytes read in one pass (the first row always comes). Keep it below the topic's
+   * `max.message.bytes`: kafkajs puts one partition's messages in one record batch. @defaultValue 900_000
+   */
+  maxBatchBytes?: number;
+  /** Poll interval when no notification arrives, in ms. @defaultValue 1_000 */
+  pollIntervalMs?: number;
+  /** Wake on NOTIFY from writers (LISTEN on a dedicated connection). @defaultValue true */
+  listen?: boolean;
+  /** Lane lease length, in ms: how long a dead relay's lanes stay blocked. @defaultValue 10_000 */
+  leaseMs?: number;
+  /** Backoff after a failed pass: first delay and cap, in ms (full jitter). @defaultValue 200, 10_000 */
+  retryInitialMs?: number;
+  retryMaxMs?: number;
+  /** Check at start that the topics of pending events exist. @defaultValue true */
+  verifyTopics?: boolean;
+  /** Logger. @defaultValue no-op */
+  logger?: Logger;
+}
+
+/** Resolved relay options. */
+export type ResolvedRelayOptions = Required<Pick<RelayOptions, 'schema' | 'relayId' | 'batchSize' | 'maxBatchBytes' | 'pollIntervalMs' | 'listen' | 'leaseMs' | 'retryInitialMs' | 'retryMaxMs' | 'verifyTopics'>>;
+
+/** Defaults of {@link RelayOptions}. */
+export const RELAY_DEFAULTS = Object.freeze({
+  schema: DEFAULT_SCHEMA,
+  batchSize: 500,
+  maxBatchBytes: 900_000,
+  pollIntervalMs: 1_000,
+  listen: true,
+  leaseMs: 10_000,
+  retryInitialMs: 200,
+  retryMaxMs: 10_000,
+  verifyTopics: true,
+});
+
+function positiveInt(name: string, value: number, min = 1): void {
+  if (!Number.isInteger(value) || value < min) throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
+}
+
+/** Validates relay options once. @throws {@link InvalidOptionsError} */
+export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
+  const r = {
+    ...RELAY_DEFAULTS,
+    relayId: options.relayId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`,
+    ...Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)),
+  } as ResolvedRelayOptions;
+  quoteSchema(r.schema);
+  positiveInt('batchSize', r.batchSize);
+  positiveInt('maxBatchBytes', r.maxBatchBytes);
+  positiveInt('pollIntervalMs', r.pollIntervalMs, 10);
+  positiveInt('leaseMs', r.leaseMs, 1_000);
+  positiveInt('retryInitialMs', r.retryInitialMs);
+  positiveInt('retryMaxMs', r.retryMaxMs);
+  if (!options.pool && !options.connectionString) throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
+  if (!options.producer && !options.kafka && !(options.brokers && options.brokers.length > 0)) {
+    throw new InvalidOptionsError('The relay needs `brokers`, `kafka` or `producer`.');
+  }
+  return r;
+}
+
+/** Events a relay emits (a typed map, `area:action` names). */
+export interface RelayEvents {
+  'relay:published': [{ count: number; marked: number; lanes: number }];
+  'relay:error': [{ error: Error; attempt: number }];
+  'relay:lanes': [{ held: number[] }];
+}
+
+interface LaneLease extends sql.HeldLane {
+  /** performance.now() until which this process may act on the lane. */
+  validUntil: number;
+}
+
+/**
+ * A relay instance. `start()` runs it in the background; `stop()` drains the pass in flight,
+ * releases its lanes for the other relays and disconnects.
+ */
+export class Relay extends EventEmitter<RelayEvents> {
+  readonly options: ResolvedRelayOptions;
+  private readonly q: string;
+  private readonly pool: pg.Pool;
+  private readonly ownsPool: boolean;
+  private readonly db: Queryable;
+  private readonly logger: Logger;
+  private readonly makeProducer: () => RelayProducer;
+  private producer: RelayProducer | undefined;
+  private readonly held = new Map<number, LaneLease>();
+  private listener: pg.Client | undefined;
+  private wake: (() => void) | undefined;
+  private woken = false;
+  private loopDone: Promise<void> | undefined;
+  private maintainTimer: NodeJS.Timeout | undefined;
+  private maintaining: Promise<void> = Promise.resolve();
+  private stopping = false;
+  private stopped: Promise<void> | undefined;
+  private started = false;
+
+  constructor(options: RelayOptions) {
+    super();
+    this.options = resolveRelayOptions(options);
+    this.q = quoteSchema(this.options.schema);
+    this.logger = options.logger ?? noopLogger;
+    this.ownsPool = !options.pool;
+    this.pool = options.pool ?? new pg.Pool({ connectionString: options.connectionString, max: 3, keepAlive: true });
+    this.pool.on('error', (err) => this.logger.warn({ err }, 'idle PostgreSQL connection failed'));
+    this.db = {
+      query: async <R>(text: string, values?: readonly unknown[]) => {
+        const r = await this.pool.query(text, values as unknown[]);
+        return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
+      },
+    };
+    const kafka = options.kafka ?? (options.brokers ? new Kafka({ clientId: 'outboxkit-relay', brokers: options.brokers, logLevel: logLevel.WARN }) : undefined);
+    this.makeProducer = options.producer ? () => options.producer as RelayProducer : () => createKafkajsProducer(kafka as Kafka);
+    this.kafka = kafka;
+  }
+
+  private readonly kafka: Kafka | undefined;
+
+  /** This instance's id. */
+  get relayId(): string {
+    return this.options.relayId;
+  }
+
+  /** The lanes this relay currently holds. */
+  heldLanes(): number[] {
+    return [...this.held.keys()].sort((a, b) => a - b);
+  }
+
+  /**
+   * Starts the relay: verifies topics, takes lanes, and publishes in the background until
+   * `stop()` or `signal` aborts.
+   *
+   * @throws {@link TopicMissingError} when a topic of a pending event does not exist.
+   * @throws {@link LifecycleError} when called twice.
+   */
+  async start(signal?: AbortSignal): Promise<void> {
+    if (this.started) throw new LifecycleError('Relay.start() was called twice.');
+    this.started = true;
+    await sql.seedLanes(this.db, this.q);
+    if (this.options.verifyTopics && this.kafka) await this.verifyTopics(this.kafka);
+    this.producer = this.makeProducer();
+    await this.producer.connect();
+    if (this.options.listen) await this.startListener();
+    await this.maintainLanes();
+    this.maintainTimer = setInterval(() => {
+      this.maintaining = this.maintaining.then(() => this.maintainLanes()).catch((err: Error) => {
+        this.logger.warn({ err }, 'lane maintenance failed');
+      });
+    }, Math.max(200, Math.floor(this.options.leaseMs / 3)));
+    this.maintainTimer.unref();
+    signal?.addEventListener('abort', () => void this.stop(), { once: true });
+    this.loopDone = this.loop();
+    this.logger.info({ relayId: this.relayId, lanes: this.heldLanes().length }, 'relay started');
+  }
+
+  /**
+   * Stops the relay: finishes the pass in flight (its rows are marked or left pending), releases
+   * its lanes, and disconnects. Idempotent: later calls return the same promise.
+   *
+   * @param options.timeoutMs - how long to wait for the pass in flight, in ms. @defaultValue 30_000
+   */
+  stop(options: { timeoutMs?: number } = {}): Promise<void> {
+    this.stopped ??= this.doStop(options.timeoutMs ?? 30_000);
+    return this.stopped;
+  }
+
+  private async doStop(timeoutMs: number): Promise<void> {
+    this.stopping = true;
+    this.wakeUp();
+    if (this.maintainTimer) clearInterval(this.maintainTimer);
+    if (this.loopDone) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([this.loopDone, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
+      clearTimeout(timer);
+    }
+    await this.maintaining;
+    try {
+      await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
+      await sql.deregisterInstance(this.db, this.q, this.relayId);
+    } catch (err) {
+      this.logger.warn({ err }, 'could not release lanes at stop; they free up when the lease expires');
+    }
+    this.held.clear();
+    await this.listener?.end().catch(() => undefined);
+    await this.producer?.disconnect().catch(() => undefined);
+    if (this.ownsPool) await this.pool.end();
+    this.logger.info({ relayId: this.relayId }, 'relay stopped');
+  }
+
+  private async verifyTopics(kafka: Kafka): Promise<void> {
+    const { rows } = await this.db.query<{ topic: string }>(
+      `SELECT DISTINCT topic FROM ${this.q}.outbox_events WHERE published_at IS NULL`,
+    );
+    if (rows.length === 0) return;
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      const existing = new Set(await admin.listTopics());
+      const missing = rows.map((r) => r.topic).filter((t) => !existing.has(t));
+      if (missing.length > 0) {
+        throw new TopicMissingError(
+          `Outbox events wait for Kafka topics that do not exist: ${missing.join(', ')}. ` +
+            'Create them (outboxkit does not auto-create topics), for example with the kafka-topics tool.',
+        );
+      }
+    } finally {
+      await admin.disconnect();
+    }
+  }
+
+  private async startListener(): Promise<void> {
+    const channel = notifyChannel(this.options.schema);
+    const client = new pg.Client({ ...(this.pool.options as pg.ClientConfig), keepAlive: true });
+    client.on('notification', () => this.wakeUp());
+    client.on('error', (err) => {
+      // A dead listener only costs latency: polling continues, and the listener is rebuilt.
+      this.logger.warn({ err }, 'LISTEN connection failed; polling until it is back');
+      if (this.listener === client) this.listener = undefined;
+      client.end().catch(() => undefined);
+    });
+    await client.connect();
+    await client.query(`LISTEN "${channel}"`);
+    this.listener = client;
+  }
+
+  private wakeUp(): void {
+    this.woken = true;
+    this.wake?.();
+  }
+
+  private async sleep(ms: number): Promise<void> {
+    if (this.woken || this.stopping) {
+      this.woken = false;
+      return;
+    }
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(done, ms);
+      function done(): void {
+        clearTimeout(timer);
+        resolve();
+      }
+      this.wake = done;
+    });
+    this.wake = undefined;
+    this.woken = false;
+  }
+
+  /** Renews, takes and gives back lanes so that live relays share them evenly. */
+  private async maintainLanes(): Promise<void> {
+    if (this.stopping) return;
+    const { leaseMs } = this.options;
+    const began = performance.now();
+    // Act on a lane only until slightly before its lease ends by our clock, measured from before
+    // the renewal was sent: the database's lease is at least that long.
+    const validUntil = began + leaseMs * 0.8;
+    const live = await sql.heartbeatInstance(this.db, this.q, this.relayId, hostname(), process.pid, leaseMs);
+    const renewed = await sql.renewLanes(this.db, this.q, this.relayId, [...this.held.values()], leaseMs);
+    const keep = new Set(renewed.map((r) => r.lane));
+    for (const lane of this.held.keys()) if (!keep.has(lane)) this.held.delete(lane);
+    for (const r of renewed) this.held.set(r.lane, { ...r, validUntil });
+    if (!this.listener && this.options.listen && !this.stopping) {
+      await this.startListener().catch((err: Error) => this.logger.warn({ err }, 'LISTEN reconnect failed'));
+    }
+    const share = Math.ceil(OUTBOX_LANES / live);
+    if (this.held.size < share) {
+      for (const r of await sql.acquireLanes(this.db, this.q, this.relayId, share - this.held.size, leaseMs)) {
+        this.held.set(r.lane, { ...r, validUntil });
+      }
+    } else if (this.held.size > share) {
+      const extra = this.heldLanes().slice(share);
+      for (const lane of extra) this.held.delete(lane);
+      // Give them back after the pass in flight, which may still be publishing their rows.
+      await this.currentPass;
+      await sql.releaseLanes(this.db, this.q, this.relayId, extra);
+    }
+    this.emit('relay:lanes', { held: this.heldLanes() });
+    this.wakeUp();
+  }
+
+  private currentPass: Promise<unknown> = Promise.resolve();
+
+  private async loop(): Promise<void> {
+    let failures = 0;
+    while (!this.stopping) {
+      let published = 0;
+      try {
+        const pass = this.pass();
+        this.currentPass = pass.catch(() => undefined);
+        published = await pass;
+        failures = 0;
+      } catch (err) {
+        failures++;
+        const error = err instanceof Error ? err : new Error(String(err));
+        this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
+        this.emit('relay:error', { error, attempt: failures });
+        await this.rebuildProducer();
+        await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs));
+        continue;
+      }
+      if (published === 0) await this.sleep(this.options.pollIntervalMs);
+    }
+  }
+
+  private async rebuildProducer(): Promise<void> {
+    // After a failed send the producer's state (sequence numbers, connections) is suspect.
+    const old = this.producer;
+    this.producer = undefined;
+    await old?.disconnect().catch(() => undefined);
+    if (this.stopping) return;
+    const next = this.makeProducer();
+    try {
+      await next.connect();
+      this.producer = next;
+    } catch (err) {
+      this.logger.warn({ err }, 'producer reconnect failed');
+    }
+  }
+
+  /** One pass: read pending rows of held lanes, publish them, mark what the broker acknowledged. */
+  private async pass(): Promise<number> {
+    const now = performance.now();
+    const lanes = [...this.held.values()].filter((l) => l.validUntil > now);
+    if (lanes.length === 0) return 0;
+    if (!this.producer) {
+      await this.rebuildProducer();
+      if (!this.producer) throw new Error('no Kafka producer available');
+    }
+    const rows = await sql.readPending(this.db, this.q, lanes.map((l) => l.lane), this.options.batchSize, this.options.maxBatchBytes);
+    if (rows.length === 0) return 0;
+    // Ownership check right before the send: a lane lost since the read is not published.
+    const stillValid = new Set(lanes.filter((l) => l.validUntil > performance.now() && this.held.get(l.lane)?.token === l.token).map((l) => l.lane));
+    const sendable = rows.filter((r) => stillValid.has(r.lane));
+    if (sendable.length === 0) return 0;
+    await this.producer.send(sendable.map(toRecord));
+    const marked = await sql.markPublished(this.db, this.q, this.relayId, sendable.map((r) => r.seq), lanes);
+    this.emit('relay:published', { count: sendable.length, marked, lanes: stillValid.size });
+    this.logger.debug({ count: sendable.length, marked }, 'published');
+    return sendable.length;
+  }
+}
+
+function toRecord(row: sql.PendingRow): OutboundRecord {
+  return {
+    topic: row.topic,
+    key: row.key,
+    value: row.payload,
+    headers: { ...row.headers, [HEADER_EVENT_ID]: row.event_id, [HEADER_EVENT_TYPE]: row.type },
+  };
+}
+
+/** Creates a {@link Relay}; call `start()` to run it. */
+export function createRelay(options: RelayOptions): Relay {
+  return new Relay(options);
+}

@@ -1,0 +1,193 @@
+/**
+ * The relay's SQL, one named function per statement, each with the reason for its concurrency
+ * choice. All run on a pool in autocommit mode (each statement its own transaction).
+ */
+import type { Queryable } from '../src/database.js';
+import { OUTBOX_LANES } from '../src/schema.js';
+
+/** A pending outbox row as the relay reads it. */
+export interface PendingRow {
+  seq: string;
+  event_id: string;
+  topic: string;
+  key: string | null;
+  lane: number;
+  type: string;
+  payload: Buffer;
+  headers: Record<string, string>;
+}
+
+/** A lane this instance holds, with the fencing token of that ownership. */
+export interface HeldLane {
+  lane: number;
+  token: string;
+}
+
+/** Creates the lane rows once; concurrent relays may run it at once (ON CONFLICT DO NOTHING). */
+export async function seedLanes(db: Queryable, schema: string): Promise<void> {
+  await db.query(
+    `INSERT INTO ${schema}.relay_lanes (lane) SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING`,
+    [OUTBOX_LANES],
+  );
+}
+
+/**
+ * Renews the leases of the lanes this relay holds and returns those it still holds. A lane whose
+ * token changed was taken over after our lease expired: it is not returned, and its rows are left
+ * to the new owner. Lease times come from the database clock, never this process's.
+ */
+export async function renewLanes(db: Queryable, schema: string, relayId: string, held: readonly HeldLane[], leaseMs: number): Promise<HeldLane[]> {
+  if (held.length === 0) return [];
+  const { rows } = await db.query<{ lane: number; token: string }>(
+    `UPDATE ${schema}.relay_lanes l
+        SET lease_expires_at = now() + make_interval(secs => $2::double precision / 1000)
+       FROM unnest($3::smallint[], $4::bigint[]) AS h(lane, token)
+      WHERE l.lane = h.lane AND l.fencing_token = h.token AND l.owner_id = $1
+      RETURNING l.lane, l.fencing_token::text AS token`,
+    [relayId, leaseMs, held.map((h) => h.lane), held.map((h) => h.token)],
+  );
+  return rows;
+}
+
+/**
+ * Registers this relay (or renews its liveness lease) and returns how many relays are live,
+ * itself included, so each can take a fair share of the lanes, even relays that hold none yet.
+ */
+export async function heartbeatInstance(db: Queryable, schema: string, relayId: string, hostname: string, pid: number, leaseMs: number): Promise<number> {
+  const { rows } = await db.query<{ n: number }>(
+    `WITH me AS (
+       INSERT INTO ${schema}.relay_instances (relay_id, hostname, pid, lease_expires_at)
+       VALUES ($1, $2, $3, now() + make_interval(secs => $4::double precision / 1000))
+       ON CONFLICT (relay_id) DO UPDATE SET lease_expires_at = EXCLUDED.lease_expires_at
+       RETURNING relay_id)
+     SELECT 1 + count(*)::int AS n FROM ${schema}.relay_instances
+      WHERE lease_expires_at > now() AND relay_id <> (SELECT relay_id FROM me)`,
+    [relayId, hostname, pid, leaseMs],
+  );
+  return rows[0]?.n ?? 1;
+}
+
+/** Removes this relay's registration (graceful stop). */
+export async function deregisterInstance(db: Queryable, schema: string, relayId: string): Promise<void> {
+  await db.query(`DELETE FROM ${schema}.relay_instances WHERE relay_id = $1`, [relayId]);
+}
+
+/**
+ * Operator action: frees every lane of `relayId` and removes its registration, so live relays take
+ * its lanes at their next heartbeat instead of waiting for the lease to expire. Bumping the fencing
+ * token makes sure that relay, if it is in fact alive, can no longer mark rows.
+ *
+ * @returns the number of lanes freed.
+ */
+export async function releaseOwner(db: Queryable, schema: string, relayId: string): Promise<number> {
+  const { rowCount } = await db.query(
+    `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL, fencing_token = fencing_token + 1
+      WHERE owner_id = $1`,
+    [relayId],
+  );
+  await deregisterInstance(db, schema, relayId);
+  return rowCount;
+}
+
+/** Lane owners, for `outboxkit status`. */
+export async function laneOwners(db: Queryable, schema: string): Promise<{ owner_id: string | null; lanes: number; live: boolean }[]> {
+  const { rows } = await db.query<{ owner_id: string | null; lanes: number; live: boolean }>(
+    `SELECT owner_id, count(*)::int AS lanes, coalesce(bool_and(lease_expires_at > now()), false) AS live
+       FROM ${schema}.relay_lanes GROUP BY owner_id ORDER BY owner_id NULLS LAST`,
+  );
+  return rows;
+}
+
+/**
+ * Takes up to `limit` lanes that are free or whose lease expired. Taking a lane increments its
+ * fencing token, so a previous owner that is merely paused can no longer mark rows of it.
+ * SKIP LOCKED: two relays acquiring at once take different lanes instead of waiting on each other.
+ */
+export async function acquireLanes(db: Queryable, schema: string, relayId: string, limit: number, leaseMs: number): Promise<HeldLane[]> {
+  if (limit <= 0) return [];
+  const { rows } = await db.query<{ lane: number; token: string }>(
+    `UPDATE ${schema}.relay_lanes l
+        SET owner_id = $1,
+            fencing_token = l.fencing_token + 1,
+            lease_expires_at = now() + make_interval(secs => $3::double precision / 1000)
+      WHERE l.lane IN (
+              SELECT lane FROM ${schema}.relay_lanes
+               WHERE owner_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= now()
+               ORDER BY lane
+               LIMIT $2
+               FOR UPDATE SKIP LOCKED)
+      RETURNING l.lane, l.fencing_token::text AS token`,
+    [relayId, limit, leaseMs],
+  );
+  return rows;
+}
+
+/** Gives lanes back (rebalance or shutdown) so another relay can take them at once. */
+export async function releaseLanes(db: Queryable, schema: string, relayId: string, lanes: readonly number[]): Promise<void> {
+  if (lanes.length === 0) return;
+  await db.query(
+    `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL
+      WHERE owner_id = $1 AND lane = ANY($2::smallint[])`,
+    [relayId, lanes],
+  );
+}
+
+/**
+ * Reads the next pending rows of the given lanes in seq order, bounded by a row count and by the
+ * sum of payload bytes (the first row always comes, so one large event cannot stall a lane).
+ *
+ * Why there is no high-water mark: seq values are drawn before commit, so a row with a smaller seq
+ * can become visible after a larger one was read (case C01). Every pass reads all pending rows
+ * again from the index instead; rows of one key still come in commit order because the writer
+ * locks the key before drawing seq. Only committed rows are visible to this autocommit statement.
+ */
+export async function readPending(db: Queryable, schema: string, lanes: readonly number[], maxRows: number, maxBytes: number): Promise<PendingRow[]> {
+  if (lanes.length === 0) return [];
+  const { rows } = await db.query<PendingRow>(
+    `SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.lane, e.type, e.payload, e.headers
+       FROM (SELECT seq,
+                    sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes,
+                    row_number() OVER (ORDER BY seq) AS n
+               FROM (SELECT seq, payload FROM ${schema}.outbox_events
+                      WHERE lane = ANY($1::smallint[]) AND published_at IS NULL AND parked_at IS NULL
+                      ORDER BY seq LIMIT $2) page) w
+       JOIN ${schema}.outbox_events e ON e.seq = w.seq
+      WHERE w.bytes <= $3 OR w.n = 1
+      ORDER BY e.seq`,
+    [lanes, maxRows, maxBytes],
+  );
+  return rows;
+}
+
+/**
+ * Marks exactly the rows the broker acknowledged as published, and only while this relay still
+ * holds their lane with the same fencing token: a relay that lost its lane marks nothing (its
+ * rows are republished by the new owner: a duplicate, never a loss).
+ *
+ * @returns the number of rows marked.
+ */
+export async function markPublished(db: Queryable, schema: string, relayId: string, seqs: readonly string[], held: readonly HeldLane[]): Promise<number> {
+  if (seqs.length === 0) return 0;
+  const { rowCount } = await db.query(
+    `UPDATE ${schema}.outbox_events e
+        SET published_at = now()
+       FROM ${schema}.relay_lanes l
+       JOIN unnest($3::smallint[], $4::bigint[]) AS h(lane, token) ON h.lane = l.lane
+      WHERE e.seq = ANY($2::bigint[]) AND e.published_at IS NULL
+        AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = h.token`,
+    [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)],
+  );
+  return rowCount;
+}
+
+/** Backlog figures for metrics and `outboxkit status`. */
+export async function backlog(db: Queryable, schema: string): Promise<{ pending: number; parked: number; oldestPendingMs: number }> {
+  const { rows } = await db.query<{ pending: string; parked: string; oldest_ms: number | null }>(
+    `SELECT count(*) FILTER (WHERE parked_at IS NULL) AS pending,
+            count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
+            (extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)) * 1000)::float8 AS oldest_ms
+       FROM ${schema}.outbox_events WHERE published_at IS NULL`,
+  );
+  const r = rows[0];
+  return { pending: Number(r?.pending ?? 0), parked: Number(r?.parked ?? 0), oldestPendingMs: r?.oldest_ms ?? 0 };
+}

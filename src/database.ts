@@ -1,0 +1,233 @@
+/**
+ * How outboxkit joins the application's own transaction.
+ *
+ * outboxkit never opens a connection of its own for the application's writes: `enqueue()` and the
+ * idempotency layer run their SQL inside the transaction the caller already holds, so that the
+ * business rows, the idempotency record and the outbox events commit together (DESIGN G2).
+ *
+ * Supported transaction handles (a small structural interface, like pg-boss's drizzle adapter):
+ * - a `pg` client (`pg.Client` or a `pg.PoolClient`) inside `BEGIN`;
+ * - a drizzle-orm transaction (`db.transaction(async (tx) => ...)`), node-postgres or postgres-js
+ *   driver.
+ *
+ * What is refused, by type and at run time (case C23): a `pg.Pool`, a `pg` client outside a
+ * transaction or in an aborted one, a top-level drizzle database, and a finished drizzle
+ * node-postgres transaction. What cannot be detected: a finished drizzle **postgres-js**
+ * transaction handle (the driver exposes no transaction status); do not keep `tx` past its callback.
+ */
+import { is } from 'drizzle-orm';
+import { PgTransaction } from 'drizzle-orm/pg-core';
+import { sql, type SQL } from 'drizzle-orm';
+import type pg from 'pg';
+import { NotInTransactionError } from './errors.js';
+
+/** The result shape outboxkit needs from a query. */
+export interface QueryResult<R> {
+  rows: R[];
+  rowCount: number;
+}
+
+/** A connection that runs parameterised SQL (`$1`, `$2`, ...) inside one transaction. */
+export interface Queryable {
+  query<R = Record<string, unknown>>(text: string, values?: readonly unknown[]): Promise<QueryResult<R>>;
+}
+
+/** The subset of `pg.ClientBase` outboxkit uses. */
+export interface PgClientLike {
+  query(text: string, values?: unknown[]): Promise<{ rows: unknown[]; rowCount: number | null }>;
+  getTransactionStatus?(): string | null;
+}
+
+// drizzle's transaction class is generic over the driver's result type; `any` keeps the
+// structural check independent of the driver the application chose.
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type DrizzleTransaction = PgTransaction<any, any, any>;
+
+/**
+ * A transaction handle outboxkit accepts: a `pg` client inside BEGIN, or a drizzle transaction.
+ * A `pg.Pool` is rejected by type (it has `totalCount`) and at run time.
+ */
+export type TransactionHandle = DrizzleTransaction | (PgClientLike & { totalCount?: never });
+
+function isPool(value: object): boolean {
+  // pg.Pool (and pools shaped like it) expose these counters; clients do not.
+  return 'totalCount' in value && 'idleCount' in value && typeof (value as { connect?: unknown }).connect === 'function';
+}
+
+/** SQLSTATE 25P02 in_failed_sql_transaction: the transaction already failed and must be rolled back. */
+const IN_FAILED_SQL_TRANSACTION = '25P02';
+
+function abortedError(what: string, cause?: unknown): NotInTransactionError {
+  return new NotInTransactionError(
+    `${what} was given a transaction that has already failed (aborted); roll it back and retry the whole transaction.`,
+    { cause },
+  );
+}
+
+/** Runs a query, turning "transaction is aborted" into {@link NotInTransactionError}. */
+async function guarded<T>(what: string, run: () => Promise<T>): Promise<T> {
+  try {
+    return await run();
+  } catch (err) {
+    if ((err as { code?: unknown }).code === IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
+    throw err;
+  }
+}
+
+function checkPgClient(client: PgClientLike, what: string): void {
+  if (typeof client.getTransactionStatus !== 'function') return; // not node-postgres: cannot tell
+  const status = client.getTransactionStatus();
+  if (status === 'T') return;
+  // node-postgres updates the status when ReadyForQuery arrives, which can be just after a failed
+  // query's promise rejected; `guarded()` catches the aborted case the status misses.
+  if (status === 'E') throw abortedError(what);
+  throw new NotInTransactionError(
+    `${what} needs a pg client inside BEGIN (transaction status is ${JSON.stringify(status)}); ` +
+      'call it with the client that holds your transaction, after BEGIN and before COMMIT.',
+  );
+}
+
+/** Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object. */
+function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
+  const chunks: SQL[] = [];
+  const re = /\$(\d+)/g;
+  let last = 0;
+  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
+    chunks.push(sql.raw(text.slice(last, m.index)));
+    chunks.push(sql`${sql.param(values[Number(m[1]) - 1])}`);
+    last = m.index + m[0].length;
+  }
+  chunks.push(sql.raw(text.slice(last)));
+  return sql.join(chunks);
+}
+
+function fromDrizzleTransaction(tx: DrizzleTransaction, what: string): Queryable {
+  // node-postgres driver: the session holds the pg client, whose status tells a finished handle.
+  const client = (tx as unknown as { session?: { client?: PgClientLike } }).session?.client;
+  return {
+    async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
+      if (client && typeof client.getTransactionStatus === 'function') checkPgClient(client, what);
+      const result = (await guarded(what, () => tx.execute(toDrizzleSql(text, values)))) as unknown;
+      if (Array.isArray(result)) {
+        // postgres-js: an array of rows with a `count`.
+        const count = (result as unknown as { count?: number }).count;
+        return { rows: result as R[], rowCount: count ?? result.length };
+      }
+      const r = result as { rows: R[]; rowCount: number | null };
+      return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
+    },
+  };
+}
+
+/**
+ * Wraps the caller's transaction handle so outboxkit can run SQL in it.
+ *
+ * @param tx - a `pg` client inside BEGIN, or a drizzle transaction.
+ * @param what - the caller's name, for error messages (for example `'enqueue()'`).
+ * @throws {@link NotInTransactionError} when `tx` is a pool, a top-level drizzle database, or a
+ *   client that is not inside a live transaction.
+ */
+export function joinTransaction(tx: TransactionHandle, what: string): Queryable {
+  if (typeof tx !== 'object' || tx === null) {
+    throw new NotInTransactionError(`${what} needs a transaction handle, got ${tx === null ? 'null' : typeof tx}.`);
+  }
+  if (is(tx, PgTransaction)) return fromDrizzleTransaction(tx as DrizzleTransaction, what);
+  if (isPool(tx)) {
+    throw new NotInTransactionError(
+      `${what} was given a pool; pass the client (or drizzle \`tx\`) that holds your transaction, ` +
+        'so the outbox rows commit or roll back with your business rows.',
+    );
+  }
+  if ('dialect' in tx && 'session' in tx && typeof (tx as { transaction?: unknown }).transaction === 'function') {
+    throw new NotInTransactionError(
+      `${what} was given a top-level drizzle database; call it with the \`tx\` of db.transaction(async (tx) => ...).`,
+    );
+  }
+  const client = tx as PgClientLike;
+  if (typeof client.query !== 'function') {
+    throw new NotInTransactionError(`${what} needs a pg client inside BEGIN or a drizzle transaction.`);
+  }
+  checkPgClient(client, what);
+  return {
+    async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
+      const r = await guarded(what, () => client.query(text, values as unknown[]));
+      return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
+    },
+  };
+}
+
+/**
+ * Runs `fn` in a transaction on a client taken from `pool`, and returns the client to the pool in a
+ * clean state whatever happens: COMMIT on success, ROLLBACK on error, and a client whose ROLLBACK
+ * failed is destroyed rather than returned (case C24: a pooled client left in an aborted
+ * transaction would fail every later query on it).
+ *
+ * @param pool - a `pg.Pool`.
+ * @param fn - the work; receives the client inside BEGIN.
+ * @param options.beginSql - the statement that opens the transaction. @defaultValue 'BEGIN'
+ */
+export async function withPgTransaction<T>(
+  pool: pg.Pool,
+  fn: (client: pg.PoolClient) => Promise<T>,
+  options: { beginSql?: string } = {},
+): Promise<T> {
+  const client = await pool.connect();
+  let destroy: Error | undefined;
+  try {
+    await client.query(options.beginSql ?? 'BEGIN');
+    try {
+      const result = await fn(client);
+      await client.query('COMMIT');
+      return result;
+    } catch (err) {
+      try {
+        await client.query('ROLLBACK');
+      } catch (rollbackErr) {
+        destroy = rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
+      }
+      throw err;
+    }
+  } catch (err) {
+    // BEGIN or COMMIT failed: the connection's state is unknown, so it is not reused.
+    destroy ??= client.getTransactionStatus() === 'I' ? undefined : (err as Error);
+    throw err;
+  } finally {
+    client.release(destroy ?? false);
+  }
+}
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type AnyDrizzleDb = { transaction: (fn: (tx: any) => Promise<any>, config?: any) => Promise<any> };
+
+/** The transaction type that `db.transaction()` of a drizzle database hands to its callback. */
+export type DrizzleTransactionOf<D extends AnyDrizzleDb> = Parameters<Parameters<D['transaction']>[0]>[0];
+
+/**
+ * Where outboxkit opens transactions of its own (the consumer's handler transaction, the
+ * idempotency layer's request transaction): a `pg.Pool` or a drizzle database. The callback
+ * receives the natural handle of each: a `pg.PoolClient` inside BEGIN, or drizzle's `tx`.
+ */
+export type DatabaseHandle = pg.Pool | AnyDrizzleDb;
+
+/** The transaction handle that `runTransaction(db, ...)` passes to its callback. */
+export type TransactionOf<D extends DatabaseHandle> = D extends pg.Pool
+  ? pg.PoolClient
+  : D extends AnyDrizzleDb
+    ? DrizzleTransactionOf<D>
+    : never;
+
+/**
+ * Runs `fn` in a new transaction of `db` (a `pg.Pool` through {@link withPgTransaction}, or a
+ * drizzle database through `db.transaction()`), committing when it resolves and rolling back when
+ * it throws.
+ */
+export async function runTransaction<D extends DatabaseHandle, T>(
+  db: D,
+  fn: (tx: TransactionOf<D>) => Promise<T>,
+): Promise<T> {
+  if (isPool(db)) return withPgTransaction(db as pg.Pool, fn as (c: pg.PoolClient) => Promise<T>);
+  if (typeof (db as AnyDrizzleDb).transaction === 'function') {
+    return (db as AnyDrizzleDb).transaction(fn) as Promise<T>;
+  }
+  throw new NotInTransactionError('Expected a pg.Pool or a drizzle database to open transactions on.');
+}

@@ -1,0 +1,136 @@
+/**
+ * Every error outboxkit throws is an {@link OutboxkitError} carrying a stable `code` from
+ * {@link ERROR_CODES}. Recognise errors with {@link isOutboxkitError} or by `code`, not with
+ * `instanceof`: applications often load two copies of a library (a bundled one and a hoisted one),
+ * and `instanceof` fails across copies.
+ */
+
+/** Every error code outboxkit uses. New codes are only ever appended. */
+export const ERROR_CODES = [
+  /** Options passed to a function or component are invalid. */
+  'OUTBOXKIT_INVALID_OPTIONS',
+  /** An outbox event is invalid (no topic, payload too large, not serialisable, ...). */
+  'OUTBOXKIT_INVALID_EVENT',
+  /** The handle passed as a transaction is not a live transaction (a pool, the top-level db). */
+  'OUTBOXKIT_NOT_IN_TRANSACTION',
+  /** The PostgreSQL server is older than outboxkit supports. */
+  'OUTBOXKIT_UNSUPPORTED_SERVER',
+  /** A migration failed or the migration files are inconsistent. */
+  'OUTBOXKIT_MIGRATION_FAILED',
+  /** The idempotency key is missing where required. */
+  'OUTBOXKIT_KEY_MISSING',
+  /** The idempotency key is malformed (empty, too long, not visible ASCII) or repeated. */
+  'OUTBOXKIT_KEY_INVALID',
+  /** The tenant of a request could not be determined. */
+  'OUTBOXKIT_TENANT_UNRESOLVED',
+  /** The request body is larger than the fingerprint limit. */
+  'OUTBOXKIT_BODY_TOO_LARGE',
+  /** The request body cannot be fingerprinted (not JSON, or a number JSON cannot hold losslessly). */
+  'OUTBOXKIT_BODY_INVALID',
+  /** The same idempotency key was sent with a different request fingerprint. */
+  'OUTBOXKIT_KEY_MISMATCH',
+  /** The same idempotency key is still being processed by another request. */
+  'OUTBOXKIT_KEY_IN_PROGRESS',
+  /** The idempotency store (PostgreSQL) is unavailable. */
+  'OUTBOXKIT_STORE_UNAVAILABLE',
+  /** A lease owner lost its lease: its fencing token is stale. */
+  'OUTBOXKIT_LEASE_LOST',
+  /** A Kafka topic the component needs does not exist. */
+  'OUTBOXKIT_TOPIC_MISSING',
+  /** A Kafka message could not be decoded into an outbox event. */
+  'OUTBOXKIT_INVALID_MESSAGE',
+  /** A component was used after it was stopped, or started twice. */
+  'OUTBOXKIT_LIFECYCLE',
+] as const;
+
+/** Union of every error code outboxkit uses. */
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+const BRAND = Symbol.for('outboxkit.error');
+
+/** Options shared by every outboxkit error. */
+export interface OutboxkitErrorOptions {
+  /** The underlying error, if any. */
+  cause?: unknown;
+  /** Whether retrying the same operation later may succeed. @defaultValue false */
+  retriable?: boolean;
+}
+
+/**
+ * Base class of every outboxkit error.
+ *
+ * - `code`: a stable {@link ErrorCode}; match on it.
+ * - `retriable`: true when the same call may succeed later (store unavailable, key in progress).
+ * - `cause`: the underlying error (for example a `pg` DatabaseError), when there is one.
+ */
+export class OutboxkitError extends Error {
+  readonly code: ErrorCode;
+  readonly retriable: boolean;
+  readonly [BRAND] = true;
+
+  constructor(code: ErrorCode, message: string, options: OutboxkitErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = new.target.name;
+    this.code = code;
+    this.retriable = options.retriable ?? false;
+  }
+}
+
+/** True when `err` is an outboxkit error (from any copy of the library), optionally of one code. */
+export function isOutboxkitError(err: unknown, code?: ErrorCode): err is OutboxkitError {
+  if (typeof err !== 'object' || err === null) return false;
+  if ((err as Record<symbol, unknown>)[BRAND] !== true) return false;
+  return code === undefined || (err as OutboxkitError).code === code;
+}
+
+/** Options passed to a component are invalid. Thrown by every `resolveXxxOptions()`. */
+export class InvalidOptionsError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_INVALID_OPTIONS', message, options);
+  }
+}
+
+/** An outbox event was rejected before anything was written. Thrown by `enqueue()`. */
+export class InvalidEventError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_INVALID_EVENT', message, options);
+  }
+}
+
+/**
+ * The handle given where a transaction is required is not a live transaction: a `pg.Pool`, a
+ * `pg.Client` outside BEGIN, or a top-level drizzle database. Thrown by `enqueue()` (case C23).
+ */
+export class NotInTransactionError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_NOT_IN_TRANSACTION', message, options);
+  }
+}
+
+/** The PostgreSQL server is older than the minimum outboxkit supports. Thrown by `migrate()`. */
+export class UnsupportedServerError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_UNSUPPORTED_SERVER', message, options);
+  }
+}
+
+/** A migration failed; the failed migration was rolled back. Thrown by `migrate()`. */
+export class MigrationError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_MIGRATION_FAILED', message, options);
+  }
+}
+
+/** A Kafka topic does not exist. Thrown by the relay and the consumer at start. */
+export class TopicMissingError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_TOPIC_MISSING', message, options);
+  }
+}
+
+/** A component was started twice or used after `stop()`. */
+export class LifecycleError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_LIFECYCLE', message, options);
+  }
+}

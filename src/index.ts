@@ -1,0 +1,31 @@
+/**
+ * outboxkit: safe retries across PostgreSQL and Apache Kafka.
+ *
+ * - `enqueue()` / `createOutbox()`: the transactional outbox writer.
+ * - `migrate()`: creates and upgrades outboxkit's tables.
+ * - Errors: every error is an `OutboxkitError` with a stable `code`.
+ */
+export { enqueue, createOutbox, notifyChannel, OUTBOX_DEFAULTS } from './outbox/enqueue.js';
+export type { Outbox, OutboxOptions, EnqueuedEvent } from './outbox/enqueue.js';
+export { HEADER_EVENT_ID, HEADER_EVENT_TYPE, laneOf } from './outbox/event.js';
+export type { OutboxEventInput } from './outbox/event.js';
+export { migrate, MIN_SERVER_VERSION_NUM } from './migrate.js';
+export type { MigrateOptions, MigrateResult } from './migrate.js';
+export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
+export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
+export { DEFAULT_SCHEMA, OUTBOX_LANES } from './schema.js';
+export type { Logger } from './logger.js';
+export { fullJitterBackoffMs } from './backoff.js';
+export {
+  ERROR_CODES,
+  OutboxkitError,
+  isOutboxkitError,
+  InvalidOptionsError,
+  InvalidEventError,
+  NotInTransactionError,
+  UnsupportedServerError,
+  MigrationError,
+  TopicMissingError,
+  LifecycleError,
+} from './errors.js';
+export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';

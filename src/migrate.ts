@@ -1,0 +1,178 @@
+/**
+ * Applies outboxkit's drizzle-kit migrations (migrations/) to a PostgreSQL database.
+ *
+ * Why not drizzle's own `migrate()`: it takes no lock, so two processes starting at once both try
+ * to apply the same files, and it cannot move the tables to another schema. This migrator:
+ * - holds a session advisory lock on a dedicated connection (never a pooled one, which could hand
+ *   the lock's session to someone else) while it works, so concurrent runs wait and then find
+ *   nothing left to do;
+ * - rewrites the schema identifier that drizzle-kit wrote (`"outboxkit"`) to the configured one;
+ * - applies each migration in its own transaction and records it with the file's SHA-256, refusing
+ *   to continue when an applied file was edited afterwards;
+ * - checks the server version first (PostgreSQL 13 or later).
+ */
+import { createHash } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import path from 'node:path';
+import pg from 'pg';
+import { InvalidOptionsError, MigrationError, UnsupportedServerError } from './errors.js';
+import { DEFAULT_SCHEMA } from './schema.js';
+import { quoteSchema } from './schema-name.js';
+import { noopLogger, type Logger } from './logger.js';
+
+/** Oldest PostgreSQL supported: 13 (`pg_current_xact_id`, `hashtextextended`, ...). */
+export const MIN_SERVER_VERSION_NUM = 130000;
+
+/** Options of {@link migrate}. */
+export interface MigrateOptions {
+  /** PostgreSQL connection string. Required unless `client` is given. */
+  connectionString?: string;
+  /**
+   * A connected, dedicated `pg.Client` (not a pooled client) to run on. outboxkit does not end it.
+   */
+  client?: pg.Client;
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+  /** Folder with drizzle-kit's output. @defaultValue the migrations/ folder shipped with outboxkit */
+  migrationsFolder?: string;
+  /** Logger. @defaultValue no-op */
+  logger?: Logger;
+}
+
+/** What {@link migrate} did. */
+export interface MigrateResult {
+  /** Tags of the migrations applied by this call, in order (empty when up to date). */
+  applied: string[];
+  /** The server's `server_version_num`, for example 150020. */
+  serverVersionNum: number;
+}
+
+interface JournalEntry {
+  idx: number;
+  tag: string;
+}
+
+/** The migrations/ folder that ships with this package (source or built layout). */
+export function defaultMigrationsFolder(): string {
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  for (const candidate of [path.join(here, '..', 'migrations'), path.join(here, '..', '..', 'migrations')]) {
+    if (existsSync(path.join(candidate, 'meta', '_journal.json'))) return candidate;
+  }
+  throw new MigrationError(`outboxkit's migrations folder was not found next to ${here}.`);
+}
+
+function readJournal(folder: string): JournalEntry[] {
+  const file = path.join(folder, 'meta', '_journal.json');
+  try {
+    const journal = JSON.parse(readFileSync(file, 'utf8')) as { entries?: JournalEntry[] };
+    return [...(journal.entries ?? [])].sort((a, b) => a.idx - b.idx);
+  } catch (err) {
+    throw new MigrationError(`Cannot read the migration journal ${file}.`, { cause: err });
+  }
+}
+
+/**
+ * Rewrites the schema identifier drizzle-kit wrote and makes `CREATE SCHEMA` tolerate an existing
+ * schema (the migrator creates it first, and users may point outboxkit at one they own).
+ */
+export function rewriteSchema(sqlText: string, quotedSchema: string): string {
+  const generated = `"${DEFAULT_SCHEMA}"`;
+  return sqlText
+    .replaceAll(`CREATE SCHEMA ${generated};`, `CREATE SCHEMA IF NOT EXISTS ${generated};`)
+    .replaceAll(generated, quotedSchema);
+}
+
+/**
+ * Applies every pending outboxkit migration.
+ *
+ * Safe to call from several processes at once: they serialise on an advisory lock and the later
+ * ones apply nothing.
+ *
+ * @returns the tags applied by this call.
+ * @throws {@link UnsupportedServerError} when the server is older than PostgreSQL 13.
+ * @throws {@link MigrationError} when a migration fails (that migration is rolled back; earlier
+ *   ones stay), or an applied migration's file was changed since.
+ * @throws {@link InvalidOptionsError} on an invalid schema name or missing connection.
+ */
+export async function migrate(options: MigrateOptions = {}): Promise<MigrateResult> {
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const quoted = quoteSchema(schema);
+  const logger = options.logger ?? noopLogger;
+  const folder = options.migrationsFolder ?? defaultMigrationsFolder();
+  if (!options.client && !options.connectionString) {
+    throw new InvalidOptionsError('migrate() needs `connectionString` or a connected `client`.');
+  }
+  const client = options.client ?? new pg.Client({ connectionString: options.connectionString });
+  const owned = !options.client;
+  if (owned) await client.connect();
+  try {
+    const { rows } = await client.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`);
+    const serverVersionNum = Number(rows[0]?.v);
+    if (!(serverVersionNum >= MIN_SERVER_VERSION_NUM)) {
+      throw new UnsupportedServerError(
+        `PostgreSQL ${serverVersionNum} is too old: outboxkit needs PostgreSQL 13 or later.`,
+      );
+    }
+    // One lock per schema: migrations of different schemas do not wait for each other.
+    await client.query(`SELECT pg_advisory_lock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
+    try {
+      const applied = await applyPending(client, quoted, folder, logger);
+      return { applied, serverVersionNum };
+    } finally {
+      await client.query(`SELECT pg_advisory_unlock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
+    }
+  } finally {
+    if (owned) await client.end();
+  }
+}
+
+async function applyPending(client: pg.Client, quoted: string, folder: string, logger: Logger): Promise<string[]> {
+  await client.query(`CREATE SCHEMA IF NOT EXISTS ${quoted}`);
+  await client.query(
+    `CREATE TABLE IF NOT EXISTS ${quoted}.migrations (
+       tag text PRIMARY KEY,
+       sha256 text NOT NULL,
+       applied_at timestamptz NOT NULL DEFAULT now()
+     )`,
+  );
+  const done = new Map(
+    (await client.query<{ tag: string; sha256: string }>(`SELECT tag, sha256 FROM ${quoted}.migrations`)).rows.map(
+      (r) => [r.tag, r.sha256],
+    ),
+  );
+  const applied: string[] = [];
+  for (const entry of readJournal(folder)) {
+    const file = path.join(folder, `${entry.tag}.sql`);
+    const text = readFileSync(file, 'utf8');
+    const sha256 = createHash('sha256').update(text).digest('hex');
+    const previous = done.get(entry.tag);
+    if (previous !== undefined) {
+      if (previous !== sha256) {
+        throw new MigrationError(
+          `Migration ${entry.tag} was changed after it was applied (sha256 ${previous} in the database, ${sha256} on disk); ` +
+            'restore the original file and add a new migration instead.',
+        );
+      }
+      continue;
+    }
+    const statements = rewriteSchema(text, quoted)
+      .split('--> statement-breakpoint')
+      .map((s) => s.trim())
+      .filter((s) => s.length > 0);
+    await client.query('BEGIN');
+    try {
+      for (const statement of statements) await client.query(statement);
+      await client.query(`INSERT INTO ${quoted}.migrations (tag, sha256) VALUES ($1, $2)`, [entry.tag, sha256]);
+      await client.query('COMMIT');
+    } catch (err) {
+      await client.query('ROLLBACK');
+      throw new MigrationError(`Migration ${entry.tag} failed and was rolled back: ${(err as Error).message}`, {
+        cause: err,
+      });
+    }
+    logger.info({ tag: entry.tag }, 'outboxkit migration applied');
+    applied.push(entry.tag);
+  }
+  return applied;
+}

@@ -1,0 +1,157 @@
+/**
+ * The outbox writer: inserts events in the application's own transaction.
+ */
+import { joinTransaction, type TransactionHandle } from '../database.js';
+import { InvalidEventError, InvalidOptionsError } from '../errors.js';
+import { DEFAULT_SCHEMA } from '../schema.js';
+import { quoteSchema } from '../schema-name.js';
+import { prepareEvent, type OutboxEventInput, type PreparedEvent } from './event.js';
+
+/** Options of {@link createOutbox}. */
+export interface OutboxOptions {
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+  /**
+   * Largest payload accepted, in bytes. Keep it below the topic's `max.message.bytes` (Kafka's
+   * default is 1,048,588 bytes) minus headers. @defaultValue 1_000_000
+   */
+  maxPayloadBytes?: number;
+  /**
+   * Send `NOTIFY` on the schema's channel so relays wake at once instead of at their next poll.
+   * PostgreSQL folds identical notifications of one transaction into one. @defaultValue true
+   */
+  notify?: boolean;
+}
+
+/** An event as written: its durable id and its position. */
+export interface EnqueuedEvent {
+  eventId: string;
+  /** The row's sequence value, as a decimal string (a bigint that may exceed 2^53). */
+  seq: string;
+  topic: string;
+  key: string | null;
+}
+
+/** The outbox writer of one schema. */
+export interface Outbox {
+  /**
+   * Writes events to the outbox inside the caller's transaction.
+   *
+   * Per-key order: for each distinct key, a transaction-scoped advisory lock is taken before the
+   * row's sequence value is drawn, so events of one key take their positions in the order their
+   * transactions commit (DESIGN G3). Keys are locked in sorted order within a call; two
+   * transactions that enqueue the same keys in opposite orders across *separate* calls can still
+   * deadlock (PostgreSQL then aborts one with SQLSTATE 40P01, and it can be retried).
+   *
+   * @param tx - a `pg` client inside BEGIN, or a drizzle transaction (never a pool or the
+   *   top-level db).
+   * @param events - one event or several.
+   * @returns the written events, with their event ids, in the order given.
+   * @throws {@link NotInTransactionError} when `tx` is not a live transaction (case C23).
+   * @throws {@link InvalidEventError} when an event is invalid; nothing is written then.
+   */
+  enqueue(tx: TransactionHandle, events: OutboxEventInput | readonly OutboxEventInput[]): Promise<EnqueuedEvent[]>;
+  /** The LISTEN/NOTIFY channel relays listen on. */
+  readonly channel: string;
+}
+
+/** Default options of {@link createOutbox}. */
+export const OUTBOX_DEFAULTS = Object.freeze({
+  schema: DEFAULT_SCHEMA,
+  maxPayloadBytes: 1_000_000,
+  notify: true,
+});
+
+/** The NOTIFY channel of a schema. */
+export function notifyChannel(schema: string): string {
+  return `${schema}_outbox`;
+}
+
+// 9 parameters per row; PostgreSQL allows 65,535 per statement.
+const COLUMNS = 9;
+const MAX_ROWS_PER_STATEMENT = Math.floor(65_535 / COLUMNS);
+
+function insertSql(table: string, rows: number, channel: string | null): string {
+  const values: string[] = [];
+  for (let r = 0; r < rows; r++) {
+    const b = r * COLUMNS;
+    values.push(
+      `($${b + 1}::uuid, $${b + 2}::text, $${b + 3}::text, $${b + 4}::smallint, $${b + 5}::text, $${b + 6}::bytea, $${b + 7}::jsonb, $${b + 8}::text, $${b + 9}::text)`,
+    );
+  }
+  // The advisory lock sits in the WHERE clause of the SELECT that feeds the INSERT, so for each
+  // row it is taken before the identity default (seq) of that row is evaluated. A second writer
+  // of the same key blocks here until the first commits, and so draws a larger seq: seq order is
+  // commit order per key. A NULL key has no order to keep and takes no lock.
+  const insert = `INSERT INTO ${table} (event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
+    SELECT v.* FROM (VALUES ${values.join(', ')}) AS v(event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
+    WHERE v.key IS NULL OR pg_advisory_xact_lock(hashtextextended(v.key, 7)) IS NOT NULL
+    RETURNING event_id, seq::text AS seq`;
+  if (channel === null) return insert;
+  return `WITH ins AS (${insert}), wake AS (SELECT pg_notify('${channel}', '')) SELECT ins.event_id, ins.seq FROM ins, wake`;
+}
+
+/** Orders keys by UTF-16 code units (a total order every writer shares); null keys first. */
+function compareKeys(a: string | null, b: string | null): number {
+  const x = a ?? '';
+  const y = b ?? '';
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+function params(rows: readonly PreparedEvent[]): unknown[] {
+  const out: unknown[] = [];
+  for (const e of rows) {
+    out.push(e.eventId, e.topic, e.key, e.lane, e.type, e.payload, JSON.stringify(e.headers), e.aggregateType, e.aggregateId);
+  }
+  return out;
+}
+
+/**
+ * Creates the outbox writer of one schema.
+ *
+ * @throws {@link InvalidOptionsError} on an invalid schema name or limit.
+ */
+export function createOutbox(options: OutboxOptions = {}): Outbox {
+  const resolved = { ...OUTBOX_DEFAULTS, ...options };
+  const table = `${quoteSchema(resolved.schema)}.outbox_events`;
+  if (!Number.isInteger(resolved.maxPayloadBytes) || resolved.maxPayloadBytes <= 0) {
+    throw new InvalidOptionsError(`maxPayloadBytes must be a positive integer (bytes), got ${resolved.maxPayloadBytes}.`);
+  }
+  const channel = notifyChannel(resolved.schema);
+
+  return {
+    channel,
+    async enqueue(tx, input) {
+      const list = Array.isArray(input) ? (input as readonly OutboxEventInput[]) : [input as OutboxEventInput];
+      if (list.length === 0) return [];
+      // Validate everything before touching the database: an invalid event writes nothing.
+      const prepared = list.map((e) => prepareEvent(e, resolved.maxPayloadBytes));
+      const ids = new Set(prepared.map((e) => e.eventId));
+      if (ids.size !== prepared.length) throw new InvalidEventError('Two events of one enqueue() call have the same eventId.');
+      const db = joinTransaction(tx, 'enqueue()');
+      // Lock keys in one global order (stable sort keeps the given order within a key).
+      const ordered = [...prepared].sort((a, b) => compareKeys(a.key, b.key));
+      const seqById = new Map<string, string>();
+      for (let i = 0; i < ordered.length; i += MAX_ROWS_PER_STATEMENT) {
+        const chunk = ordered.slice(i, i + MAX_ROWS_PER_STATEMENT);
+        const last = i + MAX_ROWS_PER_STATEMENT >= ordered.length;
+        const { rows } = await db.query<{ event_id: string; seq: string }>(
+          insertSql(table, chunk.length, resolved.notify && last ? channel : null),
+          params(chunk),
+        );
+        for (const r of rows) seqById.set(r.event_id, r.seq);
+      }
+      return prepared.map((e) => ({ eventId: e.eventId, seq: seqById.get(e.eventId) ?? '', topic: e.topic, key: e.key }));
+    },
+  };
+}
+
+const defaultOutbox = createOutbox();
+
+/**
+ * Writes events to the default outbox (schema `outboxkit`) inside the caller's transaction.
+ * See {@link Outbox.enqueue}; use {@link createOutbox} for another schema or limits.
+ */
+export function enqueue(tx: TransactionHandle, events: OutboxEventInput | readonly OutboxEventInput[]): Promise<EnqueuedEvent[]> {
+  return defaultOutbox.enqueue(tx, events);
+}

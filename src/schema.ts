@@ -1,0 +1,167 @@
+/**
+ * outboxkit's tables, defined with drizzle-orm.
+ *
+ * The tables live in one PostgreSQL schema, `outboxkit` by default. drizzle-kit writes the schema
+ * name into the SQL it generates, so the files in migrations/ are generated for `outboxkit` and
+ * outboxkit's own migrator (`migrate()` in src/migrate.ts) rewrites that one quoted identifier when a
+ * different schema is configured. {@link outboxkitTables} gives the same tables for any schema, for
+ * queries with drizzle.
+ *
+ * To include these tables in an application's own drizzle-kit setup, add this file to its
+ * `schema` list (`node_modules/outboxkit/dist/src/schema.js`), or apply outboxkit's migrations
+ * with `outboxkit migrate` and leave its schema out of `schemaFilter`.
+ */
+import { sql } from 'drizzle-orm';
+import {
+  bigint,
+  check,
+  customType,
+  index,
+  integer,
+  jsonb,
+  pgSchema,
+  primaryKey,
+  smallint,
+  text,
+  timestamp,
+  uuid,
+} from 'drizzle-orm/pg-core';
+
+/** The schema outboxkit uses when none is configured. */
+export const DEFAULT_SCHEMA = 'outboxkit';
+
+/**
+ * Number of relay lanes. Every outbox event belongs to the lane `hash(key) mod OUTBOX_LANES`; a lane
+ * has one active relay at a time, which is how several relay instances keep per-key order.
+ * Fixed: the writer and every relay must agree on it.
+ */
+export const OUTBOX_LANES = 64;
+
+/** PostgreSQL `bytea`, read and written as a Node.js Buffer (payloads stay byte for byte). */
+export const bytea = customType<{ data: Buffer; driverData: Buffer }>({
+  dataType: () => 'bytea',
+});
+
+/** States of an idempotency record. `processing` → `completed` | `failed`; `uncertain` (lease mode). */
+export const IDEMPOTENCY_STATES = ['processing', 'completed', 'failed', 'uncertain'] as const;
+export type IdempotencyState = (typeof IDEMPOTENCY_STATES)[number];
+
+/** Builds outboxkit's tables in the PostgreSQL schema `schemaName`. */
+export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
+  const schema = pgSchema(schemaName);
+
+  /**
+   * Outbox events. `seq` orders events of one key in commit order because the writer takes a
+   * per-key transaction-scoped advisory lock before the identity value is drawn.
+   */
+  const outboxEvents = schema.table(
+    'outbox_events',
+    {
+      seq: bigint('seq', { mode: 'bigint' }).primaryKey().generatedAlwaysAsIdentity(),
+      eventId: uuid('event_id').notNull().unique(),
+      topic: text('topic').notNull(),
+      key: text('key'),
+      lane: smallint('lane').notNull(),
+      type: text('type').notNull(),
+      payload: bytea('payload').notNull(),
+      headers: jsonb('headers').$type<Record<string, string>>().notNull().default({}),
+      aggregateType: text('aggregate_type'),
+      aggregateId: text('aggregate_id'),
+      createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+      attempts: integer('attempts').notNull().default(0),
+      nextAttemptAt: timestamp('next_attempt_at', { withTimezone: true }),
+      lastError: text('last_error'),
+      parkedAt: timestamp('parked_at', { withTimezone: true }),
+      publishedAt: timestamp('published_at', { withTimezone: true }),
+    },
+    (t) => [
+      // The relay's read path: pending rows of its lanes in seq order.
+      index('outbox_events_pending_idx')
+        .on(t.lane, t.seq)
+        .where(sql`${t.publishedAt} IS NULL`),
+      // Retention cleanup of published rows.
+      index('outbox_events_published_idx')
+        .on(t.publishedAt)
+        .where(sql`${t.publishedAt} IS NOT NULL`),
+    ],
+  );
+
+  /** One row per relay lane: who owns it, until when, and the fencing token of that ownership. */
+  const relayLanes = schema.table('relay_lanes', {
+    lane: smallint('lane').primaryKey(),
+    ownerId: text('owner_id'),
+    fencingToken: bigint('fencing_token', { mode: 'bigint' }).notNull().default(sql`0`),
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+  });
+
+  /**
+   * Running relay instances and their liveness lease, so that each can compute a fair share of
+   * lanes (including instances that hold none yet) and an operator can see who owns what.
+   */
+  const relayInstances = schema.table('relay_instances', {
+    relayId: text('relay_id').primaryKey(),
+    hostname: text('hostname').notNull(),
+    pid: integer('pid').notNull(),
+    startedAt: timestamp('started_at', { withTimezone: true }).notNull().defaultNow(),
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull(),
+  });
+
+  /** Idempotency records, scoped by (tenant, operation, key). */
+  const idempotencyKeys = schema.table(
+    'idempotency_keys',
+    {
+      tenant: text('tenant').notNull(),
+      operation: text('operation').notNull(),
+      key: text('key').notNull(),
+      fingerprint: bytea('fingerprint').notNull(),
+      fingerprintVersion: smallint('fingerprint_version').notNull(),
+      state: text('state').$type<IdempotencyState>().notNull(),
+      ownerToken: uuid('owner_token'),
+      generation: integer('generation').notNull().default(1),
+      leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+      responseStatus: smallint('response_status'),
+      responseHeaders: jsonb('response_headers').$type<Record<string, string>>(),
+      responseBody: bytea('response_body'),
+      createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+      updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+      completedAt: timestamp('completed_at', { withTimezone: true }),
+      expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+    },
+    (t) => [
+      primaryKey({ columns: [t.tenant, t.operation, t.key] }),
+      index('idempotency_keys_expires_idx').on(t.expiresAt),
+      check(
+        'idempotency_keys_state_check',
+        sql`${t.state} IN ('processing', 'completed', 'failed', 'uncertain')`,
+      ),
+    ],
+  );
+
+  /** The consumer inbox: one row per (consumer group, event id) whose effects were applied. */
+  const inbox = schema.table(
+    'inbox',
+    {
+      consumerGroup: text('consumer_group').notNull(),
+      eventId: uuid('event_id').notNull(),
+      topic: text('topic').notNull(),
+      partition: integer('partition').notNull(),
+      offset: bigint('offset', { mode: 'bigint' }).notNull(),
+      processedAt: timestamp('processed_at', { withTimezone: true }).notNull().defaultNow(),
+    },
+    (t) => [
+      primaryKey({ columns: [t.consumerGroup, t.eventId] }),
+      index('inbox_processed_idx').on(t.processedAt),
+    ],
+  );
+
+  return { schema, outboxEvents, relayLanes, relayInstances, idempotencyKeys, inbox };
+}
+
+const tables = outboxkitTables();
+/** The `outboxkit` schema (drizzle-kit reads these top-level exports). */
+export const outboxkitSchema = tables.schema;
+export const outboxEvents = tables.outboxEvents;
+export const relayLanes = tables.relayLanes;
+export const relayInstances = tables.relayInstances;
+export const idempotencyKeys = tables.idempotencyKeys;
+export const inbox = tables.inbox;

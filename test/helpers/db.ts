@@ -1,0 +1,54 @@
+/**
+ * Per-file databases: each test file gets its own database, cloned from the migrated template that
+ * test/global-setup.ts prepares, and dropped by the helper that created it.
+ */
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { inject } from 'vitest';
+
+export interface TestDatabase {
+  /** Connection string of this test's database. */
+  url: string;
+  /** A pool on it (closed by `drop()`). */
+  pool: pg.Pool;
+  /** Closes the pool and drops the database. */
+  drop(): Promise<void>;
+}
+
+function withDatabase(base: string, name: string): string {
+  const url = new URL(base);
+  url.pathname = `/${name}`;
+  return url.toString();
+}
+
+/** Creates a fresh migrated database for one test file. Call `drop()` in afterAll. */
+export async function createTestDatabase(options: { poolSize?: number } = {}): Promise<TestDatabase> {
+  const base = inject('databaseUrl');
+  const name = `outboxkit_t_${randomBytes(6).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: base });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE DATABASE ${name} TEMPLATE outboxkit_template`);
+  } finally {
+    await admin.end();
+  }
+  const url = withDatabase(base, name);
+  const pool = new pg.Pool({ connectionString: url, max: options.poolSize ?? 10 });
+  let dropped = false;
+  return {
+    url,
+    pool,
+    async drop() {
+      if (dropped) return;
+      dropped = true;
+      await pool.end();
+      const c = new pg.Client({ connectionString: base });
+      await c.connect();
+      try {
+        await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      } finally {
+        await c.end();
+      }
+    },
+  };
+}

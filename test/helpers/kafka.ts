@@ -1,0 +1,75 @@
+/**
+ * Kafka helpers for integration tests: the real broker, random topic and group names.
+ */
+import { randomBytes } from 'node:crypto';
+import { Kafka, logLevel, type Admin } from 'kafkajs';
+import { inject } from 'vitest';
+
+/** A random name with a readable prefix, for topics and consumer groups. */
+export function randomName(prefix: string): string {
+  return `${prefix}-${randomBytes(5).toString('hex')}`;
+}
+
+/** A kafkajs client on the test broker. */
+export function testKafka(clientId = 'outboxkit-test'): Kafka {
+  return new Kafka({ clientId, brokers: inject('kafkaBrokers'), logLevel: logLevel.NOTHING });
+}
+
+/**
+ * Creates topics with random names (at least 3 partitions by default) and waits until they have
+ * leaders. Returns the names in the order of `prefixes`.
+ */
+export async function createTopics(prefixes: string[], options: { partitions?: number; configEntries?: { name: string; value: string }[] } = {}): Promise<string[]> {
+  const names = prefixes.map(randomName);
+  const admin: Admin = testKafka().admin();
+  await admin.connect();
+  try {
+    await admin.createTopics({
+      waitForLeaders: true,
+      topics: names.map((topic) => ({
+        topic,
+        numPartitions: options.partitions ?? 3,
+        replicationFactor: 1,
+        configEntries: options.configEntries,
+      })),
+    });
+  } finally {
+    await admin.disconnect();
+  }
+  return names;
+}
+
+/** Reads every message of `topic` from the beginning until `until` is true or the timeout passes. */
+export async function readTopic<T>(
+  topic: string,
+  map: (m: { key: string | null; value: Buffer | null; headers: Record<string, string>; partition: number; offset: string }) => T,
+  until: (all: T[]) => boolean,
+  timeoutMs = 30_000,
+): Promise<T[]> {
+  const kafka = testKafka('outboxkit-test-reader');
+  const consumer = kafka.consumer({ groupId: randomName('reader') });
+  const out: T[] = [];
+  await consumer.connect();
+  try {
+    await consumer.subscribe({ topic, fromBeginning: true });
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`readTopic(${topic}): timed out with ${out.length} messages`)), timeoutMs);
+      consumer
+        .run({
+          eachMessage: async ({ message, partition }) => {
+            const headers: Record<string, string> = {};
+            for (const [k, v] of Object.entries(message.headers ?? {})) if (v !== undefined) headers[k] = String(v);
+            out.push(map({ key: message.key?.toString() ?? null, value: message.value, headers, partition, offset: message.offset }));
+            if (until(out)) {
+              clearTimeout(timer);
+              resolve();
+            }
+          },
+        })
+        .catch(reject);
+    });
+  } finally {
+    await consumer.disconnect();
+  }
+  return out;
+}

@@ -1,0 +1,134 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { createOutbox, enqueue, isOutboxkitError } from '../../src/index.js';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+
+let db: TestDatabase;
+beforeAll(async () => {
+  db = await createTestDatabase();
+});
+afterAll(async () => {
+  await db.drop();
+});
+
+const event = (over: Record<string, unknown> = {}) => ({ topic: 'orders', key: 'k1', type: 'order.created', payload: { a: 1 }, ...over });
+
+async function count(): Promise<number> {
+  const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.outbox_events');
+  return rows[0]!.n;
+}
+
+describe('enqueue()', () => {
+  it('writes in the caller transaction: a rollback leaves no row, a commit leaves it', async () => {
+    const before = await count();
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      await enqueue(client, event());
+      await client.query('ROLLBACK');
+      expect(await count()).toBe(before);
+      await client.query('BEGIN');
+      const [written] = await enqueue(client, event());
+      await client.query('COMMIT');
+      expect(written?.eventId).toMatch(/^[0-9a-f-]{36}$/);
+      expect(await count()).toBe(before + 1);
+    } finally {
+      client.release();
+    }
+  });
+
+  describe('C23 phantom events: writing outside the transaction', () => {
+    it('refuses a pool, and nothing is written', async () => {
+      const before = await count();
+      // @ts-expect-error a pool is refused by type
+      const err = await enqueue(db.pool, event()).catch((e: unknown) => e);
+      expect(isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+      expect(await count()).toBe(before);
+    });
+
+    it('refuses a client outside BEGIN and one in an aborted transaction', async () => {
+      const client = await db.pool.connect();
+      try {
+        const outside = await enqueue(client, event()).catch((e: unknown) => e);
+        expect(isOutboxkitError(outside, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+        await client.query('BEGIN');
+        await client.query('SELECT 1/0').catch(() => undefined);
+        const aborted = await enqueue(client, event()).catch((e: unknown) => e);
+        expect(isOutboxkitError(aborted, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+        await client.query('ROLLBACK');
+      } finally {
+        client.release();
+      }
+    });
+
+    it('refuses the top-level drizzle db, accepts its transaction, and rolls back with it', async () => {
+      const orm = drizzle(db.pool);
+      const before = await count();
+      // @ts-expect-error the top-level db is refused by type
+      const err = await enqueue(orm, event()).catch((e: unknown) => e);
+      expect(isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+      await orm
+        .transaction(async (tx) => {
+          await enqueue(tx, event());
+          throw new Error('rollback');
+        })
+        .catch(() => undefined);
+      expect(await count()).toBe(before);
+      let leaked: Parameters<Parameters<typeof orm.transaction>[0]>[0] | undefined;
+      await orm.transaction(async (tx) => {
+        await enqueue(tx, event());
+        leaked = tx;
+      });
+      expect(await count()).toBe(before + 1);
+      // A finished node-postgres drizzle transaction is detected.
+      const late = await enqueue(leaked!, event()).catch((e: unknown) => e);
+      expect(isOutboxkitError(late, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+      expect(await count()).toBe(before + 1);
+    });
+  });
+
+  it('rejects invalid events before writing anything, even when others in the call are valid', async () => {
+    const before = await count();
+    const outbox = createOutbox({ maxPayloadBytes: 100 });
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      for (const bad of [
+        event({ topic: '' }),
+        event({ topic: 'has space' }),
+        event({ type: '' }),
+        event({ payload: 10n }),
+        event({ payload: undefined }),
+        event({ payload: 'x'.repeat(200) }),
+        event({ eventId: 'not-a-uuid' }),
+        event({ headers: { a: 1 } }),
+      ]) {
+        const err = await outbox.enqueue(client, [event(), bad]).catch((e: unknown) => e);
+        expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT'), String(err)).toBe(true);
+      }
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    expect(await count()).toBe(before);
+  });
+
+  it('stores payloads as bytes, byte for byte (C10)', async () => {
+    const client = await db.pool.connect();
+    const raw = Buffer.from('{"id":9007199254740993,"amt":"0010"}');
+    try {
+      await client.query('BEGIN');
+      const [a, b] = await enqueue(client, [event({ payload: raw }), event({ payload: '"quoted"' })]);
+      await client.query('COMMIT');
+      const { rows } = await db.pool.query<{ event_id: string; payload: Buffer }>(
+        'SELECT event_id, payload FROM outboxkit.outbox_events WHERE event_id = ANY($1::uuid[])',
+        [[a!.eventId, b!.eventId]],
+      );
+      const byId = new Map(rows.map((r) => [r.event_id, r.payload]));
+      expect(byId.get(a!.eventId)!.equals(raw)).toBe(true);
+      expect(byId.get(b!.eventId)!.toString()).toBe('"\\"quoted\\""');
+    } finally {
+      client.release();
+    }
+  });
+});
