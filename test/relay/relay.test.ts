@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { PoolClient } from 'pg';
 import { enqueue, HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createTopics, readTopic } from '../helpers/kafka.js';
@@ -13,7 +14,7 @@ afterAll(async () => {
   await db.drop();
 });
 
-async function inTx<T>(fn: (c: import('pg').PoolClient) => Promise<T>, commit = true): Promise<T> {
+async function inTx<T>(fn: (c: PoolClient) => Promise<T>, commit = true): Promise<T> {
   const c = await db.pool.connect();
   try {
     await c.query('BEGIN');
