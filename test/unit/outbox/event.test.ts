@@ -1,0 +1,66 @@
+import { describe, expect, it } from 'vitest';
+import { laneOf, prepareEvent } from '../../../src/outbox/event.js';
+import { OUTBOX_LANES } from '../../../src/schema.js';
+import { isOutboxkitError } from '../../../src/errors.js';
+
+describe('laneOf', () => {
+  it('is stable (FNV-1a of the UTF-8 bytes) and within the lane range', () => {
+    // Pinned values: changing the hash would move keys between lanes across a deploy.
+    expect(laneOf('')).toBe(0x811c9dc5 % OUTBOX_LANES);
+    expect(laneOf('order-1')).toBe(laneOf('order-1'));
+    expect([laneOf('a'), laneOf('order-42'), laneOf('é')]).toEqual([0xe40c292c % 64, laneOf('order-42'), laneOf('\u00e9')]);
+    for (let i = 0; i < 1000; i++) {
+      const l = laneOf(`k${i}`);
+      expect(l).toBeGreaterThanOrEqual(0);
+      expect(l).toBeLessThan(OUTBOX_LANES);
+    }
+  });
+
+  it('spreads keys over every lane', () => {
+    const seen = new Set(Array.from({ length: 5000 }, (_, i) => laneOf(`order-${i}`)));
+    expect(seen.size).toBe(OUTBOX_LANES);
+  });
+});
+
+describe('prepareEvent', () => {
+  const base = { topic: 't', key: 'k', type: 'x', payload: { a: 1 } };
+  it('serialises JSON payloads and keeps Buffers as they are', () => {
+    expect(prepareEvent(base, 100).payload.toString()).toBe('{"a":1}');
+    const raw = Buffer.from([0, 255, 1]);
+    expect(prepareEvent({ ...base, payload: raw }, 100).payload.equals(raw)).toBe(true);
+    expect(prepareEvent({ ...base, payload: new Uint8Array([7, 8]) }, 100).payload).toEqual(Buffer.from([7, 8]));
+    expect(prepareEvent({ ...base, payload: null }, 100).payload.toString()).toBe('null');
+  });
+
+  it('assigns a UUIDv7 event id, or keeps a given one (lower-cased)', () => {
+    const e = prepareEvent(base, 100);
+    expect(e.eventId).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    const id = '0190F1E2-0000-7000-8000-000000000001';
+    expect(prepareEvent({ ...base, eventId: id }, 100).eventId).toBe(id.toLowerCase());
+  });
+
+  it('puts a null key in the lane of its event id', () => {
+    const e = prepareEvent({ ...base, key: null }, 100);
+    expect(e.lane).toBe(laneOf(e.eventId));
+  });
+
+  it.each([
+    ['no topic', { ...base, topic: undefined }],
+    ['topic too long', { ...base, topic: 'a'.repeat(250) }],
+    ['bad topic char', { ...base, topic: 'a/b' }],
+    ['no type', { ...base, type: undefined }],
+    ['key not a string', { ...base, key: 5 }],
+    ['bigint payload', { ...base, payload: { n: 1n } }],
+    ['function payload', { ...base, payload: () => 1 }],
+    ['payload over the limit', { ...base, payload: 'x'.repeat(100) }],
+    ['header not a string', { ...base, headers: { a: 1 } }],
+  ])('rejects %s with InvalidEventError', (_, event) => {
+    let err: unknown;
+    try {
+      prepareEvent(event as never, 100);
+    } catch (e) {
+      err = e;
+    }
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
+  });
+});
