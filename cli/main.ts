@@ -12,7 +12,7 @@ import { isOutboxkitError } from '../src/errors.js';
 import { quoteSchema } from '../src/schema-name.js';
 import { Relay, RELAY_DEFAULTS } from '../relay/relay.js';
 import { relayMetrics, serveMetrics } from '../relay/metrics.js';
-import { backlog, laneOwners, releaseOwner } from '../relay/sql.js';
+import { backlog, laneOwners, listParked, releaseOwner, retryParked, skipParked } from '../relay/sql.js';
 
 const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
 const DEFAULT_BROKERS = '127.0.0.1:9092';
@@ -33,6 +33,15 @@ const databaseOption = () =>
   new Option('--database-url <url>', 'PostgreSQL connection string (session mode)').env('DATABASE_URL').default(DEFAULT_DATABASE_URL);
 const schemaOption = () => new Option('--schema <name>', "schema of outboxkit's tables").env('OUTBOXKIT_SCHEMA').default('outboxkit');
 const brokersOption = () => new Option('--brokers <list>', 'Kafka brokers, comma-separated host:port').env('KAFKA_BROKERS').default(DEFAULT_BROKERS);
+
+async function withPool(url: string, fn: (pool: pg.Pool) => Promise<void>): Promise<void> {
+  const pool = new pg.Pool({ connectionString: url, max: 1 });
+  try {
+    await fn(pool);
+  } finally {
+    await pool.end();
+  }
+}
 
 function q(pool: pg.Pool) {
   return { query: async <R>(text: string, values?: readonly unknown[]) => {
@@ -68,6 +77,9 @@ program
   .addOption(new Option('--max-batch-bytes <bytes>', 'most payload bytes per pass').env('OUTBOXKIT_MAX_BATCH_BYTES').argParser(int).default(RELAY_DEFAULTS.maxBatchBytes))
   .addOption(new Option('--poll-interval-ms <ms>', 'poll interval without notifications').env('OUTBOXKIT_POLL_INTERVAL_MS').argParser(int).default(RELAY_DEFAULTS.pollIntervalMs))
   .addOption(new Option('--lease-ms <ms>', 'lane lease length').env('OUTBOXKIT_LEASE_MS').argParser(int).default(RELAY_DEFAULTS.leaseMs))
+  .addOption(new Option('--max-attempts <n>', 'failed publish attempts of one event before it is parked').env('OUTBOXKIT_MAX_ATTEMPTS').argParser(int).default(RELAY_DEFAULTS.maxAttempts))
+  .addOption(new Option('--hold-key-behind-failure <bool>', 'later events of a key wait behind a failed one (strict order)').env('OUTBOXKIT_HOLD_KEY_BEHIND_FAILURE').argParser(bool).default(true))
+  .addOption(new Option('--published-retention-ms <ms>', 'how long published rows are kept').env('OUTBOXKIT_PUBLISHED_RETENTION_MS').argParser(int).default(RELAY_DEFAULTS.publishedRetentionMs))
   .addOption(new Option('--listen <bool>', 'wake on NOTIFY').env('OUTBOXKIT_LISTEN').argParser(bool).default(true))
   .addOption(new Option('--metrics-port <port>', 'port of /metrics, /healthz, /readyz (0: random, -1: off)').env('OUTBOXKIT_METRICS_PORT').argParser(int).default(9464))
   .addOption(new Option('--log-level <level>', 'pino log level').env('OUTBOXKIT_LOG_LEVEL').default('info'))
@@ -89,6 +101,9 @@ program
       pollIntervalMs: Number(opts.pollIntervalMs),
       leaseMs: Number(opts.leaseMs),
       listen: Boolean(opts.listen),
+      maxAttempts: Number(opts.maxAttempts),
+      holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
+      publishedRetentionMs: Number(opts.publishedRetentionMs),
       logger,
     });
     const registry = new client.Registry();
@@ -131,8 +146,7 @@ program
   .addOption(schemaOption())
   .option('--json', 'print JSON')
   .action(async (opts: { databaseUrl: string; schema: string; json?: boolean }) => {
-    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: 1 });
-    try {
+    await withPool(opts.databaseUrl, async (pool) => {
       const schema = quoteSchema(opts.schema);
       const status = { backlog: await backlog(q(pool), schema), lanes: await laneOwners(q(pool), schema) };
       if (opts.json) {
@@ -141,9 +155,7 @@ program
         console.log(`pending: ${status.backlog.pending}  parked: ${status.backlog.parked}  oldest pending: ${Math.round(status.backlog.oldestPendingMs)} ms`);
         for (const l of status.lanes) console.log(`  ${l.owner_id ?? '(free)'}: ${l.lanes} lanes${l.owner_id && !l.live ? ' (lease expired)' : ''}`);
       }
-    } finally {
-      await pool.end();
-    }
+    });
   });
 
 const lanes = program.command('lanes').description('relay lane operations');
@@ -154,13 +166,53 @@ lanes
   .addOption(databaseOption())
   .addOption(schemaOption())
   .action(async (relayId: string, opts: { databaseUrl: string; schema: string }) => {
-    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: 1 });
-    try {
+    await withPool(opts.databaseUrl, async (pool) => {
       const n = await releaseOwner(q(pool), quoteSchema(opts.schema), relayId);
       console.log(`released ${n} lanes of ${relayId}`);
-    } finally {
-      await pool.end();
-    }
+    });
+  });
+
+const parked = program.command('parked').description('events the relay parked after repeated failures');
+parked
+  .command('list')
+  .description('list parked events with their error and attempts')
+  .addOption(databaseOption())
+  .addOption(schemaOption())
+  .option('--limit <n>', 'most rows', int, 100)
+  .option('--json', 'print JSON')
+  .action(async (opts: { databaseUrl: string; schema: string; limit: number; json?: boolean }) => {
+    await withPool(opts.databaseUrl, async (pool) => {
+      const rows = await listParked(q(pool), quoteSchema(opts.schema), opts.limit);
+      if (opts.json) return console.log(JSON.stringify(rows, null, 2));
+      if (rows.length === 0) return console.log('no parked events');
+      for (const r of rows) {
+        console.log(`${r.event_id}  ${r.topic}  key=${r.key ?? '-'}  ${r.type}  ${r.bytes} B  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`);
+      }
+    });
+  });
+parked
+  .command('retry')
+  .description('put parked events back in line (attempts reset)')
+  .argument('[event-ids...]', 'event ids (or --all)')
+  .option('--all', 'every parked event')
+  .addOption(databaseOption())
+  .addOption(schemaOption())
+  .action(async (ids: string[], opts: { databaseUrl: string; schema: string; all?: boolean }) => {
+    if (!opts.all && ids.length === 0) throw new InvalidArgumentError('Give event ids or --all.');
+    await withPool(opts.databaseUrl, async (pool) => {
+      console.log(`requeued ${await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids)} events`);
+    });
+  });
+parked
+  .command('skip')
+  .description('give up on parked events (marked published without being sent), so their keys go on')
+  .argument('<event-ids...>', 'event ids')
+  .addOption(databaseOption())
+  .addOption(schemaOption())
+  .action(async (ids: string[], opts: { databaseUrl: string; schema: string }) => {
+    await withPool(opts.databaseUrl, async (pool) => {
+      console.log(`skipped ${await skipParked(q(pool), quoteSchema(opts.schema), ids)} events`);
+    });
   });
 
 const topics = program.command('topics').description('Kafka topic operations');
@@ -195,7 +247,9 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   try {
     await program.parseAsync(argv);
   } catch (err) {
-    const message = isOutboxkitError(err) ? `${err.code}: ${err.message}` : (err as Error).stack ?? String(err);
+    const code = (err as { code?: unknown }).code;
+    const hint = code === '42P01' ? " (outboxkit's tables are missing: run `outboxkit migrate`)" : '';
+    const message = isOutboxkitError(err) ? `${err.code}: ${err.message}` : `${(err as Error).message ?? String(err)}${hint}`;
     console.error(`outboxkit: ${message}`);
     process.exitCode = 1;
   }

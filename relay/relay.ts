@@ -25,6 +25,8 @@ import { quoteSchema } from '../src/schema-name.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { notifyChannel } from '../src/outbox/enqueue.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
+import { isRecordError, kafkaErrorType } from './classify-error.js';
+import { crashPoint } from './crash-point.js';
 import { createKafkajsProducer, type OutboundRecord, type RelayProducer } from './producer.js';
 import * as sql from './sql.js';
 
@@ -62,12 +64,48 @@ export interface RelayOptions {
   retryMaxMs?: number;
   /** Check at start that the topics of pending events exist. @defaultValue true */
   verifyTopics?: boolean;
+  /**
+   * Publish attempts of one event that failed for a reason of its own (too large, topic missing)
+   * before it is parked; a broker outage never counts. @defaultValue 5
+   */
+  maxAttempts?: number;
+  /**
+   * Strict per-key order: while an event is in backoff or parked, the later events of its key
+   * wait behind it. `false` lets them go ahead (the parked event is then out of order if it is
+   * retried later). Events of other keys flow either way. @defaultValue true
+   */
+  holdKeyBehindFailure?: boolean;
+  /** How long published rows are kept before deletion, in ms. @defaultValue 86_400_000 (24 h) */
+  publishedRetentionMs?: number;
+  /** Interval of the retention cleanup, in ms (run by the holder of lane 0). @defaultValue 60_000 */
+  cleanupIntervalMs?: number;
+  /** Most rows deleted by one cleanup statement. @defaultValue 1_000 */
+  cleanupBatchSize?: number;
   /** Logger. @defaultValue no-op */
   logger?: Logger;
 }
 
 /** Resolved relay options. */
-export type ResolvedRelayOptions = Required<Pick<RelayOptions, 'schema' | 'relayId' | 'batchSize' | 'maxBatchBytes' | 'pollIntervalMs' | 'listen' | 'leaseMs' | 'retryInitialMs' | 'retryMaxMs' | 'verifyTopics'>>;
+export type ResolvedRelayOptions = Required<
+  Pick<
+    RelayOptions,
+    | 'schema'
+    | 'relayId'
+    | 'batchSize'
+    | 'maxBatchBytes'
+    | 'pollIntervalMs'
+    | 'listen'
+    | 'leaseMs'
+    | 'retryInitialMs'
+    | 'retryMaxMs'
+    | 'verifyTopics'
+    | 'maxAttempts'
+    | 'holdKeyBehindFailure'
+    | 'publishedRetentionMs'
+    | 'cleanupIntervalMs'
+    | 'cleanupBatchSize'
+  >
+>;
 
 /** Defaults of {@link RelayOptions}. */
 export const RELAY_DEFAULTS = Object.freeze({
@@ -80,6 +118,11 @@ export const RELAY_DEFAULTS = Object.freeze({
   retryInitialMs: 200,
   retryMaxMs: 10_000,
   verifyTopics: true,
+  maxAttempts: 5,
+  holdKeyBehindFailure: true,
+  publishedRetentionMs: 86_400_000,
+  cleanupIntervalMs: 60_000,
+  cleanupBatchSize: 1_000,
 });
 
 function positiveInt(name: string, value: number, min = 1): void {
@@ -100,6 +143,10 @@ export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions
   positiveInt('leaseMs', r.leaseMs, 1_000);
   positiveInt('retryInitialMs', r.retryInitialMs);
   positiveInt('retryMaxMs', r.retryMaxMs);
+  positiveInt('maxAttempts', r.maxAttempts);
+  positiveInt('publishedRetentionMs', r.publishedRetentionMs, 0);
+  positiveInt('cleanupIntervalMs', r.cleanupIntervalMs, 100);
+  positiveInt('cleanupBatchSize', r.cleanupBatchSize);
   if (!options.pool && !options.connectionString) throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
   if (!options.producer && !options.kafka && !(options.brokers && options.brokers.length > 0)) {
     throw new InvalidOptionsError('The relay needs `brokers`, `kafka` or `producer`.');
@@ -110,6 +157,8 @@ export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions
 /** Events a relay emits (a typed map, `area:action` names). */
 export interface RelayEvents {
   'relay:published': [{ count: number; marked: number; lanes: number }];
+  'relay:failed': [{ eventId: string; attempts: number; parked: boolean; error: string }];
+  'relay:cleaned': [{ deleted: number }];
   'relay:error': [{ error: Error; attempt: number }];
   'relay:lanes': [{ held: number[] }];
 }
@@ -138,6 +187,7 @@ export class Relay extends EventEmitter<RelayEvents> {
   private woken = false;
   private loopDone: Promise<void> | undefined;
   private maintainTimer: NodeJS.Timeout | undefined;
+  private cleanupTimer: NodeJS.Timeout | undefined;
   private maintaining: Promise<void> = Promise.resolve();
   private stopping = false;
   private stopped: Promise<void> | undefined;
@@ -196,6 +246,12 @@ export class Relay extends EventEmitter<RelayEvents> {
       });
     }, Math.max(200, Math.floor(this.options.leaseMs / 3)));
     this.maintainTimer.unref();
+    this.cleanupTimer = setInterval(() => {
+      this.maintaining = this.maintaining.then(() => this.cleanup()).catch((err: Error) => {
+        this.logger.warn({ err }, 'published-row cleanup failed');
+      });
+    }, this.options.cleanupIntervalMs);
+    this.cleanupTimer.unref();
     signal?.addEventListener('abort', () => void this.stop(), { once: true });
     this.loopDone = this.loop();
     this.logger.info({ relayId: this.relayId, lanes: this.heldLanes().length }, 'relay started');
@@ -215,7 +271,8 @@ export class Relay extends EventEmitter<RelayEvents> {
   private async doStop(timeoutMs: number): Promise<void> {
     this.stopping = true;
     this.wakeUp();
-    if (this.maintainTimer) clearInterval(this.maintainTimer);
+    clearInterval(this.maintainTimer);
+    clearInterval(this.cleanupTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([this.loopDone, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
@@ -326,6 +383,7 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   private currentPass: Promise<unknown> = Promise.resolve();
+  private isolateNext = false;
 
   private async loop(): Promise<void> {
     let failures = 0;
@@ -373,17 +431,88 @@ export class Relay extends EventEmitter<RelayEvents> {
       await this.rebuildProducer();
       if (!this.producer) throw new Error('no Kafka producer available');
     }
-    const rows = await sql.readPending(this.db, this.q, lanes.map((l) => l.lane), this.options.batchSize, this.options.maxBatchBytes);
+    const o = this.options;
+    const rows = await sql.readPending(this.db, this.q, lanes.map((l) => l.lane), o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure);
     if (rows.length === 0) return 0;
-    // Ownership check right before the send: a lane lost since the read is not published.
-    const stillValid = new Set(lanes.filter((l) => l.validUntil > performance.now() && this.held.get(l.lane)?.token === l.token).map((l) => l.lane));
-    const sendable = rows.filter((r) => stillValid.has(r.lane));
+    const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
-    await this.producer.send(sendable.map(toRecord));
+    if (this.isolateNext) {
+      // The last batch failed: send one by one, so that a record at fault (too large, topic
+      // gone...) is found and only it counts an attempt. A broker outage fails the first send
+      // and the loop backs off. Back to batches once a whole pass went through.
+      const published = await this.isolate(sendable, lanes);
+      this.isolateNext = false;
+      return published;
+    }
+    try {
+      await crashPoint('relay:before-send');
+      await this.producer.send(sendable.map(toRecord));
+    } catch (err) {
+      // Every row stays pending. kafkajs may report a record's fault as another error (its
+      // internal retry of a partly written batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the
+      // error's kind is not trusted here: the next pass isolates.
+      this.isolateNext = true;
+      throw err;
+    }
+    await crashPoint('relay:after-send');
     const marked = await sql.markPublished(this.db, this.q, this.relayId, sendable.map((r) => r.seq), lanes);
-    this.emit('relay:published', { count: sendable.length, marked, lanes: stillValid.size });
+    this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
     this.logger.debug({ count: sendable.length, marked }, 'published');
     return sendable.length;
+  }
+
+  /** Rows whose lane this relay still holds with the token it read them under. */
+  private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
+    const now = performance.now();
+    const valid = new Set(lanes.filter((l) => l.validUntil > now && this.held.get(l.lane)?.token === l.token).map((l) => l.lane));
+    return rows.filter((r) => valid.has(r.lane));
+  }
+
+  /**
+   * Sends rows one at a time after a batch failed for a record's reason, so that only the guilty
+   * rows count an attempt. Later rows of a failing key are not sent in this pass (per-key order).
+   */
+  private async isolate(rows: sql.PendingRow[], lanes: LaneLease[]): Promise<number> {
+    const tokens = new Map(lanes.map((l) => [l.lane, l.token]));
+    const failedKeys = new Set<string>();
+    let published = 0;
+    for (const row of rows) {
+      if (row.key !== null && failedKeys.has(row.key)) continue;
+      if (this.stillOwned([row], lanes).length === 0) continue;
+      try {
+        await this.producer!.send([toRecord(row)]);
+      } catch (err) {
+        if (!isRecordError(err)) throw err;
+        if (row.key !== null) failedKeys.add(row.key);
+        const attempts = row.attempts + 1;
+        const message = `${kafkaErrorType(err) ?? 'error'}: ${(err as Error).message}`;
+        const backoffMs = this.options.retryInitialMs + fullJitterBackoffMs(attempts, this.options.retryInitialMs, this.options.retryMaxMs);
+        const parked = await sql.recordFailure(this.db, this.q, this.relayId, row, tokens.get(row.lane)!, message, backoffMs, this.options.maxAttempts);
+        this.logger.warn({ eventId: row.event_id, topic: row.topic, attempts, parked, error: message }, parked ? 'event parked' : 'event publish failed');
+        this.emit('relay:failed', { eventId: row.event_id, attempts, parked, error: message });
+        // kafkajs' idempotent producer counts the rejected record's sequence number although the
+        // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
+        // start over with a new producer id.
+        await this.rebuildProducer();
+        if (!this.producer) throw new Error('no Kafka producer available');
+        continue;
+      }
+      published += await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
+    }
+    if (published > 0) this.emit('relay:published', { count: published, marked: published, lanes: lanes.length });
+    return published;
+  }
+
+  /** Deletes published rows past their retention; only the holder of lane 0 does it. */
+  private async cleanup(): Promise<void> {
+    if (this.stopping || !this.held.has(0)) return;
+    let total = 0;
+    for (let i = 0; i < 100 && !this.stopping; i++) {
+      const n = await sql.deletePublished(this.db, this.q, this.options.publishedRetentionMs, this.options.cleanupBatchSize);
+      total += n;
+      if (n < this.options.cleanupBatchSize) break;
+    }
+    if (total > 0) this.emit('relay:cleaned', { deleted: total });
   }
 }
 

@@ -15,6 +15,7 @@ export interface PendingRow {
   type: string;
   payload: Buffer;
   headers: Record<string, string>;
+  attempts: number;
 }
 
 /** A lane this instance holds, with the fencing token of that ownership. */
@@ -140,23 +141,139 @@ export async function releaseLanes(db: Queryable, schema: string, relayId: strin
  * can become visible after a larger one was read (case C01). Every pass reads all pending rows
  * again from the index instead; rows of one key still come in commit order because the writer
  * locks the key before drawing seq. Only committed rows are visible to this autocommit statement.
+ *
+ * Held-back keys: a row in backoff or parked holds back the later rows of its key when
+ * `holdKeys` is true (strict per-key order); rows without a key are never held back.
  */
-export async function readPending(db: Queryable, schema: string, lanes: readonly number[], maxRows: number, maxBytes: number): Promise<PendingRow[]> {
+export async function readPending(
+  db: Queryable,
+  schema: string,
+  lanes: readonly number[],
+  maxRows: number,
+  maxBytes: number,
+  holdKeys = true,
+): Promise<PendingRow[]> {
   if (lanes.length === 0) return [];
   const { rows } = await db.query<PendingRow>(
-    `SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.lane, e.type, e.payload, e.headers
-       FROM (SELECT seq,
-                    sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes,
-                    row_number() OVER (ORDER BY seq) AS n
-               FROM (SELECT seq, payload FROM ${schema}.outbox_events
-                      WHERE lane = ANY($1::smallint[]) AND published_at IS NULL AND parked_at IS NULL
-                      ORDER BY seq LIMIT $2) page) w
-       JOIN ${schema}.outbox_events e ON e.seq = w.seq
+    `WITH blocked AS (
+       SELECT key, min(seq) AS seq FROM ${schema}.outbox_events
+        WHERE $4::boolean AND lane = ANY($1::smallint[]) AND key IS NOT NULL AND published_at IS NULL
+          AND (parked_at IS NOT NULL OR next_attempt_at > now())
+        GROUP BY key),
+     page AS (
+       SELECT e.seq, e.payload FROM ${schema}.outbox_events e
+        WHERE e.lane = ANY($1::smallint[]) AND e.published_at IS NULL AND e.parked_at IS NULL
+          AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+          AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = e.key AND b.seq < e.seq)
+        ORDER BY e.seq LIMIT $2),
+     w AS (
+       SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
+         FROM page)
+     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.lane, e.type, e.payload, e.headers, e.attempts
+       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
       WHERE w.bytes <= $3 OR w.n = 1
       ORDER BY e.seq`,
-    [lanes, maxRows, maxBytes],
+    [lanes, maxRows, maxBytes, holdKeys],
   );
   return rows;
+}
+
+/**
+ * Records a failed publication of one row: its attempt count and error, and either the time of
+ * its next attempt (exponential backoff) or, after `maxAttempts`, the time it was parked. Fenced
+ * like {@link markPublished}.
+ *
+ * @returns true when the row was parked by this call.
+ */
+export async function recordFailure(
+  db: Queryable,
+  schema: string,
+  relayId: string,
+  row: { seq: string; lane: number },
+  token: string,
+  error: string,
+  backoffMs: number,
+  maxAttempts: number,
+): Promise<boolean> {
+  const { rows } = await db.query<{ parked: boolean }>(
+    `UPDATE ${schema}.outbox_events e
+        SET attempts = e.attempts + 1,
+            last_error = left($4, 2000),
+            next_attempt_at = now() + make_interval(secs => $5::double precision / 1000),
+            parked_at = CASE WHEN e.attempts + 1 >= $6 THEN now() END
+       FROM ${schema}.relay_lanes l
+      WHERE e.seq = $2::bigint AND e.published_at IS NULL
+        AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = $3::bigint
+      RETURNING e.parked_at IS NOT NULL AS parked`,
+    [relayId, row.seq, token, error, backoffMs, maxAttempts],
+  );
+  return rows[0]?.parked ?? false;
+}
+
+/** A parked event, for `outboxkit parked list`. */
+export interface ParkedRow {
+  seq: string;
+  event_id: string;
+  topic: string;
+  key: string | null;
+  type: string;
+  attempts: number;
+  last_error: string | null;
+  parked_at: Date;
+  bytes: number;
+}
+
+/** Lists parked events, oldest first. */
+export async function listParked(db: Queryable, schema: string, limit = 100): Promise<ParkedRow[]> {
+  const { rows } = await db.query<ParkedRow>(
+    `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes
+       FROM ${schema}.outbox_events WHERE published_at IS NULL AND parked_at IS NOT NULL
+      ORDER BY seq LIMIT $1`,
+    [limit],
+  );
+  return rows;
+}
+
+/** Puts parked events back in line (attempts reset). @returns how many. */
+export async function retryParked(db: Queryable, schema: string, eventIds: readonly string[] | 'all'): Promise<number> {
+  const { rowCount } = await db.query(
+    `UPDATE ${schema}.outbox_events
+        SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+      WHERE published_at IS NULL AND parked_at IS NOT NULL AND ($1::boolean OR event_id = ANY($2::uuid[]))`,
+    [eventIds === 'all', eventIds === 'all' ? [] : eventIds],
+  );
+  return rowCount;
+}
+
+/**
+ * Gives up on parked events: they are marked published without being sent (the row stays, with
+ * its error, until retention deletes it), which lets the later events of their keys go on.
+ * @returns how many.
+ */
+export async function skipParked(db: Queryable, schema: string, eventIds: readonly string[]): Promise<number> {
+  const { rowCount } = await db.query(
+    `UPDATE ${schema}.outbox_events
+        SET published_at = now(), last_error = coalesce(last_error, '') || ' [skipped by operator]'
+      WHERE published_at IS NULL AND parked_at IS NOT NULL AND event_id = ANY($1::uuid[])`,
+    [eventIds],
+  );
+  return rowCount;
+}
+
+/**
+ * Deletes published rows older than the retention, at most `batchSize` per call (bounded lock
+ * time and WAL per statement). @returns how many were deleted.
+ */
+export async function deletePublished(db: Queryable, schema: string, retentionMs: number, batchSize: number): Promise<number> {
+  const { rowCount } = await db.query(
+    `DELETE FROM ${schema}.outbox_events WHERE seq IN (
+       SELECT seq FROM ${schema}.outbox_events
+        WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1::double precision / 1000)
+        ORDER BY published_at LIMIT $2
+        FOR UPDATE SKIP LOCKED)`,
+    [retentionMs, batchSize],
+  );
+  return rowCount;
 }
 
 /**

@@ -75,10 +75,15 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
       publishedAt: timestamp('published_at', { withTimezone: true }),
     },
     (t) => [
-      // The relay's read path: pending rows of its lanes in seq order.
+      // The relay's read path: pending rows of its lanes in seq order (parked rows leave it).
       index('outbox_events_pending_idx')
         .on(t.lane, t.seq)
-        .where(sql`${t.publishedAt} IS NULL`),
+        .where(sql`${t.publishedAt} IS NULL AND ${t.parkedAt} IS NULL`),
+      // Rows that failed to publish (in backoff or parked): few, read every pass to hold the later
+      // events of their keys back.
+      index('outbox_events_blocked_idx')
+        .on(t.lane, t.key, t.seq)
+        .where(sql`${t.publishedAt} IS NULL AND (${t.parkedAt} IS NOT NULL OR ${t.nextAttemptAt} IS NOT NULL)`),
       // Retention cleanup of published rows.
       index('outbox_events_published_idx')
         .on(t.publishedAt)

@@ -1,6 +1,7 @@
 /** Starts relays for a test and stops every one of them afterwards (a leaked relay fails the test). */
-import { afterEach, inject } from 'vitest';
+import { afterEach } from 'vitest';
 import { Relay, type RelayOptions } from '../../relay/index.js';
+import { testKafka } from './kafka.js';
 
 const running = new Set<Relay>();
 
@@ -16,7 +17,7 @@ afterEach(async () => {
 export async function startRelay(url: string, options: Partial<RelayOptions> = {}): Promise<Relay & { stopAndForget(): Promise<void> }> {
   const relay = new Relay({
     connectionString: url,
-    brokers: inject('kafkaBrokers'),
+    kafka: testKafka('outboxkit-test-relay'),
     pollIntervalMs: 100,
     leaseMs: 2_000,
     ...options,
