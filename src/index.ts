@@ -29,3 +29,6 @@ export {
   LifecycleError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';
+
+// Idempotency keys: the one-transaction mode, HTTP problem responses.
+export * from './idempotency/index.js';

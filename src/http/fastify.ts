@@ -1,0 +1,199 @@
+/**
+ * A Fastify adapter for idempotent routes.
+ *
+ * Only types are imported from fastify: this module has no run-time dependency on it (declare
+ * `fastify` >= 5 as an optional peer dependency).
+ *
+ * @example
+ * ```ts
+ * import Fastify from 'fastify';
+ * import { idempotentHandler, registerRawJsonBody } from 'outboxkit/fastify';
+ *
+ * const app = Fastify();
+ * await app.register(async (scope) => {
+ *   // The fingerprint is computed over the raw bytes: keep them (only in this scope).
+ *   registerRawJsonBody(scope);
+ *   scope.post(
+ *     '/orders',
+ *     idempotentHandler(
+ *       { db: pool, operation: 'create-order', resolveTenant: (req) => req.user?.accountId },
+ *       async (req, tx) => {
+ *         const input = req.body as { sku: string }; // parsed once, exactly the fingerprinted JSON
+ *         const { rows } = await tx.query('INSERT INTO orders (sku) VALUES ($1) RETURNING id', [input.sku]);
+ *         return { status: 201, headers: { location: `/orders/${rows[0].id}` }, body: { id: rows[0].id } };
+ *       },
+ *     ),
+ *   );
+ * });
+ * ```
+ */
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { DatabaseHandle, TransactionOf } from '../database.js';
+import { InvalidOptionsError } from '../errors.js';
+import { TenantUnresolvedError } from '../idempotency/errors.js';
+import { executeIdempotent, executeWithoutKey } from '../idempotency/execute.js';
+import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
+import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
+import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
+import type { HandlerResponse, IdempotentResult } from '../idempotency/state-machine.js';
+import { isProblemError, toProblem } from './problem.js';
+
+/** Default `maxBodyBytes`: Fastify's default `bodyLimit` (1 MiB). */
+export const DEFAULT_MAX_BODY_BYTES = 1_048_576;
+
+/** Options of {@link idempotentHandler}: where, what, who, plus {@link IdempotencyOptions}. */
+export interface FastifyIdempotencyOptions<D extends DatabaseHandle> extends IdempotencyOptions {
+  /** A `pg.Pool` or a drizzle database: outboxkit opens one transaction per request on it. */
+  db: D;
+  /** The operation name, scoping keys: the same key on two operations never collides. */
+  operation: string;
+  /**
+   * The authenticated caller's scope (account or tenant id). Return `undefined` (or `''`) when it
+   * cannot be determined: the request is then refused with 400 (`tenant-unresolved`) rather than
+   * put in a shared scope (case C21). Called only for requests that carry a key.
+   */
+  resolveTenant(req: FastifyRequest): string | undefined | Promise<string | undefined>;
+  /**
+   * Request headers that change the meaning of the request (for example `accept-language`), part
+   * of the fingerprint. Never tracing or transport headers. @defaultValue []
+   */
+  semanticHeaders?: readonly string[];
+  /** Whether a request without `Idempotency-Key` is refused (400) or runs without protection. @defaultValue true */
+  required?: boolean;
+  /**
+   * Largest body accepted on this route, in bytes: larger bodies get 413 `body-too-large`, nothing
+   * recorded. Keep it at or below the `bodyLimit` of {@link registerRawJsonBody} (bodies over that
+   * get Fastify's own 413 before this handler runs). @defaultValue 1_048_576
+   */
+  maxBodyBytes?: number;
+}
+
+/**
+ * Builds a Fastify route handler that runs `handler` idempotently:
+ * 1. parses `Idempotency-Key` (400 `key-missing` / `key-invalid`);
+ * 2. resolves the tenant (400 `tenant-unresolved`);
+ * 3. fingerprints the raw body and the semantic headers (413 `body-too-large`, 400 `body-invalid`),
+ *    then sets `req.body` to the parsed JSON, so the handler sees exactly what was fingerprinted;
+ * 4. runs `executeIdempotent()` and sends the status, headers and body bytes, with
+ *    `Idempotent-Replayed: true` on a replay; outboxkit's errors become RFC 9457 problems (409 and
+ *    503 with `Retry-After`, 422 on a key reused with another body).
+ *
+ * The body must reach the handler as raw bytes: call {@link registerRawJsonBody} in the plugin
+ * scope of the route. Errors the handler throws go to Fastify's error handler, after the rollback.
+ * Fastify body schemas (`schema.body`) would see the raw Buffer: validate in the handler instead.
+ *
+ * @throws {@link InvalidOptionsError} at once on invalid options.
+ */
+export function idempotentHandler<D extends DatabaseHandle>(
+  options: FastifyIdempotencyOptions<D>,
+  handler: (req: FastifyRequest, tx: TransactionOf<D>) => Promise<HandlerResponse>,
+): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
+  const opts = resolveIdempotencyOptions(options);
+  const { db, operation } = options;
+  if (typeof operation !== 'string' || operation.length === 0) {
+    throw new InvalidOptionsError('idempotentHandler() needs a non-empty operation name.');
+  }
+  if (typeof options.resolveTenant !== 'function') {
+    throw new InvalidOptionsError('idempotentHandler() needs resolveTenant(req): the caller scope of each key.');
+  }
+  if (typeof handler !== 'function') throw new InvalidOptionsError('idempotentHandler() needs a handler function.');
+  const required = options.required ?? true;
+  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
+    throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${String(maxBodyBytes)}.`);
+  }
+  const semanticHeaders = (options.semanticHeaders ?? []).map((h) => h.toLowerCase());
+
+  return async function idempotentRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    let result: IdempotentResult;
+    try {
+      const key = parseIdempotencyKey(req.headers[IDEMPOTENCY_KEY_HEADER], { required });
+      const raw = rawBodyOf(req);
+      if (key === undefined) {
+        const parsed = parseJsonBody(raw, maxBodyBytes);
+        req.body = parsed.present ? parsed.value : undefined;
+        result = await executeWithoutKey(db, (tx) => handler(req, tx), opts);
+      } else {
+        const tenant = await options.resolveTenant(req);
+        if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+        const { fingerprint, body } = fingerprintAndParse({
+          tenant,
+          operation,
+          method: req.method,
+          body: raw,
+          semanticHeaders: pickHeaders(req, semanticHeaders),
+          maxBodyBytes,
+        });
+        req.body = body;
+        result = await executeIdempotent(db, { tenant, operation, key, fingerprint }, (tx) => handler(req, tx), opts);
+      }
+    } catch (err) {
+      if (!isProblemError(err)) throw err;
+      const problem = toProblem(err, opts);
+      // A Buffer: Fastify would append "; charset=utf-8" to the content type of a string.
+      return reply
+        .code(problem.status)
+        .headers(problem.headers)
+        .send(Buffer.from(JSON.stringify(problem.body), 'utf8'));
+    }
+    const { status, headers, body } = result.response;
+    return reply.code(status).headers(headers).send(body);
+  };
+}
+
+function rawBodyOf(req: FastifyRequest): FingerprintInput['body'] {
+  const body: unknown = req.body;
+  if (body === undefined || body === null) return undefined;
+  if (typeof body === 'string' || body instanceof Uint8Array) return body;
+  throw new InvalidOptionsError(
+    'The idempotent route received an already parsed body; call registerRawJsonBody() in its plugin scope so the fingerprint covers the raw bytes.',
+  );
+}
+
+function pickHeaders(req: FastifyRequest, names: readonly string[]): Record<string, string> {
+  const picked: Record<string, string> = {};
+  for (const name of names) {
+    const value = req.headers[name];
+    if (value === undefined) continue;
+    picked[name] = Array.isArray(value) ? value.join(', ') : String(value);
+  }
+  return picked;
+}
+
+/** Options of {@link registerRawJsonBody}. */
+export interface RawJsonBodyOptions {
+  /** Content types whose body is kept raw. @defaultValue 'application/json' */
+  contentType?: string | RegExp;
+  /** Largest body read, in bytes. @defaultValue the Fastify instance's `bodyLimit` (1 MiB by default) */
+  bodyLimit?: number;
+}
+
+/** The part of a Fastify instance {@link registerRawJsonBody} uses. */
+export interface ContentTypeParserHost {
+  hasContentTypeParser(contentType: string | RegExp): boolean;
+  removeContentTypeParser(contentType: string | RegExp | (string | RegExp)[]): void;
+  addContentTypeParser(
+    contentType: string | string[] | RegExp,
+    opts: { parseAs: 'buffer'; bodyLimit?: number },
+    parser: (req: FastifyRequest, body: Buffer, done: (err: Error | null, body?: unknown) => void) => void,
+  ): void;
+}
+
+/**
+ * Replaces the JSON body parser of a Fastify instance (or plugin scope) with one that keeps the
+ * raw bytes as `req.body` (a Buffer), which {@link idempotentHandler} fingerprints and then
+ * replaces with the parsed JSON. Parsers are encapsulated: call it inside the plugin that
+ * registers the idempotent routes to leave the app's other routes untouched.
+ */
+export function registerRawJsonBody(app: ContentTypeParserHost, options: RawJsonBodyOptions = {}): void {
+  const contentType = options.contentType ?? 'application/json';
+  if (options.bodyLimit !== undefined && (!Number.isSafeInteger(options.bodyLimit) || options.bodyLimit <= 0)) {
+    throw new InvalidOptionsError(`bodyLimit must be a positive integer (bytes), got ${String(options.bodyLimit)}.`);
+  }
+  if (app.hasContentTypeParser(contentType)) app.removeContentTypeParser(contentType);
+  app.addContentTypeParser(
+    contentType,
+    options.bodyLimit === undefined ? { parseAs: 'buffer' } : { parseAs: 'buffer', bodyLimit: options.bodyLimit },
+    (_req, body, done) => done(null, body),
+  );
+}

@@ -1,0 +1,257 @@
+/**
+ * `executeIdempotent()`: the one-transaction mode (the default) of idempotent execution.
+ *
+ * Claiming the key, the handler's business rows and outbox events, and the stored result commit
+ * together or not at all (DESIGN G1, G2). The pure decisions are in ./state-machine.ts, the SQL
+ * in ./store.ts.
+ */
+import { randomUUID } from 'node:crypto';
+import {
+  joinTransaction,
+  runTransaction,
+  type DatabaseHandle,
+  type TransactionHandle,
+  type TransactionOf,
+} from '../database.js';
+import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
+import {
+  KeyInProgressError,
+  KeyMismatchError,
+  LeaseLostError,
+  StoreUnavailableError,
+  TenantUnresolvedError,
+} from './errors.js';
+import { FINGERPRINT_VERSION, type Fingerprint } from './fingerprint.js';
+import { assertValidKey, redactKey } from './key.js';
+import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './options.js';
+import { classifyStoreError } from './pg-errors.js';
+import {
+  decideOnExisting,
+  headersToStore,
+  normaliseResponse,
+  outcomeOfStatus,
+  type HandlerResponse,
+  type IdempotentResponse,
+  type IdempotentResult,
+} from './state-machine.js';
+import { claimKey, completeKey, idempotencyTable, readRecord, setClaimLockTimeout, type KeyScope } from './store.js';
+
+/** The identity of one idempotent request. */
+export interface IdempotentRequest {
+  /** The authenticated caller's scope. Never a shared default: refuse the request instead. */
+  tenant: string;
+  /** The operation, for example `create-order`; the same key on two operations never collides. */
+  operation: string;
+  /** The idempotency key, as returned by `parseIdempotencyKey()`: 1-255 printable ASCII. */
+  key: string;
+  /** The request's fingerprint, from `fingerprintRequest()`. */
+  fingerprint: Fingerprint;
+}
+
+/**
+ * A response that must not be stored (see `outcomeOfStatus`): thrown inside the transaction so
+ * that it rolls back, and caught outside to hand the response back.
+ */
+class ReleasedResponse {
+  constructor(readonly response: IdempotentResponse) {}
+}
+
+/** The handler threw: its error is propagated unchanged, after the rollback. */
+class HandlerFailure {
+  constructor(readonly error: unknown) {}
+}
+
+function checkRequest(request: IdempotentRequest): KeyScope {
+  if (typeof request !== 'object' || request === null)
+    throw new InvalidOptionsError('executeIdempotent() needs a request.');
+  const { tenant, operation, key, fingerprint } = request;
+  if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+  if (typeof operation !== 'string' || operation.length === 0) {
+    throw new InvalidOptionsError('executeIdempotent() needs a non-empty operation name.');
+  }
+  assertValidKey(key);
+  if (
+    typeof fingerprint !== 'object' ||
+    fingerprint === null ||
+    fingerprint.version !== FINGERPRINT_VERSION ||
+    !Buffer.isBuffer(fingerprint.digest) ||
+    fingerprint.digest.length !== 32
+  ) {
+    throw new InvalidOptionsError('executeIdempotent() needs the fingerprint returned by fingerprintRequest().');
+  }
+  return { tenant, operation, key };
+}
+
+/**
+ * Runs `handler` at most once per (tenant, operation, key) within the retention window, in one
+ * transaction with the key's claim and its stored result, and returns a stable response to every
+ * retry.
+ *
+ * Flow, in one transaction of `db`:
+ * 1. `lock_timeout` = `lockTimeoutMs` (policy `reject`) or `waitTimeoutMs` (policy `wait`), for the
+ *    claim only.
+ * 2. One atomic claim (INSERT ... ON CONFLICT DO UPDATE): a new key, or one whose terminal record
+ *    is past its retention, is claimed; then `handler(tx)` runs, and its response is stored
+ *    (`completed` for 2xx/3xx, `failed` for a final 4xx) in the same transaction.
+ * 3. Otherwise the committed record decides: a different fingerprint → {@link KeyMismatchError};
+ *    completed/failed → its stored response, with `idempotent-replayed: true`, and the handler does
+ *    not run; processing → {@link KeyInProgressError}.
+ *
+ * A duplicate that arrives while the first request's transaction is open waits on its row lock:
+ * under `reject` for `lockTimeoutMs`, then {@link KeyInProgressError}; under `wait` until the first
+ * commits (→ replay) or rolls back (→ this request claims the key and executes), at most
+ * `waitTimeoutMs` (→ {@link KeyInProgressError}).
+ *
+ * What releases the key (the whole transaction is rolled back, the handler's writes included, and
+ * a retry executes again): the handler throws (its error is rethrown as is), or returns a 5xx or
+ * 408/409/425/429 (returned with `replayed: false`, not stored), or the process dies before COMMIT.
+ *
+ * Expects PostgreSQL's default isolation, READ COMMITTED. Do not keep the transaction open across
+ * slow external calls: every duplicate under `wait` holds a pooled connection meanwhile.
+ *
+ * @param db - a `pg.Pool` or a drizzle database; outboxkit opens the transaction.
+ * @param request - tenant, operation, key and fingerprint.
+ * @param handler - the operation; receives the transaction (a `pg.PoolClient` inside BEGIN, or the
+ *   drizzle `tx`) and writes its business rows and outbox events with it.
+ * @param options - see {@link IdempotencyOptions}.
+ * @throws {@link KeyMismatchError} (422) same key, different fingerprint.
+ * @throws {@link KeyInProgressError} (409, retriable) the key is held by another request.
+ * @throws {@link StoreUnavailableError} (503, retriable) PostgreSQL cannot be reached or failed
+ *   before the handler ran (the handler then never ran), or during COMMIT (outcome unknown: the
+ *   retry replays or executes).
+ * @throws {@link KeyInvalidError}, {@link TenantUnresolvedError}, {@link InvalidOptionsError} on an
+ *   invalid request, options or handler response (the transaction is rolled back).
+ */
+export async function executeIdempotent<D extends DatabaseHandle>(
+  db: D,
+  request: IdempotentRequest,
+  handler: (tx: TransactionOf<D>) => Promise<HandlerResponse>,
+  options?: IdempotencyOptions | ResolvedIdempotencyOptions,
+): Promise<IdempotentResult> {
+  const opts = resolveIdempotencyOptions(options);
+  const scope = checkRequest(request);
+  const table = idempotencyTable(opts.quotedSchema);
+  const log = { operation: scope.operation, key: redactKey(scope.key) };
+  try {
+    return await runTransaction(db, async (tx) => {
+      const q = joinTransaction(tx as TransactionHandle, 'executeIdempotent()');
+      const claimTimeoutMs = opts.policy === 'wait' ? opts.waitTimeoutMs : opts.lockTimeoutMs;
+      const previousLockTimeout = await setClaimLockTimeout(q, claimTimeoutMs);
+      const ownerToken = randomUUID();
+      const claim = await claimKey(
+        q,
+        table,
+        scope,
+        request.fingerprint,
+        ownerToken,
+        opts.retentionMs,
+        previousLockTimeout,
+      );
+
+      if (claim === undefined) {
+        const record = await readRecord(q, table, scope);
+        if (record === undefined) {
+          // Cannot happen: the claim's conflict locked the row, and nothing deletes a locked row.
+          throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
+        }
+        const decision = decideOnExisting(record, request.fingerprint);
+        switch (decision.kind) {
+          case 'mismatch':
+            opts.logger.warn(log, 'idempotency key reused with a different request');
+            throw new KeyMismatchError();
+          case 'in-progress':
+            throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
+          case 'replay':
+            opts.logger.debug(log, 'idempotent response replayed');
+            return { replayed: true, response: decision.response };
+        }
+      }
+
+      let returned: HandlerResponse;
+      try {
+        returned = await handler(tx);
+      } catch (err) {
+        throw new HandlerFailure(err);
+      }
+      const response = normaliseResponse(returned);
+      const outcome = outcomeOfStatus(response.status);
+      if (outcome === 'release') throw new ReleasedResponse(response);
+      const stored = await completeKey(
+        q,
+        table,
+        scope,
+        claim.ownerToken,
+        {
+          state: outcome,
+          status: response.status,
+          headers: headersToStore(response.headers, opts.replayHeaders),
+          body: response.body,
+        },
+        opts.retentionMs,
+      );
+      if (!stored) {
+        throw new LeaseLostError(
+          `The idempotency record ${redactKey(scope.key)} of ${scope.operation} is no longer owned by this execution; its result was not stored.`,
+        );
+      }
+      opts.logger.debug(
+        { ...log, status: response.status, generation: claim.generation },
+        'idempotent request executed',
+      );
+      return { replayed: false, response };
+    });
+  } catch (err) {
+    if (err instanceof ReleasedResponse) {
+      opts.logger.debug({ ...log, status: err.response.status }, 'idempotent request released (response not stored)');
+      return { replayed: false, response: err.response };
+    }
+    throw translateError(err, opts, log);
+  }
+}
+
+/** Maps what escaped the transaction to what the caller sees; see {@link executeIdempotent}. */
+function translateError(err: unknown, opts: ResolvedIdempotencyOptions, log: Record<string, unknown>): unknown {
+  if (err instanceof HandlerFailure) return err.error;
+  if (isOutboxkitError(err)) return err;
+  switch (classifyStoreError(err)) {
+    case 'lock-timeout':
+    case 'serialization':
+      opts.logger.debug(log, 'idempotency key in progress');
+      return new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds, cause: err });
+    case 'unavailable':
+      opts.logger.warn({ ...log, err }, 'idempotency store unavailable');
+      return new StoreUnavailableError(undefined, { retryAfterSeconds: opts.retryAfterSeconds, cause: err });
+    case 'other':
+      return err;
+  }
+}
+
+/**
+ * Runs `handler` in a transaction of `db` without an idempotency key (for operations where the key
+ * is optional and the request has none). Same transaction rules as {@link executeIdempotent}: a
+ * 5xx or 408/409/425/429 response rolls the transaction back, a thrown error is rethrown after the
+ * rollback, and a store failure becomes {@link StoreUnavailableError}. Nothing is stored.
+ */
+export async function executeWithoutKey<D extends DatabaseHandle>(
+  db: D,
+  handler: (tx: TransactionOf<D>) => Promise<HandlerResponse>,
+  options?: IdempotencyOptions | ResolvedIdempotencyOptions,
+): Promise<IdempotentResult> {
+  const opts = resolveIdempotencyOptions(options);
+  try {
+    return await runTransaction(db, async (tx) => {
+      let returned: HandlerResponse;
+      try {
+        returned = await handler(tx);
+      } catch (err) {
+        throw new HandlerFailure(err);
+      }
+      const response = normaliseResponse(returned);
+      if (outcomeOfStatus(response.status) === 'release') throw new ReleasedResponse(response);
+      return { replayed: false, response };
+    });
+  } catch (err) {
+    if (err instanceof ReleasedResponse) return { replayed: false, response: err.response };
+    throw translateError(err, opts, { operation: undefined });
+  }
+}

@@ -1,0 +1,306 @@
+/**
+ * Request fingerprints: SHA-256 over the RFC 8785 (JCS) canonical JSON of what makes two requests
+ * "the same request". Pure logic, no I/O.
+ *
+ * ## What is hashed (version 1)
+ * `canonicalize({ v: 1, tenant, operation, method?, headers, body? })` encoded as UTF-8, where
+ * - `method` is the upper-cased HTTP method, present only when given;
+ * - `headers` holds the semantic headers the operation declares, names lower-cased (always
+ *   present, possibly `{}`); tracing and transport headers must not be declared;
+ * - `body` is the parsed JSON body, absent when the body is empty (zero bytes or only JSON
+ *   whitespace), so an empty body and a JSON `null` body differ.
+ *
+ * ## Equivalence rules (case C19), all following RFC 8785
+ * - Member order is irrelevant: `{"a":1,"b":2}` ≡ `{"b":2,"a":1}` (nested objects too). Members
+ *   are sorted by their UTF-16 code units (RFC 8785 §3.2.3), not by code points: `"\uFB01"` sorts
+ *   after `"\uD83D\uDE00"` (😀), although U+FB01 < U+1F600.
+ * - Array order matters: `[1,2]` ≢ `[2,1]`.
+ * - Numbers compare by value, serialised as ECMAScript does (RFC 8785 §3.2.2.3): `1`, `1.0`,
+ *   `1e0`, `10e-1` and `-0` ≡ `0` are the same number.
+ * - A missing member is not `null`: `{"a":1}` ≢ `{"a":1,"b":null}`.
+ * - Strings are compared as sent, without Unicode normalisation: NFC `"é"` (U+00E9) ≢ NFD
+ *   `"é"` (U+0065 U+0301). Escapes do not matter: `"\u0061"` ≡ `"a"`.
+ * - Header values are compared exactly; header names case-insensitively.
+ *
+ * ## Bodies that are refused ({@link BodyInvalidError}, HTTP 400, nothing recorded)
+ * The body must be I-JSON (RFC 7493), which RFC 8785 requires of its input:
+ * - not UTF-8, or not JSON (a byte order mark included), unless empty;
+ * - a duplicate member name in one object (`{"a":1,"a":2}`): JSON.parse would keep the last one
+ *   silently;
+ * - a lone surrogate (`"\uD800"`);
+ * - **a number that JSON.parse would round**: an integer beyond ±(2^53 − 1) that no double
+ *   holds (`9007199254740993`), a fraction with more digits than a double keeps
+ *   (`0.10000000000000000001`), an overflow (`1e400`) or an underflow (`1e-400`).
+ *   The exact rule: the number's decimal value must equal the value of the shortest decimal that
+ *   round-trips the double it parses to (what `JSON.stringify` prints). Otherwise JSON.parse
+ *   would map two different numbers to one double, two different requests would share a
+ *   fingerprint, and the second would get the first one's stored result. Accepted numbers that
+ *   differ in value therefore never share a fingerprint. Send such values as JSON strings.
+ *   `9007199254740992` (2^53), `0.1` and `1e21` are accepted (each is its double's shortest form).
+ */
+import { createHash } from 'node:crypto';
+import canonicalize from 'canonicalize';
+import { InvalidOptionsError } from '../errors.js';
+import { BodyInvalidError, BodyTooLargeError, TenantUnresolvedError } from './errors.js';
+
+/** The current fingerprint version; stored beside the digest so that the rules can evolve. */
+export const FINGERPRINT_VERSION = 1;
+
+/** A request fingerprint: the SHA-256 digest (32 bytes) and the version of the rules that made it. */
+export interface Fingerprint {
+  version: typeof FINGERPRINT_VERSION;
+  digest: Buffer;
+}
+
+/** Input of {@link fingerprintRequest}. */
+export interface FingerprintInput {
+  /** The caller's scope (authenticated account or tenant id). Non-empty. */
+  tenant: string;
+  /** The operation, for example `create-order` or `POST /orders`. Non-empty. */
+  operation: string;
+  /** The HTTP method; upper-cased. Omit it when `operation` already names it. */
+  method?: string;
+  /** The raw request body: bytes (UTF-8 JSON) or text. Empty or `undefined`: no body. */
+  body: Buffer | Uint8Array | string | undefined;
+  /**
+   * The semantic headers the operation declares (for example `{ 'Accept-Language': 'fr' }`),
+   * and only those: never tracing (`traceparent`) or transport (`content-length`) headers.
+   * Names are lower-cased; an absent header is simply left out.
+   */
+  semanticHeaders?: Readonly<Record<string, string>>;
+  /** Largest body fingerprinted, in bytes; larger bodies are refused (HTTP 413). */
+  maxBodyBytes: number;
+}
+
+const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+// RFC 8259 whitespace.
+const JSON_WS_ONLY = /^[ \t\n\r]*$/;
+
+/**
+ * Computes the fingerprint of a request. See the module documentation for the canonical form,
+ * the equivalence rules (case C19) and the refused bodies.
+ *
+ * @returns `{ version: 1, digest }`, `digest` being 32 bytes.
+ * @throws {@link BodyTooLargeError} when the body has more than `maxBodyBytes` bytes (413).
+ * @throws {@link BodyInvalidError} when the body is not empty and not I-JSON, or holds a number a
+ *   double cannot represent exactly (400).
+ * @throws {@link TenantUnresolvedError} when `tenant` is empty.
+ * @throws {@link InvalidOptionsError} on an empty operation, an invalid limit, or two semantic
+ *   headers whose names differ only by case.
+ */
+export function fingerprintRequest(input: FingerprintInput): Fingerprint {
+  return fingerprintAndParse(input).fingerprint;
+}
+
+/**
+ * Like {@link fingerprintRequest}, and also returns the parsed body (`undefined` when empty), so
+ * that an adapter hands the handler exactly the value that was fingerprinted, parsed once.
+ * @internal
+ */
+export function fingerprintAndParse(input: FingerprintInput): { fingerprint: Fingerprint; body: unknown } {
+  const canonical = canonicalRequest(input);
+  const digest = createHash('sha256').update(canonical.json, 'utf8').digest();
+  return { fingerprint: { version: FINGERPRINT_VERSION, digest }, body: canonical.body };
+}
+
+/**
+ * The canonical JSON text that {@link fingerprintRequest} hashes, and the parsed body.
+ * Exposed for tests and debugging.
+ * @internal
+ */
+export function canonicalRequest(input: FingerprintInput): { json: string; body: unknown } {
+  const { tenant, operation, method, semanticHeaders, maxBodyBytes } = input;
+  if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+  if (typeof operation !== 'string' || operation.length === 0) {
+    throw new InvalidOptionsError('The idempotent operation needs a non-empty name.');
+  }
+  if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
+    throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${maxBodyBytes}.`);
+  }
+  const body = parseJsonBody(input.body, maxBodyBytes);
+  const headers: Record<string, string> = {};
+  for (const [name, value] of Object.entries(semanticHeaders ?? {})) {
+    const lower = name.toLowerCase();
+    if (Object.hasOwn(headers, lower)) {
+      throw new InvalidOptionsError(
+        `Semantic header ${JSON.stringify(lower)} is given twice (names are case-insensitive).`,
+      );
+    }
+    if (typeof value !== 'string') {
+      throw new InvalidOptionsError(`Semantic header ${JSON.stringify(lower)} must have a string value.`);
+    }
+    headers[lower] = value;
+  }
+  const subject: Record<string, unknown> = { v: FINGERPRINT_VERSION, tenant, operation, headers };
+  if (method !== undefined) subject.method = method.toUpperCase();
+  if (body.present) subject.body = body.value;
+  let json: string | undefined;
+  try {
+    json = canonicalize(subject);
+  } catch (err) {
+    // Lone surrogates, in the body or in the tenant/operation/header strings.
+    throw new BodyInvalidError(`The request cannot be canonicalised (RFC 8785): ${(err as Error).message}.`, {
+      cause: err,
+    });
+  }
+  if (json === undefined) throw new BodyInvalidError('The request cannot be canonicalised (RFC 8785).');
+  return { json, body: body.present ? body.value : undefined };
+}
+
+/** A body parsed by {@link parseJsonBody}: absent (empty) or a JSON value. */
+export type ParsedBody = { present: false } | { present: true; value: unknown };
+
+/**
+ * Checks the size of a raw body and parses it as I-JSON, with the rules of
+ * {@link fingerprintRequest}: empty (zero bytes or JSON whitespace) → absent.
+ *
+ * @throws {@link BodyTooLargeError} over `maxBodyBytes`.
+ * @throws {@link BodyInvalidError} when not empty and not I-JSON or holding a number JSON.parse rounds.
+ */
+export function parseJsonBody(raw: FingerprintInput['body'], maxBodyBytes: number): ParsedBody {
+  if (raw === undefined || raw === null) return { present: false };
+  let text: string;
+  if (typeof raw === 'string') {
+    const size = Buffer.byteLength(raw, 'utf8');
+    if (size > maxBodyBytes) throw tooLarge(size, maxBodyBytes);
+    text = raw;
+  } else if (raw instanceof Uint8Array) {
+    if (raw.byteLength > maxBodyBytes) throw tooLarge(raw.byteLength, maxBodyBytes);
+    try {
+      text = UTF8.decode(raw);
+    } catch (err) {
+      throw new BodyInvalidError('The request body is not valid UTF-8; send UTF-8 JSON (RFC 8259).', { cause: err });
+    }
+  } else {
+    throw new InvalidOptionsError(
+      'The body to fingerprint must be the raw bytes (Buffer) or text; register a raw body parser instead of a JSON parser.',
+    );
+  }
+  if (JSON_WS_ONLY.test(text)) return { present: false };
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    throw new BodyInvalidError('The request body is not JSON; send a JSON body (RFC 8259) or none.', { cause: err });
+  }
+  checkIJson(text);
+  return { present: true, value };
+}
+
+function tooLarge(size: number, limit: number): BodyTooLargeError {
+  return new BodyTooLargeError(
+    `The request body has ${size} bytes; idempotent requests are limited to ${limit} bytes.`,
+    limit,
+  );
+}
+
+interface Container {
+  object: boolean;
+  expectKey: boolean;
+  keys: Set<string> | undefined;
+}
+
+/**
+ * Walks JSON text that JSON.parse accepted and refuses what RFC 8785 / I-JSON forbid and JSON.parse
+ * lets through silently: duplicate member names and numbers a double cannot hold exactly.
+ * (Lone surrogates are refused later by canonicalize.)
+ */
+function checkIJson(text: string): void {
+  const stack: Container[] = [];
+  let i = 0;
+  const n = text.length;
+  while (i < n) {
+    const c = text.charCodeAt(i);
+    if (c === 0x7b /* { */) {
+      stack.push({ object: true, expectKey: true, keys: new Set() });
+      i++;
+    } else if (c === 0x5b /* [ */) {
+      stack.push({ object: false, expectKey: false, keys: undefined });
+      i++;
+    } else if (c === 0x7d /* } */ || c === 0x5d /* ] */) {
+      stack.pop();
+      i++;
+    } else if (c === 0x2c /* , */) {
+      const top = stack[stack.length - 1];
+      if (top?.object) top.expectKey = true;
+      i++;
+    } else if (c === 0x3a /* : */) {
+      const top = stack[stack.length - 1];
+      if (top) top.expectKey = false;
+      i++;
+    } else if (c === 0x22 /* " */) {
+      let j = i + 1;
+      while (j < n) {
+        const d = text.charCodeAt(j);
+        if (d === 0x5c) j += 2;
+        else if (d === 0x22) break;
+        else j++;
+      }
+      const top = stack[stack.length - 1];
+      if (top?.object && top.expectKey && top.keys) {
+        const name = JSON.parse(text.slice(i, j + 1)) as string;
+        if (top.keys.has(name)) {
+          throw new BodyInvalidError(
+            `The request body has the member ${JSON.stringify(name)} twice in one object; I-JSON (RFC 7493) forbids duplicate names.`,
+          );
+        }
+        top.keys.add(name);
+      }
+      i = j + 1;
+    } else if (c === 0x2d /* - */ || (c >= 0x30 && c <= 0x39)) {
+      let j = i + 1;
+      while (j < n && /[0-9eE.+-]/.test(text[j] as string)) j++;
+      checkNumber(text.slice(i, j));
+      i = j;
+    } else {
+      i++; // whitespace, or the letters of true/false/null
+    }
+  }
+}
+
+/** A decimal number as sign, significant digits without leading/trailing zeros, and exponent. */
+interface Decimal {
+  negative: boolean;
+  digits: string;
+  exponent: bigint;
+}
+
+const NUMBER = /^(-?)(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/;
+
+/** Parses JSON number text, or `String(double)` output, into its exact decimal value. */
+export function decimalOf(text: string): Decimal | undefined {
+  const m = NUMBER.exec(text);
+  if (!m) return undefined;
+  const intPart = m[2] ?? '';
+  const fracPart = m[3] ?? '';
+  let digits = intPart + fracPart;
+  let exponent = BigInt(m[4] ?? '0') - BigInt(fracPart.length);
+  digits = digits.replace(/^0+/, '');
+  if (digits.length === 0) return { negative: false, digits: '', exponent: 0n }; // zero, whatever its sign
+  const trimmed = digits.replace(/0+$/, '');
+  exponent += BigInt(digits.length - trimmed.length);
+  return { negative: m[1] === '-', digits: trimmed, exponent };
+}
+
+/**
+ * Whether JSON.parse keeps the exact value of the JSON number `text`: true when the decimal value
+ * of `text` equals that of the shortest round-trip form of the double it parses to.
+ */
+export function isLosslessNumber(text: string): boolean {
+  const value = Number(text);
+  if (!Number.isFinite(value)) return false;
+  const written = decimalOf(text);
+  const parsed = decimalOf(String(value));
+  if (!written || !parsed) return false;
+  return (
+    written.negative === parsed.negative && written.digits === parsed.digits && written.exponent === parsed.exponent
+  );
+}
+
+function checkNumber(text: string): void {
+  if (isLosslessNumber(text)) return;
+  const shown = text.length > 40 ? `${text.slice(0, 37)}...` : text;
+  throw new BodyInvalidError(
+    `The request body has the number ${shown}, which JSON cannot hold without rounding (beyond IEEE 754 double precision); send it as a string.`,
+  );
+}

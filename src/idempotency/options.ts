@@ -1,0 +1,194 @@
+/**
+ * Options of the idempotency layer, their defaults and their validation.
+ */
+import { InvalidOptionsError } from '../errors.js';
+import { noopLogger, type Logger } from '../logger.js';
+import { DEFAULT_SCHEMA } from '../schema.js';
+import { quoteSchema } from '../schema-name.js';
+
+/** What a duplicate gets while the first request with its key is still running. */
+export type ConcurrencyPolicy = 'reject' | 'wait';
+
+/** Options of `executeIdempotent()` and of the HTTP adapters. */
+export interface IdempotencyOptions {
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+  /**
+   * What a concurrent duplicate gets while the first request holds the key (its claim is not yet
+   * committed, so the duplicate meets the first one's row lock):
+   * - `reject`: wait at most `lockTimeoutMs`, then {@link KeyInProgressError} (HTTP 409 with
+   *   `Retry-After`);
+   * - `wait`: wait up to `waitTimeoutMs` for the first to finish, then replay its stored result
+   *   (or, if it rolled back, claim the key and execute); 409 after the deadline.
+   * @defaultValue 'reject'
+   */
+  policy?: ConcurrencyPolicy;
+  /**
+   * Under `reject`: how long a duplicate may wait on the first request's row lock before it gets a
+   * 409, in milliseconds (PostgreSQL `lock_timeout` for the claim statement only). Keep it short:
+   * every waiting duplicate holds a pooled connection. @defaultValue 100
+   */
+  lockTimeoutMs?: number;
+  /**
+   * Under `wait`: the longest a duplicate waits for the first request, in milliseconds. Set it
+   * below your clients' timeout and your server's request timeout. Keep the server's
+   * `statement_timeout` above it. @defaultValue 10_000
+   */
+  waitTimeoutMs?: number;
+  /**
+   * How long a completed (or stored failed) record is kept and replayed, in milliseconds, counted
+   * from its completion. After that, the same key starts a new execution (even with a different
+   * body), and `cleanupExpiredKeys()` may delete the record. Publish it in your API docs.
+   * @defaultValue 86_400_000 (24 hours)
+   */
+  retentionMs?: number;
+  /**
+   * Response headers stored with the result and replayed (case-insensitive). `content-type` is
+   * always kept. Refused: `set-cookie` and credentials, hop-by-hop headers, `content-length`
+   * (recomputed on replay). The first response carries every header the handler set.
+   * @defaultValue ['content-type', 'content-language', 'content-location', 'location', 'etag', 'last-modified', 'cache-control', 'expires', 'vary', 'link']
+   */
+  replayHeaders?: readonly string[];
+  /** `Retry-After` sent with 409 (key in progress) and 503 (store unavailable), in seconds. @defaultValue 1 */
+  retryAfterSeconds?: number;
+  /** Logger; keys are only ever logged redacted. @defaultValue a no-op logger */
+  logger?: Logger;
+}
+
+/** {@link IdempotencyOptions} with every default applied, validated and frozen. */
+export interface ResolvedIdempotencyOptions {
+  readonly schema: string;
+  /** `schema` quoted, ready for SQL. */
+  readonly quotedSchema: string;
+  readonly policy: ConcurrencyPolicy;
+  readonly lockTimeoutMs: number;
+  readonly waitTimeoutMs: number;
+  readonly retentionMs: number;
+  /** Lower-cased, `content-type` included. */
+  readonly replayHeaders: ReadonlySet<string>;
+  readonly retryAfterSeconds: number;
+  readonly logger: Logger;
+}
+
+/** Default idempotency options. */
+export const IDEMPOTENCY_DEFAULTS = Object.freeze({
+  schema: DEFAULT_SCHEMA,
+  policy: 'reject' as ConcurrencyPolicy,
+  lockTimeoutMs: 100,
+  waitTimeoutMs: 10_000,
+  retentionMs: 86_400_000,
+  replayHeaders: Object.freeze([
+    'content-type',
+    'content-language',
+    'content-location',
+    'location',
+    'etag',
+    'last-modified',
+    'cache-control',
+    'expires',
+    'vary',
+    'link',
+  ]) as readonly string[],
+  retryAfterSeconds: 1,
+  logger: noopLogger,
+});
+
+/**
+ * Headers that are never stored nor replayed: credentials and session state (a replay to another
+ * connection must not set them), hop-by-hop headers (RFC 9110 §7.6.1) and framing headers that the
+ * server recomputes.
+ */
+export const NEVER_REPLAYED_HEADERS: ReadonlySet<string> = new Set([
+  'set-cookie',
+  'set-cookie2',
+  'authorization',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'www-authenticate',
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'te',
+  'trailer',
+  'upgrade',
+  'content-length',
+  'idempotent-replayed',
+]);
+
+/** Upper bounds that catch unit mistakes (seconds given as ms and so on). */
+const MAX_TIMEOUT_MS = 3_600_000; // 1 h
+const MAX_RETENTION_MS = 366 * 86_400_000; // about a year
+
+const resolvedOptions = new WeakSet<object>();
+
+function integerIn(name: string, value: unknown, min: number, max: number, unit: string): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new InvalidOptionsError(`${name} must be an integer from ${min} to ${max} (${unit}), got ${String(value)}.`);
+  }
+  return value;
+}
+
+/**
+ * Applies defaults to `options` and validates them once.
+ *
+ * @throws {@link InvalidOptionsError} on an unknown policy, a duration out of range, an invalid
+ *   schema name, or a refused replay header.
+ */
+export function resolveIdempotencyOptions(
+  options: IdempotencyOptions | ResolvedIdempotencyOptions = {},
+): ResolvedIdempotencyOptions {
+  if (resolvedOptions.has(options)) return options as ResolvedIdempotencyOptions;
+  const o = options as IdempotencyOptions;
+  const schema = o.schema ?? IDEMPOTENCY_DEFAULTS.schema;
+  const quotedSchema = quoteSchema(schema);
+  const policy = o.policy ?? IDEMPOTENCY_DEFAULTS.policy;
+  if (policy !== 'reject' && policy !== 'wait') {
+    throw new InvalidOptionsError(`policy must be 'reject' or 'wait', got ${JSON.stringify(policy)}.`);
+  }
+  const replay = new Set<string>(['content-type']);
+  for (const name of o.replayHeaders ?? IDEMPOTENCY_DEFAULTS.replayHeaders) {
+    if (typeof name !== 'string' || !/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(name)) {
+      throw new InvalidOptionsError(`replayHeaders holds an invalid header name: ${JSON.stringify(name)}.`);
+    }
+    const lower = name.toLowerCase();
+    if (NEVER_REPLAYED_HEADERS.has(lower)) {
+      throw new InvalidOptionsError(
+        `replayHeaders must not include ${JSON.stringify(lower)}: it is never stored nor replayed.`,
+      );
+    }
+    replay.add(lower);
+  }
+  const logger = o.logger ?? IDEMPOTENCY_DEFAULTS.logger;
+  const resolved: ResolvedIdempotencyOptions = Object.freeze({
+    schema,
+    quotedSchema,
+    policy,
+    // lock_timeout = 0 would mean "wait forever": at least 1 ms.
+    lockTimeoutMs: integerIn(
+      'lockTimeoutMs',
+      o.lockTimeoutMs ?? IDEMPOTENCY_DEFAULTS.lockTimeoutMs,
+      1,
+      MAX_TIMEOUT_MS,
+      'ms',
+    ),
+    waitTimeoutMs: integerIn(
+      'waitTimeoutMs',
+      o.waitTimeoutMs ?? IDEMPOTENCY_DEFAULTS.waitTimeoutMs,
+      1,
+      MAX_TIMEOUT_MS,
+      'ms',
+    ),
+    retentionMs: integerIn('retentionMs', o.retentionMs ?? IDEMPOTENCY_DEFAULTS.retentionMs, 1, MAX_RETENTION_MS, 'ms'),
+    replayHeaders: replay,
+    retryAfterSeconds: integerIn(
+      'retryAfterSeconds',
+      o.retryAfterSeconds ?? IDEMPOTENCY_DEFAULTS.retryAfterSeconds,
+      0,
+      86_400,
+      's',
+    ),
+    logger,
+  });
+  resolvedOptions.add(resolved);
+  return resolved;
+}

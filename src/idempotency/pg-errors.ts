@@ -1,0 +1,125 @@
+/**
+ * Classification of errors raised by the idempotency store: by SQLSTATE (PostgreSQL Appendix A)
+ * and Node.js system error codes, never by message text. Pure logic.
+ */
+
+/** SQLSTATE values the idempotency layer reacts to. */
+export const SQLSTATE = Object.freeze({
+  /** `lock_not_available`: `lock_timeout` expired while waiting for a lock. */
+  LOCK_NOT_AVAILABLE: '55P03',
+  /** `serialization_failure`: under REPEATABLE READ/SERIALIZABLE, a concurrent claim won. */
+  SERIALIZATION_FAILURE: '40001',
+  /** `query_canceled`: `statement_timeout` (or a cancel request). */
+  QUERY_CANCELED: '57014',
+  /** `admin_shutdown`: the server is shutting down or the backend was terminated. */
+  ADMIN_SHUTDOWN: '57P01',
+  /** `crash_shutdown`. */
+  CRASH_SHUTDOWN: '57P02',
+  /** `cannot_connect_now`: the server is starting up or in recovery. */
+  CANNOT_CONNECT_NOW: '57P03',
+  /** `too_many_connections`. */
+  TOO_MANY_CONNECTIONS: '53300',
+  /** `read_only_sql_transaction`: connected to a standby (after a failover, for example). */
+  READ_ONLY_SQL_TRANSACTION: '25006',
+});
+
+/**
+ * SQLSTATE classes meaning "the store cannot serve now": 08 connection exception, 53 insufficient
+ * resources (disk full, out of memory, too many connections), 58 system error (I/O).
+ */
+const UNAVAILABLE_CLASSES: ReadonlySet<string> = new Set(['08', '53', '58']);
+
+const UNAVAILABLE_STATES: ReadonlySet<string> = new Set([
+  SQLSTATE.ADMIN_SHUTDOWN,
+  SQLSTATE.CRASH_SHUTDOWN,
+  SQLSTATE.CANNOT_CONNECT_NOW,
+  SQLSTATE.QUERY_CANCELED,
+  SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+]);
+
+/** Node.js socket/DNS error codes meaning the server cannot be reached. */
+const NETWORK_CODES: ReadonlySet<string> = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ECONNABORTED',
+  'ETIMEDOUT',
+  'EPIPE',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'EHOSTDOWN',
+  'ENETUNREACH',
+  'ENETDOWN',
+]);
+
+const SQLSTATE_PATTERN = /^[0-9A-Z]{5}$/;
+
+/** Errors, their causes and (for AggregateError) their members, up to a small depth. */
+function* errorChain(err: unknown, depth = 0): Generator<Record<string, unknown>> {
+  if (depth > 5 || typeof err !== 'object' || err === null) return;
+  const e = err as Record<string, unknown>;
+  yield e;
+  if ('cause' in e) yield* errorChain(e.cause, depth + 1);
+  if (Array.isArray(e.errors)) for (const inner of e.errors) yield* errorChain(inner, depth + 1);
+}
+
+/**
+ * The SQLSTATE of a PostgreSQL error, looking through wrappers (drizzle's `DrizzleQueryError`
+ * keeps the driver error as `cause`).
+ */
+export function sqlStateOf(err: unknown): string | undefined {
+  for (const e of errorChain(err)) {
+    if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) return e.code;
+  }
+  return undefined;
+}
+
+function networkCodeOf(err: unknown): string | undefined {
+  for (const e of errorChain(err)) {
+    if (typeof e.code === 'string' && NETWORK_CODES.has(e.code)) return e.code;
+  }
+  return undefined;
+}
+
+/** How an error raised by a store statement (not by the handler) is treated. */
+export type StoreErrorKind =
+  /** The claim waited longer than `lock_timeout`: another request holds the key. */
+  | 'lock-timeout'
+  /** A concurrent transaction claimed the key first (non-default isolation levels). */
+  | 'serialization'
+  /** The store cannot serve now: connection refused or lost, shutdown, resources exhausted. */
+  | 'unavailable'
+  /** Anything else (a missing table, a bug): propagated as is. */
+  | 'other';
+
+/**
+ * Classifies an error raised while outboxkit itself talks to PostgreSQL (connect, BEGIN, claim,
+ * read, complete, COMMIT).
+ *
+ * node-postgres reports a lost connection, a pool checkout timeout or an unusable client with a
+ * plain `Error` that has no code at all; in this phase such an error can only come from the
+ * driver, so it counts as `unavailable`. Programming errors (TypeError and its kin) are `other`.
+ */
+export function classifyStoreError(err: unknown): StoreErrorKind {
+  const state = sqlStateOf(err);
+  if (state !== undefined) {
+    if (state === SQLSTATE.LOCK_NOT_AVAILABLE) return 'lock-timeout';
+    if (state === SQLSTATE.SERIALIZATION_FAILURE) return 'serialization';
+    if (UNAVAILABLE_STATES.has(state) || UNAVAILABLE_CLASSES.has(state.slice(0, 2))) return 'unavailable';
+    return 'other';
+  }
+  if (networkCodeOf(err) !== undefined) return 'unavailable';
+  if (
+    err instanceof TypeError ||
+    err instanceof RangeError ||
+    err instanceof ReferenceError ||
+    err instanceof SyntaxError
+  ) {
+    return 'other';
+  }
+  if (typeof err === 'object' && err !== null && typeof (err as { code?: unknown }).code === 'string') {
+    // Another coded error (an outboxkit error, a Node.js error we do not know): not a driver failure.
+    return 'other';
+  }
+  return err instanceof Error ? 'unavailable' : 'other';
+}

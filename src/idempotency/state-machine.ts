@@ -1,0 +1,212 @@
+/**
+ * The idempotency state machine: pure decisions, no I/O. The SQL that applies them is in
+ * ./store.ts, the orchestration in ./execute.ts.
+ *
+ * States (DESIGN "Idempotency keys"):
+ *
+ * ```text
+ *   (none) ──claim──▶ processing ──handler 2xx/3xx──▶ completed ──retry──▶ replay
+ *                         │      ──stored 4xx──────▶ failed    ──retry──▶ replay
+ *                         └──────5xx, 408/409/425/429, throw, crash──▶ (released: rolled back)
+ *   completed/failed past retention ──claim──▶ processing (a new execution, new owner token)
+ * ```
+ *
+ * In one-transaction mode the `processing` record is never visible to other transactions: it
+ * commits together with the result, or rolls back with everything else (DESIGN G2).
+ * `uncertain` belongs to lease mode (an external effect whose outcome is unknown).
+ */
+import { InvalidOptionsError } from '../errors.js';
+import type { IdempotencyState } from '../schema.js';
+import type { Fingerprint } from './fingerprint.js';
+
+/** What the handler of an idempotent operation returns. */
+export interface HandlerResponse {
+  /** HTTP status, an integer from 200 to 599. Which statuses are stored: {@link outcomeOfStatus}. */
+  status: number;
+  /** Response headers (string values). Only the `replayHeaders` allow-list is stored and replayed. */
+  headers?: Readonly<Record<string, string>>;
+  /**
+   * The body. Stored as bytes and replayed byte for byte: a `Buffer`/`Uint8Array` as is, a string
+   * as UTF-8, anything else serialised once with `JSON.stringify`.
+   * Default `content-type`: `application/json` for a JSON value, `text/plain; charset=utf-8` for a
+   * string, `application/octet-stream` for bytes.
+   */
+  body: Buffer | Uint8Array | string | object;
+}
+
+/** A response as outboxkit stores and returns it. */
+export interface IdempotentResponse {
+  status: number;
+  /** Lower-cased header names. */
+  headers: Record<string, string>;
+  body: Buffer;
+}
+
+/** The outcome of {@link executeIdempotent}. */
+export interface IdempotentResult {
+  /** True when the response is a stored one (the handler did not run for this request). */
+  replayed: boolean;
+  /**
+   * The response to send. On a replay: the stored status, allow-listed headers and body bytes,
+   * plus `idempotent-replayed: true`. Otherwise: what the handler returned, every header included.
+   */
+  response: IdempotentResponse;
+}
+
+/** The header that marks a replayed response (Stripe, draft-ietf-httpapi-idempotency-key-header). */
+export const REPLAYED_HEADER = 'idempotent-replayed';
+
+/**
+ * What happens to a handler's response:
+ * - `completed`: stored and replayed (2xx, 3xx);
+ * - `failed`: a final rejection, stored and replayed (4xx other than the retriable ones below);
+ * - `release`: not stored; the transaction is rolled back (the handler's writes too) and the key
+ *   stays free for a retry (5xx, and 408 Request Timeout, 409 Conflict, 425 Too Early,
+ *   429 Too Many Requests: the same request may succeed later, case C22).
+ *
+ * A stored 4xx commits whatever the handler wrote in the transaction: return a stored 4xx only for
+ * decisions taken before writing, or throw (which rolls everything back).
+ */
+export type ResponseOutcome = 'completed' | 'failed' | 'release';
+
+/** 4xx statuses that mean "try again later", so storing them would replay a transient failure forever. */
+export const RETRIABLE_CLIENT_STATUSES: ReadonlySet<number> = new Set([408, 409, 425, 429]);
+
+/** Decides what becomes of a handler's response with status `status` (see {@link ResponseOutcome}). */
+export function outcomeOfStatus(status: number): ResponseOutcome {
+  if (status >= 200 && status < 400) return 'completed';
+  if (status >= 400 && status < 500 && !RETRIABLE_CLIENT_STATUSES.has(status)) return 'failed';
+  return 'release';
+}
+
+const DROPPED_HEADERS: ReadonlySet<string> = new Set([
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'te',
+  'trailer',
+  'upgrade',
+  REPLAYED_HEADER,
+]);
+
+const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+// Field values must not contain CR, LF or NUL (RFC 9110 §5.5); Node.js would throw at send time,
+// which, after commit, would break every replay of the stored response.
+const BAD_HEADER_VALUE = /[\r\n\0]/;
+
+/**
+ * Turns a handler's response into bytes and lower-cased headers, adding the default
+ * `content-type` and dropping framing/hop-by-hop headers (`content-length`, `transfer-encoding`,
+ * `connection`, ...) and `idempotent-replayed`. Validates it before anything is stored.
+ *
+ * @throws {@link InvalidOptionsError} on a status outside 200-599, an invalid header, or a body
+ *   that JSON cannot serialise.
+ */
+export function normaliseResponse(response: HandlerResponse): IdempotentResponse {
+  if (typeof response !== 'object' || response === null) {
+    throw new InvalidOptionsError('The idempotent handler must return { status, headers?, body }.');
+  }
+  const { status } = response;
+  if (!Number.isInteger(status) || status < 200 || status > 599) {
+    throw new InvalidOptionsError(
+      `The idempotent handler returned status ${String(status)}; use an integer from 200 to 599.`,
+    );
+  }
+  const headers: Record<string, string> = {};
+  for (const [name, value] of Object.entries(response.headers ?? {})) {
+    if (!HEADER_NAME.test(name))
+      throw new InvalidOptionsError(`The handler returned an invalid header name ${JSON.stringify(name)}.`);
+    if (typeof value !== 'string' || BAD_HEADER_VALUE.test(value)) {
+      throw new InvalidOptionsError(`The handler returned an invalid value for header ${JSON.stringify(name)}.`);
+    }
+    const lower = name.toLowerCase();
+    // Framing and hop-by-hop headers are the server's to compute; `idempotent-replayed` is ours.
+    if (!DROPPED_HEADERS.has(lower)) headers[lower] = value;
+  }
+  const { body } = response;
+  let bytes: Buffer;
+  let contentType: string;
+  if (Buffer.isBuffer(body)) {
+    bytes = body;
+    contentType = 'application/octet-stream';
+  } else if (body instanceof Uint8Array) {
+    bytes = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+    contentType = 'application/octet-stream';
+  } else if (typeof body === 'string') {
+    bytes = Buffer.from(body, 'utf8');
+    contentType = 'text/plain; charset=utf-8';
+  } else {
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(body);
+    } catch (err) {
+      throw new InvalidOptionsError(
+        `The handler's response body cannot be serialised to JSON: ${(err as Error).message}.`,
+        { cause: err },
+      );
+    }
+    if (text === undefined) throw new InvalidOptionsError("The handler's response body cannot be serialised to JSON.");
+    bytes = Buffer.from(text, 'utf8');
+    contentType = 'application/json';
+  }
+  headers['content-type'] ??= contentType;
+  return { status, headers, body: bytes };
+}
+
+/** The headers of `response` that are stored for replay: those in `allowList` (lower-cased names). */
+export function headersToStore(
+  headers: Readonly<Record<string, string>>,
+  allowList: ReadonlySet<string>,
+): Record<string, string> {
+  const stored: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (allowList.has(name)) stored[name] = value;
+  }
+  return stored;
+}
+
+/** An idempotency record as read back from the store. */
+export interface StoredRecord {
+  state: IdempotencyState;
+  fingerprint: Buffer;
+  fingerprintVersion: number;
+  responseStatus: number | null;
+  responseHeaders: Record<string, string> | null;
+  responseBody: Buffer | null;
+}
+
+/** What to do with a request whose key already has a committed record it could not take over. */
+export type ExistingRecordDecision =
+  { kind: 'mismatch' } | { kind: 'replay'; response: IdempotentResponse } | { kind: 'in-progress' };
+
+/**
+ * Decides the fate of a request whose key has a live committed record:
+ * - a different fingerprint (or fingerprint version) → `mismatch` (422), whatever the state: the
+ *   stored response is never returned for another request;
+ * - `completed` or `failed` → `replay` the stored response, marked `idempotent-replayed: true`;
+ * - `processing` (lease mode) or `uncertain` → `in-progress` (409).
+ */
+export function decideOnExisting(record: StoredRecord, fingerprint: Fingerprint): ExistingRecordDecision {
+  // Only version 1 exists; a later version will recompute the request's fingerprint in the
+  // record's version before comparing.
+  if (record.fingerprintVersion !== fingerprint.version || !record.fingerprint.equals(fingerprint.digest)) {
+    return { kind: 'mismatch' };
+  }
+  if (record.state === 'completed' || record.state === 'failed') {
+    return { kind: 'replay', response: replayOf(record) };
+  }
+  return { kind: 'in-progress' };
+}
+
+function replayOf(record: StoredRecord): IdempotentResponse {
+  if (record.responseStatus === null || record.responseBody === null) {
+    // A terminal record always has a response; a hand-edited one might not.
+    throw new InvalidOptionsError(`A ${record.state} idempotency record has no stored response.`);
+  }
+  return {
+    status: record.responseStatus,
+    headers: { ...(record.responseHeaders ?? {}), [REPLAYED_HEADER]: 'true' },
+    body: record.responseBody,
+  };
+}

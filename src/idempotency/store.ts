@@ -1,0 +1,224 @@
+/**
+ * The idempotency store's SQL: one named function per statement, each with the reason for its
+ * concurrency choice. All run inside the request's transaction (`Queryable` from
+ * `joinTransaction()`), except {@link deleteExpiredKeys}, which runs in a transaction of its own.
+ *
+ * `table` is the quoted, validated `"schema".idempotency_keys` from {@link idempotencyTable}.
+ */
+import type { Queryable } from '../database.js';
+import type { IdempotencyState } from '../schema.js';
+import type { Fingerprint } from './fingerprint.js';
+import type { StoredRecord } from './state-machine.js';
+
+/** The (tenant, operation, key) scope of one record: its primary key. */
+export interface KeyScope {
+  tenant: string;
+  operation: string;
+  key: string;
+}
+
+/** The qualified idempotency table of a quoted schema (see `quoteSchema()`). */
+export function idempotencyTable(quotedSchema: string): string {
+  return `${quotedSchema}.idempotency_keys`;
+}
+
+/**
+ * Sets `lock_timeout` for the rest of this transaction only (`set_config(..., true)` is
+ * `SET LOCAL`; parameterised, unlike `SET`) and returns the value it replaced, so that
+ * {@link claimKey} can restore it before the handler runs: the claim's short timeout must not
+ * apply to the handler's own queries.
+ *
+ * The previous value is read in a subquery (kept apart by `OFFSET 0`), which produces its row
+ * before the outer target list, and so `set_config`, is evaluated.
+ */
+export async function setClaimLockTimeout(db: Queryable, timeoutMs: number): Promise<string> {
+  const { rows } = await db.query<{ previous: string }>(
+    `SELECT p.previous, set_config('lock_timeout', $1, true) AS applied
+       FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) p`,
+    [`${timeoutMs}ms`],
+  );
+  return rows[0]?.previous ?? '0';
+}
+
+/** A key claimed by this transaction. */
+export interface Claim {
+  /** Identifies this execution; completing the record requires it (fencing). */
+  ownerToken: string;
+  /** 1 for a new key; incremented each time an expired record is taken over. */
+  generation: number;
+}
+
+/**
+ * Claims the key in one atomic statement: inserts a fresh `processing` record, or takes over the
+ * existing record when its retention has passed. Returns `undefined` when a live record exists
+ * (the caller then reads it with {@link readRecord}).
+ *
+ * Why this shape:
+ * - INSERT ... ON CONFLICT on the primary key is the concurrency primitive. A check-then-insert
+ *   lets two requests both see "no record" and both execute.
+ * - A concurrent duplicate whose transaction has not committed makes this statement wait on that
+ *   transaction; `lock_timeout` (see {@link setClaimLockTimeout}) bounds the wait: SQLSTATE 55P03
+ *   then means "in progress". When the other transaction commits, the conflict resolves against
+ *   its committed record; when it rolls back, this INSERT proceeds and claims the key.
+ * - `DO UPDATE ... WHERE` takes over only a terminal (`completed`/`failed`) record past its
+ *   `expires_at`; a `processing` or `uncertain` record is never taken over by elapsed time
+ *   (DESIGN: "elapsed time alone never deletes a processing record"). Even when the WHERE is
+ *   false, ON CONFLICT DO UPDATE locks the conflicting row, so the record cannot change or be
+ *   cleaned up between this statement and {@link readRecord}.
+ * - `set_config` in the outer SELECT runs only for the returned (claimed) row, after the insert
+ *   took its lock: it restores the caller's `lock_timeout` for the handler, without a round trip.
+ *   When nothing is claimed, no handler runs and the setting does not matter.
+ */
+export async function claimKey(
+  db: Queryable,
+  table: string,
+  scope: KeyScope,
+  fingerprint: Fingerprint,
+  ownerToken: string,
+  retentionMs: number,
+  restoreLockTimeout: string,
+): Promise<Claim | undefined> {
+  const { rows } = await db.query<{ generation: number }>(
+    `WITH claim AS (
+       INSERT INTO ${table} AS k
+              (tenant, operation, key, fingerprint, fingerprint_version, state, owner_token, generation, expires_at)
+       VALUES ($1, $2, $3, $4::bytea, $5::smallint, 'processing', $6::uuid, 1, now() + $7::bigint * interval '1 millisecond')
+       ON CONFLICT (tenant, operation, key) DO UPDATE
+          SET fingerprint = EXCLUDED.fingerprint,
+              fingerprint_version = EXCLUDED.fingerprint_version,
+              state = 'processing',
+              owner_token = EXCLUDED.owner_token,
+              generation = k.generation + 1,
+              lease_expires_at = NULL,
+              response_status = NULL,
+              response_headers = NULL,
+              response_body = NULL,
+              created_at = now(),
+              updated_at = now(),
+              completed_at = NULL,
+              expires_at = EXCLUDED.expires_at
+        WHERE k.expires_at <= now() AND k.state IN ('completed', 'failed')
+       RETURNING k.generation)
+     SELECT claim.generation, set_config('lock_timeout', $8, true) AS lock_timeout FROM claim`,
+    [
+      scope.tenant,
+      scope.operation,
+      scope.key,
+      fingerprint.digest,
+      fingerprint.version,
+      ownerToken,
+      retentionMs,
+      restoreLockTimeout,
+    ],
+  );
+  const row = rows[0];
+  return row === undefined ? undefined : { ownerToken, generation: row.generation };
+}
+
+interface RecordRow {
+  state: IdempotencyState;
+  fingerprint: Buffer;
+  fingerprint_version: number;
+  response_status: number | null;
+  response_headers: Record<string, string> | null;
+  response_body: Buffer | null;
+}
+
+/**
+ * Reads the record that {@link claimKey} could not take. Under READ COMMITTED (PostgreSQL's
+ * default, which outboxkit expects) this statement's snapshot includes the record committed by
+ * the transaction the claim may have waited for.
+ */
+export async function readRecord(db: Queryable, table: string, scope: KeyScope): Promise<StoredRecord | undefined> {
+  const { rows } = await db.query<RecordRow>(
+    `SELECT state, fingerprint, fingerprint_version, response_status, response_headers, response_body
+       FROM ${table}
+      WHERE tenant = $1 AND operation = $2 AND key = $3`,
+    [scope.tenant, scope.operation, scope.key],
+  );
+  const r = rows[0];
+  if (r === undefined) return undefined;
+  return {
+    state: r.state,
+    fingerprint: r.fingerprint,
+    fingerprintVersion: r.fingerprint_version,
+    responseStatus: r.response_status,
+    responseHeaders: r.response_headers,
+    responseBody: r.response_body,
+  };
+}
+
+/** The stored outcome of an execution. */
+export interface Completion {
+  state: Extract<IdempotencyState, 'completed' | 'failed'>;
+  status: number;
+  headers: Record<string, string>;
+  body: Buffer;
+}
+
+/**
+ * Stores the result and moves the record from `processing` to `completed`/`failed`, in the
+ * request's transaction, so that it commits with the business rows (DESIGN G2).
+ *
+ * Fenced by the owner token: it updates zero rows when the record is no longer this execution's
+ * (lease mode: a takeover issued a new token). The retention is counted from completion.
+ *
+ * @returns whether the record was updated (false: ownership lost).
+ */
+export async function completeKey(
+  db: Queryable,
+  table: string,
+  scope: KeyScope,
+  ownerToken: string,
+  completion: Completion,
+  retentionMs: number,
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `UPDATE ${table}
+        SET state = $5,
+            response_status = $6::smallint,
+            response_headers = $7::jsonb,
+            response_body = $8::bytea,
+            completed_at = clock_timestamp(),
+            updated_at = clock_timestamp(),
+            expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
+      WHERE tenant = $1 AND operation = $2 AND key = $3
+        AND state = 'processing' AND owner_token = $4::uuid`,
+    [
+      scope.tenant,
+      scope.operation,
+      scope.key,
+      ownerToken,
+      completion.state,
+      completion.status,
+      JSON.stringify(completion.headers),
+      completion.body,
+      retentionMs,
+    ],
+  );
+  return rowCount === 1;
+}
+
+/**
+ * Deletes up to `limit` expired terminal records and returns how many it deleted.
+ *
+ * - Only `completed`/`failed` records: a `processing` or `uncertain` record is never deleted for
+ *   its age (an old one raises an alert, not a delete).
+ * - `FOR UPDATE SKIP LOCKED`: a record that a request is taking over right now is skipped instead
+ *   of waited for, and several cleaners never block each other.
+ * - Bounded batches keep each transaction (and its WAL and locks) small.
+ * - Ordered by `expires_at` so the index `idempotency_keys_expires_idx` serves the scan.
+ */
+export async function deleteExpiredKeys(db: Queryable, table: string, limit: number): Promise<number> {
+  const { rowCount } = await db.query(
+    `DELETE FROM ${table} d
+      USING (SELECT tenant, operation, key FROM ${table}
+              WHERE expires_at <= now() AND state IN ('completed', 'failed')
+              ORDER BY expires_at
+              LIMIT $1
+              FOR UPDATE SKIP LOCKED) e
+      WHERE d.tenant = e.tenant AND d.operation = e.operation AND d.key = e.key`,
+    [limit],
+  );
+  return rowCount;
+}
