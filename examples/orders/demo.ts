@@ -1,0 +1,256 @@
+/**
+ * `npm run demo`: the whole pipeline on the real PostgreSQL and the real Kafka broker, under a
+ * faulty load, then a report and PASS or FAIL.
+ *
+ *   orders service (HTTP, idempotency keys, outbox)  →  relay daemon  →  Kafka  →  shipping (dedup consumer)
+ *
+ * Each run uses a database and topics of its own (created here, dropped at the end unless
+ * `--keep`), so it can run against any DATABASE_URL / KAFKA_BROKERS with the right to create them.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import path from 'node:path';
+import { Command, InvalidArgumentError } from 'commander';
+import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
+import { ensureServices } from '../../scripts/services.js';
+import { migrate } from '../../src/migrate.js';
+import { ensureDemoSchema } from './db.js';
+import { runLoad, type LoadStats } from './loadgen.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '..', '..');
+
+function int(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('Expected a positive integer.');
+  return n;
+}
+
+interface DemoOptions {
+  orders: number;
+  concurrency: number;
+  relays: number;
+  keep: boolean;
+  drainTimeoutMs: number;
+}
+
+interface Child {
+  name: string;
+  proc: ChildProcess;
+  lines: string[];
+}
+
+function startChild(name: string, script: string, args: string[], env: Record<string, string>): Child {
+  const proc = spawn(process.execPath, ['--import', 'tsx', script, ...args], {
+    cwd: root,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const child: Child = { name, proc, lines: [] };
+  for (const stream of [proc.stdout, proc.stderr]) {
+    createInterface({ input: stream! }).on('line', (line) => {
+      child.lines.push(line);
+      if (child.lines.length > 200) child.lines.shift();
+    });
+  }
+  return child;
+}
+
+async function stopChild(child: Child, timeoutMs = 20_000): Promise<void> {
+  if (child.proc.exitCode !== null || child.proc.signalCode !== null) return;
+  const exited = new Promise<void>((r) => child.proc.once('exit', () => r()));
+  child.proc.kill('SIGTERM');
+  const timer = setTimeout(() => child.proc.kill('SIGKILL'), timeoutMs);
+  await exited;
+  clearTimeout(timer);
+}
+
+async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs: number, children: Child[]): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    for (const c of children) {
+      if (c.proc.exitCode !== null) throw new Error(`${c.name} exited (${c.proc.exitCode}) while waiting for ${what}:\n${c.lines.slice(-20).join('\n')}`);
+    }
+    if (await check().catch(() => false)) return;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!;
+}
+
+async function report(pool: pg.Pool, load: LoadStats, duplicatesAbsorbed: number | undefined): Promise<boolean> {
+  const one = async (text: string) => Number((await pool.query<{ n: string }>(text)).rows[0]!.n);
+  const orders = await one('SELECT count(*) AS n FROM orders_demo.orders');
+  const shipments = await one('SELECT count(*) AS n FROM orders_demo.shipments');
+  const published = await one('SELECT count(*) AS n FROM outboxkit.outbox_events WHERE published_at IS NOT NULL');
+  const events = await one('SELECT count(*) AS n FROM outboxkit.outbox_events');
+  const orphanShipments = await one(
+    'SELECT count(*) AS n FROM orders_demo.shipments s LEFT JOIN orders_demo.orders o ON o.id = s.order_id WHERE o.id IS NULL',
+  );
+  const ordersWithoutEvent = await one(
+    `SELECT count(*) AS n FROM orders_demo.orders o
+      WHERE NOT EXISTS (SELECT 1 FROM outboxkit.outbox_events e WHERE e.aggregate_id = o.id::text)`,
+  );
+  const stuckKeys = await one(`SELECT count(*) AS n FROM outboxkit.idempotency_keys WHERE state = 'processing'`);
+  const latencies = (
+    await pool.query<{ ms: number }>(
+      `SELECT extract(epoch FROM s.created_at - o.created_at) * 1000 AS ms
+         FROM orders_demo.shipments s JOIN orders_demo.orders o ON o.id = s.order_id ORDER BY 1`,
+    )
+  ).rows.map((r) => Number(r.ms));
+  const accepted = load.accepted.size;
+  const acceptedIds = new Set(load.accepted.values());
+
+  const rows: [string, string | number][] = [
+    ['requests sent', load.requests],
+    ['  created (201)', load.created],
+    ['  replayed (201, Idempotent-Replayed)', load.replays],
+    ['  in progress (409)', load.conflicts409],
+    ['  key reused with another body (422)', load.mismatches422],
+    ['  aborted by the client before the answer', load.aborted],
+    ['  other errors', load.otherErrors],
+    ['accepted keys', accepted],
+    ['unique orders', orders],
+    ['events published', `${published} of ${events}`],
+    ['duplicates absorbed by the consumer', duplicatesAbsorbed ?? 'n/a'],
+    ['shipments', shipments],
+    ['commit → shipment p50', `${percentile(latencies, 50).toFixed(1)} ms`],
+    ['commit → shipment p99', `${percentile(latencies, 99).toFixed(1)} ms`],
+  ];
+  const width = Math.max(...rows.map(([k]) => k.length));
+  console.log('\n── outboxkit demo report ──────────────────────────────');
+  for (const [k, v] of rows) console.log(`${k.padEnd(width)}  ${v}`);
+
+  const checks: [string, boolean][] = [
+    ['shipments = orders = accepted keys', shipments === orders && orders === accepted],
+    ['every accepted order id exists', (await one(`SELECT count(*) AS n FROM orders_demo.orders WHERE id = ANY('{${[...acceptedIds].join(',')}}'::uuid[])`)) === acceptedIds.size],
+    ['no shipment without its order', orphanShipments === 0],
+    ['no order without its event', ordersWithoutEvent === 0],
+    ['every event published', published === events],
+    ['no idempotency record left processing', stuckKeys === 0],
+    ['client saw no contract violation', load.violations.length === 0],
+  ];
+  console.log('');
+  for (const [name, ok] of checks) console.log(`${ok ? 'ok  ' : 'FAIL'}  ${name}`);
+  for (const v of load.violations.slice(0, 10)) console.log(`      ${v}`);
+  const pass = checks.every(([, ok]) => ok);
+  console.log(pass ? 'PASS' : 'FAIL');
+  return pass;
+}
+
+async function main(): Promise<void> {
+  const opts = new Command('demo')
+    .description('Run the orders pipeline under a faulty load and check its invariants.')
+    .option('--orders <n>', 'logical orders to send', int, 2_000)
+    .option('--concurrency <n>', 'concurrent clients', int, 32)
+    .option('--relays <n>', 'relay instances', int, 2)
+    .option('--drain-timeout-ms <ms>', 'how long to wait for the pipeline to drain', int, 120_000)
+    .option('--keep', 'keep the database and topics after the run', false)
+    .parse()
+    .opts<DemoOptions>();
+
+  const log = (m: string) => console.log(`[demo] ${m}`);
+  const services = await ensureServices(log);
+  const runId = randomBytes(4).toString('hex');
+  const dbName = `outboxkit_demo_${runId}`;
+  const adminUrl = services.databaseUrl;
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${dbName}`);
+  await admin.end();
+  const url = new URL(adminUrl);
+  url.pathname = `/${dbName}`;
+  const databaseUrl = url.toString();
+  const topic = `demo.orders.${runId}`;
+  const kafka = new Kafka({ clientId: 'outboxkit-demo', brokers: services.kafkaBrokers, logLevel: logLevel.NOTHING });
+  const kadmin = kafka.admin();
+  await kadmin.connect();
+  const children: Child[] = [];
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
+  let pass = false;
+  try {
+    await migrate({ connectionString: databaseUrl });
+    await ensureDemoSchema(pool);
+    await kadmin.createTopics({
+      waitForLeaders: true,
+      topics: [topic, `${topic}.dlq`].map((t) => ({ topic: t, numPartitions: 3, replicationFactor: 1 })),
+    });
+    log(`database ${dbName}, topic ${topic}`);
+
+    const env = {
+      DATABASE_URL: databaseUrl,
+      KAFKA_BROKERS: services.kafkaBrokers.join(','),
+      ORDERS_TOPIC: topic,
+      SHIPPING_GROUP: `shipping-${runId}`,
+      OUTBOXKIT_LOG_LEVEL: 'warn',
+      OUTBOXKIT_METRICS_PORT: '-1',
+      PORT: '0',
+    };
+    const server = startChild('orders', path.join(here, 'server.ts'), [], env);
+    children.push(server);
+    for (let i = 0; i < opts.relays; i++) children.push(startChild(`relay-${i + 1}`, path.join(root, 'cli', 'main.ts'), ['relay'], env));
+    const shipping = startChild('shipping', path.join(here, 'shipping.ts'), [], env);
+    children.push(shipping);
+
+    let baseUrl = '';
+    await waitUntil('the orders service', async () => {
+      const line = server.lines.find((l) => l.includes('ORDERS_LISTENING '));
+      if (line) baseUrl = line.split('ORDERS_LISTENING ')[1]!.trim();
+      return baseUrl !== '';
+    }, 60_000, children);
+    await waitUntil('the shipping consumer', async () => shipping.lines.some((l) => l.includes('SHIPPING_READY')), 60_000, children);
+    log(`orders service at ${baseUrl}; sending ${opts.orders} orders with ${opts.concurrency} clients and ${opts.relays} relay(s)`);
+
+    const started = Date.now();
+    const load = await runLoad({
+      baseUrl,
+      orders: opts.orders,
+      concurrency: opts.concurrency,
+      tenants: ['tenant-a', 'tenant-b', 'tenant-c'],
+      abortRate: 0.1,
+      duplicateRate: 0.05,
+      reuseRate: 0.02,
+      deadlineMs: 60_000,
+    });
+    log(`load done in ${((Date.now() - started) / 1000).toFixed(1)} s; waiting for the pipeline to drain`);
+    await waitUntil('the pipeline to drain', async () => {
+      const r = await pool.query<{ pending: string; orders: string; shipments: string }>(
+        `SELECT (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL) AS pending,
+                (SELECT count(*) FROM orders_demo.orders) AS orders,
+                (SELECT count(*) FROM orders_demo.shipments) AS shipments`,
+      );
+      const row = r.rows[0]!;
+      return row.pending === '0' && row.orders === row.shipments;
+    }, opts.drainTimeoutMs, children).catch((err: Error) => log(err.message));
+
+    await stopChild(shipping);
+    const stats = shipping.lines.find((l) => l.startsWith('SHIPPING_STATS '));
+    const duplicates = stats ? (JSON.parse(stats.slice('SHIPPING_STATS '.length)) as { duplicates: number }).duplicates : undefined;
+    pass = await report(pool, load, duplicates);
+  } finally {
+    await Promise.all(children.map((c) => stopChild(c)));
+    await pool.end();
+    if (!opts.keep) {
+      await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => undefined);
+      const c = new pg.Client({ connectionString: adminUrl });
+      await c.connect();
+      await c.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
+      await c.end();
+    }
+    await kadmin.disconnect();
+  }
+  process.exitCode = pass ? 0 : 1;
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  console.log('FAIL');
+  process.exitCode = 1;
+});

@@ -1,0 +1,131 @@
+/**
+ * The orders service: `POST /orders` with `Idempotency-Key` and `X-Tenant-Id`. Claiming the key,
+ * writing the order, enqueuing `order.created` and storing the response happen in ONE transaction
+ * (drizzle-orm over node-postgres), so a client that timed out can always retry safely.
+ *
+ *   npm run example:orders        # HTTP on PORT (default 3000)
+ *
+ * Environment: DATABASE_URL, ORDERS_TOPIC (default `orders`), PORT, ORDERS_POOL_SIZE.
+ */
+import { randomUUID } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import Fastify, { type FastifyInstance } from 'fastify';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { and, eq } from 'drizzle-orm';
+import pg from 'pg';
+import { enqueue, migrate } from '../../src/index.js';
+import { idempotentHandler, registerRawJsonBody } from '../../src/http/fastify.js';
+import type { HandlerResponse } from '../../src/idempotency/index.js';
+import { ensureDemoSchema, orders } from './db.js';
+
+/** The body of `POST /orders`. */
+interface OrderInput {
+  cartId: string;
+  currency: string;
+  amount: number;
+}
+
+function validOrder(body: unknown): body is OrderInput {
+  const b = body as Partial<OrderInput> | null;
+  return (
+    typeof b === 'object' &&
+    b !== null &&
+    typeof b.cartId === 'string' &&
+    b.cartId.length > 0 &&
+    typeof b.currency === 'string' &&
+    /^[A-Z]{3}$/.test(b.currency) &&
+    Number.isInteger(b.amount) &&
+    (b.amount as number) > 0
+  );
+}
+
+/** Builds the orders app on `pool`; events go to `topic`. */
+export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<FastifyInstance> {
+  const db = drizzle(pool);
+  const app = Fastify({ logger: false });
+  app.get('/healthz', async () => ({ ok: true }));
+
+  await app.register(async (scope) => {
+    // The fingerprint covers the raw body bytes: keep them in this scope.
+    registerRawJsonBody(scope);
+    scope.post(
+      '/orders',
+      idempotentHandler(
+        {
+          db,
+          operation: 'create-order',
+          // The demo's tenant comes from a header; a real service takes it from authentication.
+          resolveTenant: (req) => {
+            const t = req.headers['x-tenant-id'];
+            return typeof t === 'string' && t.length > 0 ? t : undefined;
+          },
+          policy: 'reject',
+        },
+        async (req, tx): Promise<HandlerResponse> => {
+          if (!validOrder(req.body)) {
+            // A final business rejection: stored and replayed (4xx other than 408/409/425/429).
+            return {
+              status: 400,
+              headers: { 'content-type': 'application/problem+json' },
+              body: { type: 'about:blank', title: 'Invalid order', detail: 'cartId, currency (ISO 4217) and a positive integer amount are required.' },
+            };
+          }
+          const tenant = String(req.headers['x-tenant-id']);
+          const orderId = randomUUID();
+          const [order] = await tx
+            .insert(orders)
+            .values({ id: orderId, tenant, cartId: req.body.cartId, currency: req.body.currency, amount: req.body.amount })
+            .returning();
+          await enqueue(tx, {
+            topic,
+            key: orderId,
+            type: 'order.created',
+            aggregateType: 'order',
+            aggregateId: orderId,
+            payload: { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount },
+          });
+          return {
+            status: 201,
+            headers: { location: `/orders/${orderId}` },
+            body: { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount, createdAt: order!.createdAt.toISOString() },
+          };
+        },
+      ),
+    );
+  });
+
+  app.get<{ Params: { id: string } }>('/orders/:id', async (req, reply) => {
+    const tenant = req.headers['x-tenant-id'];
+    if (typeof tenant !== 'string' || !/^[0-9a-f-]{36}$/.test(req.params.id)) return reply.code(404).send();
+    const [order] = await db.select().from(orders).where(and(eq(orders.id, req.params.id), eq(orders.tenant, tenant)));
+    if (!order) return reply.code(404).send();
+    return order;
+  });
+  return app;
+}
+
+async function main(): Promise<void> {
+  const databaseUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+  const topic = process.env.ORDERS_TOPIC ?? 'orders';
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: Number(process.env.ORDERS_POOL_SIZE ?? 16) });
+  await migrate({ connectionString: databaseUrl });
+  await ensureDemoSchema(pool);
+  const app = await buildOrdersApp(pool, topic);
+  const address = await app.listen({ host: '127.0.0.1', port: Number(process.env.PORT ?? 3000) });
+  // The demo reads this line to find the port.
+  console.log(`ORDERS_LISTENING ${address}`);
+  const shutdown = async () => {
+    await app.close();
+    await pool.end();
+    process.exit(0);
+  };
+  process.once('SIGTERM', () => void shutdown());
+  process.once('SIGINT', () => void shutdown());
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  main().catch((err: unknown) => {
+    console.error(err);
+    process.exit(1);
+  });
+}
