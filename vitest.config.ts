@@ -4,6 +4,8 @@ import { defineConfig } from 'vitest/config';
 // the real Kafka broker, which test/global-setup.ts brings up when they are missing.
 export default defineConfig({
   test: {
+    // Two cores shared with PostgreSQL and the broker: few files at once.
+    maxWorkers: 2,
     projects: [
       {
         test: {
@@ -19,9 +21,6 @@ export default defineConfig({
           globalSetup: ['test/global-setup.ts'],
           testTimeout: 60_000,
           hookTimeout: 120_000,
-          // Two cores shared with PostgreSQL and the broker: few files at once.
-          maxWorkers: 2,
-          fileParallelism: true,
         },
       },
     ],

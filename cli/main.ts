@@ -30,9 +30,15 @@ function bool(value: string): boolean {
 }
 
 const databaseOption = () =>
-  new Option('--database-url <url>', 'PostgreSQL connection string (session mode)').env('DATABASE_URL').default(DEFAULT_DATABASE_URL);
-const schemaOption = () => new Option('--schema <name>', "schema of outboxkit's tables").env('OUTBOXKIT_SCHEMA').default('outboxkit');
-const brokersOption = () => new Option('--brokers <list>', 'Kafka brokers, comma-separated host:port').env('KAFKA_BROKERS').default(DEFAULT_BROKERS);
+  new Option('--database-url <url>', 'PostgreSQL connection string (session mode)')
+    .env('DATABASE_URL')
+    .default(DEFAULT_DATABASE_URL);
+const schemaOption = () =>
+  new Option('--schema <name>', "schema of outboxkit's tables").env('OUTBOXKIT_SCHEMA').default('outboxkit');
+const brokersOption = () =>
+  new Option('--brokers <list>', 'Kafka brokers, comma-separated host:port')
+    .env('KAFKA_BROKERS')
+    .default(DEFAULT_BROKERS);
 
 async function withPool(url: string, fn: (pool: pg.Pool) => Promise<void>): Promise<void> {
   const pool = new pg.Pool({ connectionString: url, max: 1 });
@@ -44,10 +50,12 @@ async function withPool(url: string, fn: (pool: pg.Pool) => Promise<void>): Prom
 }
 
 function q(pool: pg.Pool) {
-  return { query: async <R>(text: string, values?: readonly unknown[]) => {
-    const r = await pool.query(text, values as unknown[]);
-    return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
-  } };
+  return {
+    query: async <R>(text: string, values?: readonly unknown[]) => {
+      const r = await pool.query(text, values as unknown[]);
+      return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
+    },
+  };
 }
 
 const program = new Command('outboxkit')
@@ -73,22 +81,65 @@ program
   .addOption(brokersOption())
   .addOption(new Option('--client-id <id>', 'Kafka client id').env('OUTBOXKIT_CLIENT_ID').default('outboxkit-relay'))
   .addOption(new Option('--relay-id <id>', 'this instance id (default: host-pid-random)').env('OUTBOXKIT_RELAY_ID'))
-  .addOption(new Option('--batch-size <rows>', 'most rows per pass').env('OUTBOXKIT_BATCH_SIZE').argParser(int).default(RELAY_DEFAULTS.batchSize))
-  .addOption(new Option('--max-batch-bytes <bytes>', 'most payload bytes per pass').env('OUTBOXKIT_MAX_BATCH_BYTES').argParser(int).default(RELAY_DEFAULTS.maxBatchBytes))
-  .addOption(new Option('--poll-interval-ms <ms>', 'poll interval without notifications').env('OUTBOXKIT_POLL_INTERVAL_MS').argParser(int).default(RELAY_DEFAULTS.pollIntervalMs))
-  .addOption(new Option('--lease-ms <ms>', 'lane lease length').env('OUTBOXKIT_LEASE_MS').argParser(int).default(RELAY_DEFAULTS.leaseMs))
-  .addOption(new Option('--max-attempts <n>', 'failed publish attempts of one event before it is parked').env('OUTBOXKIT_MAX_ATTEMPTS').argParser(int).default(RELAY_DEFAULTS.maxAttempts))
-  .addOption(new Option('--hold-key-behind-failure <bool>', 'later events of a key wait behind a failed one (strict order)').env('OUTBOXKIT_HOLD_KEY_BEHIND_FAILURE').argParser(bool).default(true))
-  .addOption(new Option('--published-retention-ms <ms>', 'how long published rows are kept').env('OUTBOXKIT_PUBLISHED_RETENTION_MS').argParser(int).default(RELAY_DEFAULTS.publishedRetentionMs))
+  .addOption(
+    new Option('--batch-size <rows>', 'most rows per pass')
+      .env('OUTBOXKIT_BATCH_SIZE')
+      .argParser(int)
+      .default(RELAY_DEFAULTS.batchSize),
+  )
+  .addOption(
+    new Option('--max-batch-bytes <bytes>', 'most payload bytes per pass')
+      .env('OUTBOXKIT_MAX_BATCH_BYTES')
+      .argParser(int)
+      .default(RELAY_DEFAULTS.maxBatchBytes),
+  )
+  .addOption(
+    new Option('--poll-interval-ms <ms>', 'poll interval without notifications')
+      .env('OUTBOXKIT_POLL_INTERVAL_MS')
+      .argParser(int)
+      .default(RELAY_DEFAULTS.pollIntervalMs),
+  )
+  .addOption(
+    new Option('--lease-ms <ms>', 'lane lease length')
+      .env('OUTBOXKIT_LEASE_MS')
+      .argParser(int)
+      .default(RELAY_DEFAULTS.leaseMs),
+  )
+  .addOption(
+    new Option('--max-attempts <n>', 'failed publish attempts of one event before it is parked')
+      .env('OUTBOXKIT_MAX_ATTEMPTS')
+      .argParser(int)
+      .default(RELAY_DEFAULTS.maxAttempts),
+  )
+  .addOption(
+    new Option('--hold-key-behind-failure <bool>', 'later events of a key wait behind a failed one (strict order)')
+      .env('OUTBOXKIT_HOLD_KEY_BEHIND_FAILURE')
+      .argParser(bool)
+      .default(true),
+  )
+  .addOption(
+    new Option('--published-retention-ms <ms>', 'how long published rows are kept')
+      .env('OUTBOXKIT_PUBLISHED_RETENTION_MS')
+      .argParser(int)
+      .default(RELAY_DEFAULTS.publishedRetentionMs),
+  )
   .addOption(new Option('--listen <bool>', 'wake on NOTIFY').env('OUTBOXKIT_LISTEN').argParser(bool).default(true))
-  .addOption(new Option('--metrics-port <port>', 'port of /metrics, /healthz, /readyz (0: random, -1: off)').env('OUTBOXKIT_METRICS_PORT').argParser(int).default(9464))
+  .addOption(
+    new Option('--metrics-port <port>', 'port of /metrics, /healthz, /readyz (0: random, -1: off)')
+      .env('OUTBOXKIT_METRICS_PORT')
+      .argParser(int)
+      .default(9464),
+  )
   .addOption(new Option('--log-level <level>', 'pino log level').env('OUTBOXKIT_LOG_LEVEL').default('info'))
   .action(async (opts: Record<string, string | number | boolean | undefined>) => {
     const logger = pino({ name: 'outboxkit-relay', level: String(opts.logLevel) });
     const pool = new pg.Pool({ connectionString: String(opts.databaseUrl), max: 4, keepAlive: true });
     const kafka = new Kafka({
       clientId: String(opts.clientId),
-      brokers: String(opts.brokers).split(',').map((b) => b.trim()).filter(Boolean),
+      brokers: String(opts.brokers)
+        .split(',')
+        .map((b) => b.trim())
+        .filter(Boolean),
       logLevel: logLevel.WARN,
     });
     const relay = new Relay({
@@ -116,7 +167,10 @@ program
         return true;
       });
       const address = server.address();
-      logger.info({ port: typeof address === 'object' && address ? address.port : port }, 'metrics and health endpoints listening');
+      logger.info(
+        { port: typeof address === 'object' && address ? address.port : port },
+        'metrics and health endpoints listening',
+      );
     }
     // First SIGTERM/SIGINT drains (the pass in flight finishes, lanes are released); a second
     // one forces exit. An unref'd watchdog forces exit if draining hangs.
@@ -152,8 +206,13 @@ program
       if (opts.json) {
         console.log(JSON.stringify(status, null, 2));
       } else {
-        console.log(`pending: ${status.backlog.pending}  parked: ${status.backlog.parked}  oldest pending: ${Math.round(status.backlog.oldestPendingMs)} ms`);
-        for (const l of status.lanes) console.log(`  ${l.owner_id ?? '(free)'}: ${l.lanes} lanes${l.owner_id && !l.live ? ' (lease expired)' : ''}`);
+        console.log(
+          `pending: ${status.backlog.pending}  parked: ${status.backlog.parked}  oldest pending: ${Math.round(status.backlog.oldestPendingMs)} ms`,
+        );
+        for (const l of status.lanes)
+          console.log(
+            `  ${l.owner_id ?? '(free)'}: ${l.lanes} lanes${l.owner_id && !l.live ? ' (lease expired)' : ''}`,
+          );
       }
     });
   });
@@ -161,7 +220,7 @@ program
 const lanes = program.command('lanes').description('relay lane operations');
 lanes
   .command('release')
-  .description("free every lane of a relay (for example a dead one) so live relays take them at once")
+  .description('free every lane of a relay (for example a dead one) so live relays take them at once')
   .argument('<relay-id>', 'the owner shown by `outboxkit status`')
   .addOption(databaseOption())
   .addOption(schemaOption())
@@ -186,7 +245,9 @@ parked
       if (opts.json) return console.log(JSON.stringify(rows, null, 2));
       if (rows.length === 0) return console.log('no parked events');
       for (const r of rows) {
-        console.log(`${r.event_id}  ${r.topic}  key=${r.key ?? '-'}  ${r.type}  ${r.bytes} B  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`);
+        console.log(
+          `${r.event_id}  ${r.topic}  key=${r.key ?? '-'}  ${r.type}  ${r.bytes} B  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`,
+        );
       }
     });
   });
@@ -224,7 +285,11 @@ topics
   .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(int).default(3))
   .addOption(new Option('--replication-factor <n>', 'replication factor of new topics').argParser(int).default(1))
   .action(async (names: string[], opts: { brokers: string; partitions: number; replicationFactor: number }) => {
-    const kafka = new Kafka({ clientId: 'outboxkit-cli', brokers: opts.brokers.split(','), logLevel: logLevel.NOTHING });
+    const kafka = new Kafka({
+      clientId: 'outboxkit-cli',
+      brokers: opts.brokers.split(','),
+      logLevel: logLevel.NOTHING,
+    });
     const admin = kafka.admin();
     await admin.connect();
     try {
@@ -233,7 +298,11 @@ topics
       if (missing.length > 0) {
         await admin.createTopics({
           waitForLeaders: true,
-          topics: missing.map((topic) => ({ topic, numPartitions: opts.partitions, replicationFactor: opts.replicationFactor })),
+          topics: missing.map((topic) => ({
+            topic,
+            numPartitions: opts.partitions,
+            replicationFactor: opts.replicationFactor,
+          })),
         });
       }
       console.log(missing.length ? `created: ${missing.join(', ')}` : 'all topics exist');
@@ -249,7 +318,9 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   } catch (err) {
     const code = (err as { code?: unknown }).code;
     const hint = code === '42P01' ? " (outboxkit's tables are missing: run `outboxkit migrate`)" : '';
-    const message = isOutboxkitError(err) ? `${err.code}: ${err.message}` : `${(err as Error).message ?? String(err)}${hint}`;
+    const message = isOutboxkitError(err)
+      ? `${err.code}: ${err.message}`
+      : `${(err as Error).message ?? String(err)}${hint}`;
     console.error(`outboxkit: ${message}`);
     process.exitCode = 1;
   }

@@ -65,7 +65,11 @@ export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Regis
  *
  * @param port - TCP port on 0.0.0.0; 0 picks a free one.
  */
-export async function serveMetrics(registry: client.Registry, port: number, ready: () => Promise<boolean>): Promise<Server> {
+export async function serveMetrics(
+  registry: client.Registry,
+  port: number,
+  ready: () => Promise<boolean>,
+): Promise<Server> {
   const server = createServer((req, res) => {
     void (async () => {
       try {

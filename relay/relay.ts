@@ -126,7 +126,8 @@ export const RELAY_DEFAULTS = Object.freeze({
 });
 
 function positiveInt(name: string, value: number, min = 1): void {
-  if (!Number.isInteger(value) || value < min) throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
+  if (!Number.isInteger(value) || value < min)
+    throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
 }
 
 /** Validates relay options once. @throws {@link InvalidOptionsError} */
@@ -147,7 +148,8 @@ export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions
   positiveInt('publishedRetentionMs', r.publishedRetentionMs, 0);
   positiveInt('cleanupIntervalMs', r.cleanupIntervalMs, 100);
   positiveInt('cleanupBatchSize', r.cleanupBatchSize);
-  if (!options.pool && !options.connectionString) throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
+  if (!options.pool && !options.connectionString)
+    throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
   if (!options.producer && !options.kafka && !(options.brokers && options.brokers.length > 0)) {
     throw new InvalidOptionsError('The relay needs `brokers`, `kafka` or `producer`.');
   }
@@ -207,8 +209,14 @@ export class Relay extends EventEmitter<RelayEvents> {
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };
-    const kafka = options.kafka ?? (options.brokers ? new Kafka({ clientId: 'outboxkit-relay', brokers: options.brokers, logLevel: logLevel.WARN }) : undefined);
-    this.makeProducer = options.producer ? () => options.producer as RelayProducer : () => createKafkajsProducer(kafka as Kafka);
+    const kafka =
+      options.kafka ??
+      (options.brokers
+        ? new Kafka({ clientId: 'outboxkit-relay', brokers: options.brokers, logLevel: logLevel.WARN })
+        : undefined);
+    this.makeProducer = options.producer
+      ? () => options.producer as RelayProducer
+      : () => createKafkajsProducer(kafka as Kafka);
     this.kafka = kafka;
   }
 
@@ -240,16 +248,23 @@ export class Relay extends EventEmitter<RelayEvents> {
     await this.producer.connect();
     if (this.options.listen) await this.startListener();
     await this.maintainLanes();
-    this.maintainTimer = setInterval(() => {
-      this.maintaining = this.maintaining.then(() => this.maintainLanes()).catch((err: Error) => {
-        this.logger.warn({ err }, 'lane maintenance failed');
-      });
-    }, Math.max(200, Math.floor(this.options.leaseMs / 3)));
+    this.maintainTimer = setInterval(
+      () => {
+        this.maintaining = this.maintaining
+          .then(() => this.maintainLanes())
+          .catch((err: Error) => {
+            this.logger.warn({ err }, 'lane maintenance failed');
+          });
+      },
+      Math.max(200, Math.floor(this.options.leaseMs / 3)),
+    );
     this.maintainTimer.unref();
     this.cleanupTimer = setInterval(() => {
-      this.maintaining = this.maintaining.then(() => this.cleanup()).catch((err: Error) => {
-        this.logger.warn({ err }, 'published-row cleanup failed');
-      });
+      this.maintaining = this.maintaining
+        .then(() => this.cleanup())
+        .catch((err: Error) => {
+          this.logger.warn({ err }, 'published-row cleanup failed');
+        });
     }, this.options.cleanupIntervalMs);
     this.cleanupTimer.unref();
     signal?.addEventListener('abort', () => void this.stop(), { once: true });
@@ -432,7 +447,14 @@ export class Relay extends EventEmitter<RelayEvents> {
       if (!this.producer) throw new Error('no Kafka producer available');
     }
     const o = this.options;
-    const rows = await sql.readPending(this.db, this.q, lanes.map((l) => l.lane), o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure);
+    const rows = await sql.readPending(
+      this.db,
+      this.q,
+      lanes.map((l) => l.lane),
+      o.batchSize,
+      o.maxBatchBytes,
+      o.holdKeyBehindFailure,
+    );
     if (rows.length === 0) return 0;
     const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
@@ -455,7 +477,13 @@ export class Relay extends EventEmitter<RelayEvents> {
       throw err;
     }
     await crashPoint('relay:after-send');
-    const marked = await sql.markPublished(this.db, this.q, this.relayId, sendable.map((r) => r.seq), lanes);
+    const marked = await sql.markPublished(
+      this.db,
+      this.q,
+      this.relayId,
+      sendable.map((r) => r.seq),
+      lanes,
+    );
     this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
     this.logger.debug({ count: sendable.length, marked }, 'published');
     return sendable.length;
@@ -464,7 +492,9 @@ export class Relay extends EventEmitter<RelayEvents> {
   /** Rows whose lane this relay still holds with the token it read them under. */
   private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
     const now = performance.now();
-    const valid = new Set(lanes.filter((l) => l.validUntil > now && this.held.get(l.lane)?.token === l.token).map((l) => l.lane));
+    const valid = new Set(
+      lanes.filter((l) => l.validUntil > now && this.held.get(l.lane)?.token === l.token).map((l) => l.lane),
+    );
     return rows.filter((r) => valid.has(r.lane));
   }
 
@@ -486,9 +516,23 @@ export class Relay extends EventEmitter<RelayEvents> {
         if (row.key !== null) failedKeys.add(row.key);
         const attempts = row.attempts + 1;
         const message = `${kafkaErrorType(err) ?? 'error'}: ${(err as Error).message}`;
-        const backoffMs = this.options.retryInitialMs + fullJitterBackoffMs(attempts, this.options.retryInitialMs, this.options.retryMaxMs);
-        const parked = await sql.recordFailure(this.db, this.q, this.relayId, row, tokens.get(row.lane)!, message, backoffMs, this.options.maxAttempts);
-        this.logger.warn({ eventId: row.event_id, topic: row.topic, attempts, parked, error: message }, parked ? 'event parked' : 'event publish failed');
+        const backoffMs =
+          this.options.retryInitialMs +
+          fullJitterBackoffMs(attempts, this.options.retryInitialMs, this.options.retryMaxMs);
+        const parked = await sql.recordFailure(
+          this.db,
+          this.q,
+          this.relayId,
+          row,
+          tokens.get(row.lane)!,
+          message,
+          backoffMs,
+          this.options.maxAttempts,
+        );
+        this.logger.warn(
+          { eventId: row.event_id, topic: row.topic, attempts, parked, error: message },
+          parked ? 'event parked' : 'event publish failed',
+        );
         this.emit('relay:failed', { eventId: row.event_id, attempts, parked, error: message });
         // kafkajs' idempotent producer counts the rejected record's sequence number although the
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
@@ -508,7 +552,12 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.stopping || !this.held.has(0)) return;
     let total = 0;
     for (let i = 0; i < 100 && !this.stopping; i++) {
-      const n = await sql.deletePublished(this.db, this.q, this.options.publishedRetentionMs, this.options.cleanupBatchSize);
+      const n = await sql.deletePublished(
+        this.db,
+        this.q,
+        this.options.publishedRetentionMs,
+        this.options.cleanupBatchSize,
+      );
       total += n;
       if (n < this.options.cleanupBatchSize) break;
     }

@@ -37,7 +37,13 @@ export async function seedLanes(db: Queryable, schema: string): Promise<void> {
  * token changed was taken over after our lease expired: it is not returned, and its rows are left
  * to the new owner. Lease times come from the database clock, never this process's.
  */
-export async function renewLanes(db: Queryable, schema: string, relayId: string, held: readonly HeldLane[], leaseMs: number): Promise<HeldLane[]> {
+export async function renewLanes(
+  db: Queryable,
+  schema: string,
+  relayId: string,
+  held: readonly HeldLane[],
+  leaseMs: number,
+): Promise<HeldLane[]> {
   if (held.length === 0) return [];
   const { rows } = await db.query<{ lane: number; token: string }>(
     `UPDATE ${schema}.relay_lanes l
@@ -54,7 +60,14 @@ export async function renewLanes(db: Queryable, schema: string, relayId: string,
  * Registers this relay (or renews its liveness lease) and returns how many relays are live,
  * itself included, so each can take a fair share of the lanes, even relays that hold none yet.
  */
-export async function heartbeatInstance(db: Queryable, schema: string, relayId: string, hostname: string, pid: number, leaseMs: number): Promise<number> {
+export async function heartbeatInstance(
+  db: Queryable,
+  schema: string,
+  relayId: string,
+  hostname: string,
+  pid: number,
+  leaseMs: number,
+): Promise<number> {
   const { rows } = await db.query<{ n: number }>(
     `WITH me AS (
        INSERT INTO ${schema}.relay_instances (relay_id, hostname, pid, lease_expires_at)
@@ -91,7 +104,10 @@ export async function releaseOwner(db: Queryable, schema: string, relayId: strin
 }
 
 /** Lane owners, for `outboxkit status`. */
-export async function laneOwners(db: Queryable, schema: string): Promise<{ owner_id: string | null; lanes: number; live: boolean }[]> {
+export async function laneOwners(
+  db: Queryable,
+  schema: string,
+): Promise<{ owner_id: string | null; lanes: number; live: boolean }[]> {
   const { rows } = await db.query<{ owner_id: string | null; lanes: number; live: boolean }>(
     `SELECT owner_id, count(*)::int AS lanes, coalesce(bool_and(lease_expires_at > now()), false) AS live
        FROM ${schema}.relay_lanes GROUP BY owner_id ORDER BY owner_id NULLS LAST`,
@@ -104,7 +120,13 @@ export async function laneOwners(db: Queryable, schema: string): Promise<{ owner
  * fencing token, so a previous owner that is merely paused can no longer mark rows of it.
  * SKIP LOCKED: two relays acquiring at once take different lanes instead of waiting on each other.
  */
-export async function acquireLanes(db: Queryable, schema: string, relayId: string, limit: number, leaseMs: number): Promise<HeldLane[]> {
+export async function acquireLanes(
+  db: Queryable,
+  schema: string,
+  relayId: string,
+  limit: number,
+  leaseMs: number,
+): Promise<HeldLane[]> {
   if (limit <= 0) return [];
   const { rows } = await db.query<{ lane: number; token: string }>(
     `UPDATE ${schema}.relay_lanes l
@@ -124,7 +146,12 @@ export async function acquireLanes(db: Queryable, schema: string, relayId: strin
 }
 
 /** Gives lanes back (rebalance or shutdown) so another relay can take them at once. */
-export async function releaseLanes(db: Queryable, schema: string, relayId: string, lanes: readonly number[]): Promise<void> {
+export async function releaseLanes(
+  db: Queryable,
+  schema: string,
+  relayId: string,
+  lanes: readonly number[],
+): Promise<void> {
   if (lanes.length === 0) return;
   await db.query(
     `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL
@@ -264,7 +291,12 @@ export async function skipParked(db: Queryable, schema: string, eventIds: readon
  * Deletes published rows older than the retention, at most `batchSize` per call (bounded lock
  * time and WAL per statement). @returns how many were deleted.
  */
-export async function deletePublished(db: Queryable, schema: string, retentionMs: number, batchSize: number): Promise<number> {
+export async function deletePublished(
+  db: Queryable,
+  schema: string,
+  retentionMs: number,
+  batchSize: number,
+): Promise<number> {
   const { rowCount } = await db.query(
     `DELETE FROM ${schema}.outbox_events WHERE seq IN (
        SELECT seq FROM ${schema}.outbox_events
@@ -283,7 +315,13 @@ export async function deletePublished(db: Queryable, schema: string, retentionMs
  *
  * @returns the number of rows marked.
  */
-export async function markPublished(db: Queryable, schema: string, relayId: string, seqs: readonly string[], held: readonly HeldLane[]): Promise<number> {
+export async function markPublished(
+  db: Queryable,
+  schema: string,
+  relayId: string,
+  seqs: readonly string[],
+  held: readonly HeldLane[],
+): Promise<number> {
   if (seqs.length === 0) return 0;
   const { rowCount } = await db.query(
     `UPDATE ${schema}.outbox_events e
@@ -298,7 +336,10 @@ export async function markPublished(db: Queryable, schema: string, relayId: stri
 }
 
 /** Backlog figures for metrics and `outboxkit status`. */
-export async function backlog(db: Queryable, schema: string): Promise<{ pending: number; parked: number; oldestPendingMs: number }> {
+export async function backlog(
+  db: Queryable,
+  schema: string,
+): Promise<{ pending: number; parked: number; oldestPendingMs: number }> {
   const { rows } = await db.query<{ pending: string; parked: string; oldest_ms: number | null }>(
     `SELECT count(*) FILTER (WHERE parked_at IS NULL) AS pending,
             count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,

@@ -83,9 +83,7 @@ export async function ensurePostgres(log: Log = noop): Promise<string> {
   }
 
   if (fromEnv) {
-    log(
-      `PostgreSQL at ${shown} (DATABASE_URL) does not answer yet; waiting up to ${POSTGRES_WAIT_MS / 1000} s`,
-    );
+    log(`PostgreSQL at ${shown} (DATABASE_URL) does not answer yet; waiting up to ${POSTGRES_WAIT_MS / 1000} s`);
   } else {
     await startLocalPostgres(log);
   }
@@ -246,9 +244,7 @@ export async function ensureKafka(log: Log = noop): Promise<KafkaInfo> {
     const logFrom = logSize(kafkaHome(version));
     const pid = await startBroker(version, log);
     await waitForBroker(brokers, pid, kafkaHome(version), log, logFrom);
-    log(
-      `Kafka ${version} ready at ${LOCAL_BROKER} (pid ${pid}, ${seconds(Date.now() - started)} after launch)`,
-    );
+    log(`Kafka ${version} ready at ${LOCAL_BROKER} (pid ${pid}, ${seconds(Date.now() - started)} after launch)`);
     return { brokers, startedHere: true };
   } finally {
     release();
@@ -290,9 +286,7 @@ export async function ensureServices(log: Log = noop): Promise<Services> {
   if (pgResult.status === 'fulfilled' && kafkaResult.status === 'fulfilled') {
     return { databaseUrl: pgResult.value, kafkaBrokers: kafkaResult.value.brokers };
   }
-  const errors = [pgResult, kafkaResult].flatMap((r) =>
-    r.status === 'rejected' ? [errorText(r.reason)] : [],
-  );
+  const errors = [pgResult, kafkaResult].flatMap((r) => (r.status === 'rejected' ? [errorText(r.reason)] : []));
   throw new Error(errors.join('\n'));
 }
 
@@ -385,13 +379,7 @@ async function kafkaUsable(brokers: string[]): Promise<Probe> {
   }
 }
 
-async function waitForBroker(
-  brokers: string[],
-  pid: number,
-  home: string,
-  log: Log,
-  logFrom = 0,
-): Promise<void> {
+async function waitForBroker(brokers: string[], pid: number, home: string, log: Log, logFrom = 0): Promise<void> {
   const deadline = Date.now() + KAFKA_READY_MS;
   let last: Probe = { ok: false, error: 'not probed yet' };
   while (Date.now() < deadline) {
@@ -403,15 +391,11 @@ async function waitForBroker(
     if (last.ok) return;
     await sleep(500);
   }
-  log(
-    `Kafka did not become ready within ${KAFKA_READY_MS / 1000} s (last error: ${last.error}); stopping it`,
-  );
+  log(`Kafka did not become ready within ${KAFKA_READY_MS / 1000} s (last error: ${last.error}); stopping it`);
   const tail = logTail(home, logFrom);
   await terminate(pid, log);
   fs.rmSync(path.join(home, 'kafka.pid'), { force: true });
-  throw new Error(
-    `Kafka did not become ready within ${KAFKA_READY_MS / 1000} s (last error: ${last.error}).\n${tail}`,
-  );
+  throw new Error(`Kafka did not become ready within ${KAFKA_READY_MS / 1000} s (last error: ${last.error}).\n${tail}`);
 }
 
 /** Byte offset of the broker's log, so a failure report shows only this start's lines. */
@@ -433,18 +417,14 @@ function logTail(home: string, fromByte = 0): string {
   const text = readFrom(serverLog, fromByte);
   if (text.trim()) {
     const lines = text.trimEnd().split('\n');
-    const errors = [
-      ...new Set(lines.filter((l) => /^\[[^\]]+\] (ERROR|FATAL) |^Caused by: /.test(l))),
-    ].slice(-8);
-    if (errors.length > 0)
-      parts.push(`--- errors in ${path.relative(ROOT, serverLog)} ---\n${errors.join('\n')}`);
+    const errors = [...new Set(lines.filter((l) => /^\[[^\]]+\] (ERROR|FATAL) |^Caused by: /.test(l)))].slice(-8);
+    if (errors.length > 0) parts.push(`--- errors in ${path.relative(ROOT, serverLog)} ---\n${errors.join('\n')}`);
     const tail = lines.filter((l) => !/^\s+(at |\.\.\. \d+ more)/.test(l)).slice(-20);
     parts.push(`--- last lines of ${path.relative(ROOT, serverLog)} ---\n${tail.join('\n')}`);
   }
   const out = path.join(home, 'kafka.out');
   const outText = readFrom(out, 0);
-  if (outText.trim())
-    parts.push(`--- last lines of ${path.relative(ROOT, out)} ---\n${lastLines(outText, 20)}`);
+  if (outText.trim()) parts.push(`--- last lines of ${path.relative(ROOT, out)} ---\n${lastLines(outText, 20)}`);
   return parts.join('\n') || `(no log written under ${path.relative(ROOT, home)})`;
 }
 
@@ -505,9 +485,7 @@ async function resolveKafkaJars(version: string, log: Log): Promise<void> {
   if (readText(marker) === stamp) return;
   await checkMaven();
 
-  log(
-    `Resolving Apache Kafka ${version} from Maven Central into ${path.relative(ROOT, lib)} (first run only)`,
-  );
+  log(`Resolving Apache Kafka ${version} from Maven Central into ${path.relative(ROOT, lib)} (first run only)`);
   const started = Date.now();
   fs.rmSync(lib, { recursive: true, force: true });
   const res = await run(
@@ -532,9 +510,7 @@ async function resolveKafkaJars(version: string, log: Log): Promise<void> {
     );
   }
   if (!fs.existsSync(path.join(lib, `kafka_2.13-${version}.jar`))) {
-    throw new Error(
-      `Maven finished but ${path.relative(ROOT, lib)} has no kafka_2.13-${version}.jar`,
-    );
+    throw new Error(`Maven finished but ${path.relative(ROOT, lib)} has no kafka_2.13-${version}.jar`);
   }
   fs.writeFileSync(marker, stamp);
   log(`Resolved Kafka ${version} in ${seconds(Date.now() - started)}`);
@@ -547,9 +523,7 @@ function jvmLoggingArgs(version: string, home: string): string[] {
   if (kafkaLine(version) === 4) {
     args.push(`-Dlog4j2.configurationFile=${path.join(KAFKA_SCRIPTS_DIR, 'log4j2.xml')}`);
   } else {
-    args.push(
-      `-Dlog4j.configuration=${pathToFileURL(path.join(KAFKA_SCRIPTS_DIR, 'log4j.properties')).href}`,
-    );
+    args.push(`-Dlog4j.configuration=${pathToFileURL(path.join(KAFKA_SCRIPTS_DIR, 'log4j.properties')).href}`);
   }
   return args;
 }
@@ -622,13 +596,9 @@ async function startBroker(version: string, log: Log): Promise<number> {
     const idFile = path.join(home, 'cluster-id');
     let clusterId = readText(idFile)?.trim();
     if (!clusterId) {
-      const res = await run(
-        javaBin(),
-        [...logging, '-cp', classpath, 'kafka.tools.StorageTool', 'random-uuid'],
-        {
-          timeoutMs: 60_000,
-        },
-      );
+      const res = await run(javaBin(), [...logging, '-cp', classpath, 'kafka.tools.StorageTool', 'random-uuid'], {
+        timeoutMs: 60_000,
+      });
       clusterId = res.stdout.trim().split('\n').pop()?.trim();
       if (res.code !== 0 || !clusterId || !/^[\w-]{22}$/.test(clusterId)) {
         throw new Error(
@@ -641,17 +611,7 @@ async function startBroker(version: string, log: Log): Promise<number> {
     // Static voters (controller.quorum.voters): no --standalone, which 4.x rejects in that case.
     const res = await run(
       javaBin(),
-      [
-        ...logging,
-        '-cp',
-        classpath,
-        'kafka.tools.StorageTool',
-        'format',
-        '-t',
-        clusterId,
-        '-c',
-        props,
-      ],
+      [...logging, '-cp', classpath, 'kafka.tools.StorageTool', 'format', '-t', clusterId, '-c', props],
       {
         timeoutMs: 60_000,
       },
@@ -695,9 +655,7 @@ async function startBroker(version: string, log: Log): Promise<number> {
   }
   if (pid === undefined) throw new Error(`Could not launch ${javaBin()} for Kafka ${version}`);
   fs.writeFileSync(path.join(home, 'kafka.pid'), `${pid}\n`);
-  log(
-    `Started Kafka ${version} (pid ${pid}); log: ${path.relative(ROOT, path.join(home, 'logs', 'server.log'))}`,
-  );
+  log(`Started Kafka ${version} (pid ${pid}); log: ${path.relative(ROOT, path.join(home, 'logs', 'server.log'))}`);
   return pid;
 }
 
@@ -792,9 +750,7 @@ async function terminate(pid: number, log: Log): Promise<void> {
   }
   const exited = await waitUntil(async () => ({ ok: !isAlive(pid) }), KAFKA_STOP_MS, 200);
   if (!exited.ok) {
-    log(
-      `Kafka (pid ${pid}) still running ${KAFKA_STOP_MS / 1000} s after SIGTERM; sending SIGKILL`,
-    );
+    log(`Kafka (pid ${pid}) still running ${KAFKA_STOP_MS / 1000} s after SIGTERM; sending SIGKILL`);
     try {
       process.kill(pid, 'SIGKILL');
     } catch {
@@ -869,37 +825,28 @@ interface RunResult {
 
 function run(cmd: string, args: string[], opts: { timeoutMs: number }): Promise<RunResult> {
   return new Promise((resolve) => {
-    execFile(
-      cmd,
-      args,
-      { timeout: opts.timeoutMs, maxBuffer: 16 * 1024 * 1024, cwd: ROOT },
-      (err, stdout, stderr) => {
-        if (!err) return resolve({ code: 0, stdout, stderr });
-        const e = err as NodeJS.ErrnoException & { code?: number | string; killed?: boolean };
-        if (typeof e.code === 'string') {
-          return resolve({
-            code: null,
-            stdout,
-            stderr,
-            error: e.code === 'ENOENT' ? `${cmd}: command not found` : `${cmd}: ${e.message}`,
-          });
-        }
-        resolve({
-          code: typeof e.code === 'number' ? e.code : null,
+    execFile(cmd, args, { timeout: opts.timeoutMs, maxBuffer: 16 * 1024 * 1024, cwd: ROOT }, (err, stdout, stderr) => {
+      if (!err) return resolve({ code: 0, stdout, stderr });
+      const e = err as NodeJS.ErrnoException & { code?: number | string; killed?: boolean };
+      if (typeof e.code === 'string') {
+        return resolve({
+          code: null,
           stdout,
           stderr,
-          ...(e.killed ? { error: `${cmd} timed out after ${opts.timeoutMs / 1000} s` } : {}),
+          error: e.code === 'ENOENT' ? `${cmd}: command not found` : `${cmd}: ${e.message}`,
         });
-      },
-    );
+      }
+      resolve({
+        code: typeof e.code === 'number' ? e.code : null,
+        stdout,
+        stderr,
+        ...(e.killed ? { error: `${cmd} timed out after ${opts.timeoutMs / 1000} s` } : {}),
+      });
+    });
   });
 }
 
-async function waitUntil(
-  check: () => Promise<Probe>,
-  timeoutMs: number,
-  intervalMs = 500,
-): Promise<Probe> {
+async function waitUntil(check: () => Promise<Probe>, timeoutMs: number, intervalMs = 500): Promise<Probe> {
   const deadline = Date.now() + timeoutMs;
   let last = await check();
   while (!last.ok && Date.now() < deadline) {

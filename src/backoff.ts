@@ -9,7 +9,12 @@
  * @param random - a source of [0, 1) numbers. @defaultValue Math.random
  * @returns the delay in ms (an integer).
  */
-export function fullJitterBackoffMs(attempt: number, initialMs: number, maxMs: number, random: () => number = Math.random): number {
+export function fullJitterBackoffMs(
+  attempt: number,
+  initialMs: number,
+  maxMs: number,
+  random: () => number = Math.random,
+): number {
   const exp = Math.min(maxMs, initialMs * 2 ** Math.max(0, Math.min(attempt - 1, 30)));
   return Math.floor(random() * exp);
 }

@@ -51,7 +51,9 @@ export type TransactionHandle = DrizzleTransaction | (PgClientLike & { totalCoun
 
 function isPool(value: object): boolean {
   // pg.Pool (and pools shaped like it) expose these counters; clients do not.
-  return 'totalCount' in value && 'idleCount' in value && typeof (value as { connect?: unknown }).connect === 'function';
+  return (
+    'totalCount' in value && 'idleCount' in value && typeof (value as { connect?: unknown }).connect === 'function'
+  );
 }
 
 /** SQLSTATE 25P02 in_failed_sql_transaction: the transaction already failed and must be rolled back. */
@@ -177,7 +179,12 @@ export async function withPgTransaction<T>(
     await client.query(options.beginSql ?? 'BEGIN');
     try {
       const result = await fn(client);
-      await client.query('COMMIT');
+      // COMMIT of a transaction that already failed (a statement error that `fn` caught and
+      // swallowed) is answered with ROLLBACK, not an error: that must not pass for success.
+      const commit = await client.query('COMMIT');
+      if (commit.command === 'ROLLBACK') {
+        throw abortedError('the transaction callback', new Error('COMMIT was answered with ROLLBACK'));
+      }
       return result;
     } catch (err) {
       try {

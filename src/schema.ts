@@ -95,7 +95,9 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
   const relayLanes = schema.table('relay_lanes', {
     lane: smallint('lane').primaryKey(),
     ownerId: text('owner_id'),
-    fencingToken: bigint('fencing_token', { mode: 'bigint' }).notNull().default(sql`0`),
+    fencingToken: bigint('fencing_token', { mode: 'bigint' })
+      .notNull()
+      .default(sql`0`),
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
   });
 
@@ -135,10 +137,7 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     (t) => [
       primaryKey({ columns: [t.tenant, t.operation, t.key] }),
       index('idempotency_keys_expires_idx').on(t.expiresAt),
-      check(
-        'idempotency_keys_state_check',
-        sql`${t.state} IN ('processing', 'completed', 'failed', 'uncertain')`,
-      ),
+      check('idempotency_keys_state_check', sql`${t.state} IN ('processing', 'completed', 'failed', 'uncertain')`),
     ],
   );
 
@@ -153,10 +152,7 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
       offset: bigint('offset', { mode: 'bigint' }).notNull(),
       processedAt: timestamp('processed_at', { withTimezone: true }).notNull().defaultNow(),
     },
-    (t) => [
-      primaryKey({ columns: [t.consumerGroup, t.eventId] }),
-      index('inbox_processed_idx').on(t.processedAt),
-    ],
+    (t) => [primaryKey({ columns: [t.consumerGroup, t.eventId] }), index('inbox_processed_idx').on(t.processedAt)],
   );
 
   return { schema, outboxEvents, relayLanes, relayInstances, idempotencyKeys, inbox };

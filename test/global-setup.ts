@@ -8,19 +8,15 @@ import pg from 'pg';
 import { ensureServices } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 
-export const TEMPLATE_DB = 'outboxkit_template';
-
-export default async function setup(project: TestProject): Promise<void> {
+export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   const { databaseUrl, kafkaBrokers } = await ensureServices((msg) => console.log(`[services] ${msg}`));
+  // One template per run: two runs on one server (two developers, or a run beside the demo) do not
+  // drop each other's template.
+  const TEMPLATE_DB = `outboxkit_template_${process.pid}`;
   const admin = new pg.Client({ connectionString: databaseUrl });
   await admin.connect();
   try {
-    await admin.query(`SELECT pg_advisory_lock(hashtextextended('outboxkit:test-template', 0))`);
-    await admin.query(
-      `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`,
-      [TEMPLATE_DB],
-    );
-    await admin.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB}`);
+    await admin.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB} WITH (FORCE)`);
     await admin.query(`CREATE DATABASE ${TEMPLATE_DB}`);
     const url = new URL(databaseUrl);
     url.pathname = `/${TEMPLATE_DB}`;
@@ -30,11 +26,22 @@ export default async function setup(project: TestProject): Promise<void> {
   }
   project.provide('databaseUrl', databaseUrl);
   project.provide('kafkaBrokers', kafkaBrokers);
+  project.provide('templateDatabase', TEMPLATE_DB);
+  return async () => {
+    const c = new pg.Client({ connectionString: databaseUrl });
+    await c.connect();
+    try {
+      await c.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB} WITH (FORCE)`);
+    } finally {
+      await c.end();
+    }
+  };
 }
 
 declare module 'vitest' {
   export interface ProvidedContext {
     databaseUrl: string;
     kafkaBrokers: string[];
+    templateDatabase: string;
   }
 }

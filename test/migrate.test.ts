@@ -34,12 +34,21 @@ describe('migrate()', () => {
     const cli = path.resolve('cli/main.ts');
     const results = await Promise.all(
       Array.from({ length: 4 }, () =>
-        run(process.execPath, ['--import', 'tsx', cli, 'migrate', '--schema', 'billing_ok', '--database-url', db.url], { env: { ...process.env, OUTBOXKIT_LOG_LEVEL: 'info' } }),
+        run(process.execPath, ['--import', 'tsx', cli, 'migrate', '--schema', 'billing_ok', '--database-url', db.url], {
+          env: { ...process.env, OUTBOXKIT_LOG_LEVEL: 'info' },
+        }),
       ),
     );
     const appliedCounts = results.map((r) => (r.stdout.match(/"applied":\["[^\]]+\]/) ? 1 : 0));
     expect(appliedCounts.reduce((a: number, b: number) => a + b, 0)).toBe(1);
-    expect(await tables('billing_ok')).toEqual(['idempotency_keys', 'inbox', 'migrations', 'outbox_events', 'relay_instances', 'relay_lanes']);
+    expect(await tables('billing_ok')).toEqual([
+      'idempotency_keys',
+      'inbox',
+      'migrations',
+      'outbox_events',
+      'relay_instances',
+      'relay_lanes',
+    ]);
   });
 
   it('refuses to continue when an applied migration file was edited', async () => {
@@ -52,7 +61,9 @@ describe('migrate()', () => {
   });
 
   it('rejects an invalid schema name before connecting', async () => {
-    const err = await migrate({ connectionString: 'postgres://nobody@127.0.0.1:1/x', schema: 'Robert"); DROP' }).catch((e: unknown) => e);
+    const err = await migrate({ connectionString: 'postgres://nobody@127.0.0.1:1/x', schema: 'Robert"); DROP' }).catch(
+      (e: unknown) => e,
+    );
     expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
   });
 });

@@ -15,13 +15,17 @@ export const orders = demo.table('orders', {
   currency: text('currency').notNull(),
   amount: integer('amount').notNull(),
   // clock_timestamp(): the moment of the insert, close to the commit (now() is the transaction start).
-  createdAt: timestamp('created_at', { withTimezone: true }).notNull().default(sql`clock_timestamp()`),
+  createdAt: timestamp('created_at', { withTimezone: true })
+    .notNull()
+    .default(sql`clock_timestamp()`),
 });
 
 export const shipments = demo.table('shipments', {
   orderId: uuid('order_id').primaryKey(),
   eventId: uuid('event_id').notNull(),
-  createdAt: timestamp('created_at', { withTimezone: true }).notNull().default(sql`clock_timestamp()`),
+  createdAt: timestamp('created_at', { withTimezone: true })
+    .notNull()
+    .default(sql`clock_timestamp()`),
 });
 
 /** Creates the example's tables if they are missing (an application would use its own migrations). */

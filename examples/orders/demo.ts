@@ -68,11 +68,19 @@ async function stopChild(child: Child, timeoutMs = 20_000): Promise<void> {
   clearTimeout(timer);
 }
 
-async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs: number, children: Child[]): Promise<void> {
+async function waitUntil(
+  what: string,
+  check: () => Promise<boolean>,
+  timeoutMs: number,
+  children: Child[],
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     for (const c of children) {
-      if (c.proc.exitCode !== null) throw new Error(`${c.name} exited (${c.proc.exitCode}) while waiting for ${what}:\n${c.lines.slice(-20).join('\n')}`);
+      if (c.proc.exitCode !== null)
+        throw new Error(
+          `${c.name} exited (${c.proc.exitCode}) while waiting for ${what}:\n${c.lines.slice(-20).join('\n')}`,
+        );
     }
     if (await check().catch(() => false)) return;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
@@ -130,7 +138,12 @@ async function report(pool: pg.Pool, load: LoadStats, duplicatesAbsorbed: number
 
   const checks: [string, boolean][] = [
     ['shipments = orders = accepted keys', shipments === orders && orders === accepted],
-    ['every accepted order id exists', (await one(`SELECT count(*) AS n FROM orders_demo.orders WHERE id = ANY('{${[...acceptedIds].join(',')}}'::uuid[])`)) === acceptedIds.size],
+    [
+      'every accepted order id exists',
+      (await one(
+        `SELECT count(*) AS n FROM orders_demo.orders WHERE id = ANY('{${[...acceptedIds].join(',')}}'::uuid[])`,
+      )) === acceptedIds.size,
+    ],
     ['no shipment without its order', orphanShipments === 0],
     ['no order without its event', ordersWithoutEvent === 0],
     ['every event published', published === events],
@@ -195,18 +208,31 @@ async function main(): Promise<void> {
     };
     const server = startChild('orders', path.join(here, 'server.ts'), [], env);
     children.push(server);
-    for (let i = 0; i < opts.relays; i++) children.push(startChild(`relay-${i + 1}`, path.join(root, 'cli', 'main.ts'), ['relay'], env));
+    for (let i = 0; i < opts.relays; i++)
+      children.push(startChild(`relay-${i + 1}`, path.join(root, 'cli', 'main.ts'), ['relay'], env));
     const shipping = startChild('shipping', path.join(here, 'shipping.ts'), [], env);
     children.push(shipping);
 
     let baseUrl = '';
-    await waitUntil('the orders service', async () => {
-      const line = server.lines.find((l) => l.includes('ORDERS_LISTENING '));
-      if (line) baseUrl = line.split('ORDERS_LISTENING ')[1]!.trim();
-      return baseUrl !== '';
-    }, 60_000, children);
-    await waitUntil('the shipping consumer', async () => shipping.lines.some((l) => l.includes('SHIPPING_READY')), 60_000, children);
-    log(`orders service at ${baseUrl}; sending ${opts.orders} orders with ${opts.concurrency} clients and ${opts.relays} relay(s)`);
+    await waitUntil(
+      'the orders service',
+      async () => {
+        const line = server.lines.find((l) => l.includes('ORDERS_LISTENING '));
+        if (line) baseUrl = line.split('ORDERS_LISTENING ')[1]!.trim();
+        return baseUrl !== '';
+      },
+      60_000,
+      children,
+    );
+    await waitUntil(
+      'the shipping consumer',
+      async () => shipping.lines.some((l) => l.includes('SHIPPING_READY')),
+      60_000,
+      children,
+    );
+    log(
+      `orders service at ${baseUrl}; sending ${opts.orders} orders with ${opts.concurrency} clients and ${opts.relays} relay(s)`,
+    );
 
     const started = Date.now();
     const load = await runLoad({
@@ -220,19 +246,26 @@ async function main(): Promise<void> {
       deadlineMs: 60_000,
     });
     log(`load done in ${((Date.now() - started) / 1000).toFixed(1)} s; waiting for the pipeline to drain`);
-    await waitUntil('the pipeline to drain', async () => {
-      const r = await pool.query<{ pending: string; orders: string; shipments: string }>(
-        `SELECT (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL) AS pending,
+    await waitUntil(
+      'the pipeline to drain',
+      async () => {
+        const r = await pool.query<{ pending: string; orders: string; shipments: string }>(
+          `SELECT (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL) AS pending,
                 (SELECT count(*) FROM orders_demo.orders) AS orders,
                 (SELECT count(*) FROM orders_demo.shipments) AS shipments`,
-      );
-      const row = r.rows[0]!;
-      return row.pending === '0' && row.orders === row.shipments;
-    }, opts.drainTimeoutMs, children).catch((err: Error) => log(err.message));
+        );
+        const row = r.rows[0]!;
+        return row.pending === '0' && row.orders === row.shipments;
+      },
+      opts.drainTimeoutMs,
+      children,
+    ).catch((err: Error) => log(err.message));
 
     await stopChild(shipping);
     const stats = shipping.lines.find((l) => l.startsWith('SHIPPING_STATS '));
-    const duplicates = stats ? (JSON.parse(stats.slice('SHIPPING_STATS '.length)) as { duplicates: number }).duplicates : undefined;
+    const duplicates = stats
+      ? (JSON.parse(stats.slice('SHIPPING_STATS '.length)) as { duplicates: number }).duplicates
+      : undefined;
     pass = await report(pool, load, duplicates);
   } finally {
     await Promise.all(children.map((c) => stopChild(c)));

@@ -55,7 +55,14 @@ function newStats(): LoadStats {
   };
 }
 
-async function post(stats: LoadStats, o: LoadOptions, tenant: string, key: string, body: unknown, timeoutMs?: number): Promise<Attempt> {
+async function post(
+  stats: LoadStats,
+  o: LoadOptions,
+  tenant: string,
+  key: string,
+  body: unknown,
+  timeoutMs?: number,
+): Promise<Attempt> {
   stats.requests++;
   try {
     const res = await fetch(`${o.baseUrl}/orders`, {
@@ -123,7 +130,8 @@ async function oneOrder(stats: LoadStats, o: LoadOptions, i: number, firstBodies
   if (Math.random() < o.reuseRate) {
     // The same key with another body must be refused (422), never answered with the first result.
     const reused = await post(stats, o, tenant, key, { ...body, amount: body.amount + 1 });
-    if (reused.status !== 422) stats.violations.push(`${key}: reuse with another body answered ${reused.status}, not 422`);
+    if (reused.status !== 422)
+      stats.violations.push(`${key}: reuse with another body answered ${reused.status}, not 422`);
   }
 }
 

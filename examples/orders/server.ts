@@ -67,14 +67,24 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
             return {
               status: 400,
               headers: { 'content-type': 'application/problem+json' },
-              body: { type: 'about:blank', title: 'Invalid order', detail: 'cartId, currency (ISO 4217) and a positive integer amount are required.' },
+              body: {
+                type: 'about:blank',
+                title: 'Invalid order',
+                detail: 'cartId, currency (ISO 4217) and a positive integer amount are required.',
+              },
             };
           }
           const tenant = String(req.headers['x-tenant-id']);
           const orderId = randomUUID();
           const [order] = await tx
             .insert(orders)
-            .values({ id: orderId, tenant, cartId: req.body.cartId, currency: req.body.currency, amount: req.body.amount })
+            .values({
+              id: orderId,
+              tenant,
+              cartId: req.body.cartId,
+              currency: req.body.currency,
+              amount: req.body.amount,
+            })
             .returning();
           await enqueue(tx, {
             topic,
@@ -87,7 +97,14 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
           return {
             status: 201,
             headers: { location: `/orders/${orderId}` },
-            body: { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount, createdAt: order!.createdAt.toISOString() },
+            body: {
+              orderId,
+              tenant,
+              cartId: order!.cartId,
+              currency: order!.currency,
+              amount: order!.amount,
+              createdAt: order!.createdAt.toISOString(),
+            },
           };
         },
       ),
@@ -97,7 +114,10 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
   app.get<{ Params: { id: string } }>('/orders/:id', async (req, reply) => {
     const tenant = req.headers['x-tenant-id'];
     if (typeof tenant !== 'string' || !/^[0-9a-f-]{36}$/.test(req.params.id)) return reply.code(404).send();
-    const [order] = await db.select().from(orders).where(and(eq(orders.id, req.params.id), eq(orders.tenant, tenant)));
+    const [order] = await db
+      .select()
+      .from(orders)
+      .where(and(eq(orders.id, req.params.id), eq(orders.tenant, tenant)));
     if (!order) return reply.code(404).send();
     return order;
   });

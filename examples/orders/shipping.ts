@@ -27,7 +27,10 @@ export async function startShipping(options: { pool: pg.Pool; kafka: Kafka; topi
     fromBeginning: true,
     async handler({ tx, event }) {
       const order = event.json() as { orderId: string };
-      await tx.query('INSERT INTO orders_demo.shipments (order_id, event_id) VALUES ($1, $2)', [order.orderId, event.id]);
+      await tx.query('INSERT INTO orders_demo.shipments (order_id, event_id) VALUES ($1, $2)', [
+        order.orderId,
+        event.id,
+      ]);
     },
   });
   consumer.on('consumer:duplicate', () => duplicates++);

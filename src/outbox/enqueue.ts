@@ -101,7 +101,17 @@ function compareKeys(a: string | null, b: string | null): number {
 function params(rows: readonly PreparedEvent[]): unknown[] {
   const out: unknown[] = [];
   for (const e of rows) {
-    out.push(e.eventId, e.topic, e.key, e.lane, e.type, e.payload, JSON.stringify(e.headers), e.aggregateType, e.aggregateId);
+    out.push(
+      e.eventId,
+      e.topic,
+      e.key,
+      e.lane,
+      e.type,
+      e.payload,
+      JSON.stringify(e.headers),
+      e.aggregateType,
+      e.aggregateId,
+    );
   }
   return out;
 }
@@ -115,7 +125,9 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
   const resolved = { ...OUTBOX_DEFAULTS, ...options };
   const table = `${quoteSchema(resolved.schema)}.outbox_events`;
   if (!Number.isInteger(resolved.maxPayloadBytes) || resolved.maxPayloadBytes <= 0) {
-    throw new InvalidOptionsError(`maxPayloadBytes must be a positive integer (bytes), got ${resolved.maxPayloadBytes}.`);
+    throw new InvalidOptionsError(
+      `maxPayloadBytes must be a positive integer (bytes), got ${resolved.maxPayloadBytes}.`,
+    );
   }
   const channel = notifyChannel(resolved.schema);
 
@@ -127,7 +139,8 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       // Validate everything before touching the database: an invalid event writes nothing.
       const prepared = list.map((e) => prepareEvent(e, resolved.maxPayloadBytes));
       const ids = new Set(prepared.map((e) => e.eventId));
-      if (ids.size !== prepared.length) throw new InvalidEventError('Two events of one enqueue() call have the same eventId.');
+      if (ids.size !== prepared.length)
+        throw new InvalidEventError('Two events of one enqueue() call have the same eventId.');
       const db = joinTransaction(tx, 'enqueue()');
       // Lock keys in one global order (stable sort keeps the given order within a key).
       const ordered = [...prepared].sort((a, b) => compareKeys(a.key, b.key));
@@ -141,7 +154,12 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
         );
         for (const r of rows) seqById.set(r.event_id, r.seq);
       }
-      return prepared.map((e) => ({ eventId: e.eventId, seq: seqById.get(e.eventId) ?? '', topic: e.topic, key: e.key }));
+      return prepared.map((e) => ({
+        eventId: e.eventId,
+        seq: seqById.get(e.eventId) ?? '',
+        topic: e.topic,
+        key: e.key,
+      }));
     },
   };
 }
@@ -152,6 +170,9 @@ const defaultOutbox = createOutbox();
  * Writes events to the default outbox (schema `outboxkit`) inside the caller's transaction.
  * See {@link Outbox.enqueue}; use {@link createOutbox} for another schema or limits.
  */
-export function enqueue(tx: TransactionHandle, events: OutboxEventInput | readonly OutboxEventInput[]): Promise<EnqueuedEvent[]> {
+export function enqueue(
+  tx: TransactionHandle,
+  events: OutboxEventInput | readonly OutboxEventInput[],
+): Promise<EnqueuedEvent[]> {
   return defaultOutbox.enqueue(tx, events);
 }

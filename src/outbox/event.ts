@@ -45,8 +45,8 @@ export interface PreparedEvent {
   aggregateId: string | null;
 }
 
-/** Kafka's legal topic names (kafka.common.internals.Topic). */
-const TOPIC = /^[a-zA-Z0-9._-]{1,249}$/;
+/** Kafka's legal topic names: 1-249 of `[a-zA-Z0-9._-]` (org.apache.kafka.common.internals.Topic). */
+export const KAFKA_TOPIC_NAME = /^[a-zA-Z0-9._-]{1,249}$/;
 
 /** Kafka header names outboxkit writes itself. */
 export const HEADER_EVENT_ID = 'event-id';
@@ -78,7 +78,9 @@ function encodePayload(payload: unknown): Buffer {
     );
   }
   if (text === undefined) {
-    throw new InvalidEventError('The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.');
+    throw new InvalidEventError(
+      'The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.',
+    );
   }
   return Buffer.from(text, 'utf8');
 }
@@ -100,7 +102,7 @@ function optionalText(value: unknown, name: string, max: number): string | null 
  */
 export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): PreparedEvent {
   if (typeof event !== 'object' || event === null) throw new InvalidEventError('An outbox event must be an object.');
-  if (typeof event.topic !== 'string' || !TOPIC.test(event.topic)) {
+  if (typeof event.topic !== 'string' || !KAFKA_TOPIC_NAME.test(event.topic)) {
     throw new InvalidEventError(
       `Invalid topic ${JSON.stringify(event.topic)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
     );
@@ -112,7 +114,8 @@ export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): 
   }
   const headers: Record<string, string> = {};
   for (const [name, value] of Object.entries(event.headers ?? {})) {
-    if (typeof value !== 'string') throw new InvalidEventError(`Header ${JSON.stringify(name)} must have a string value.`);
+    if (typeof value !== 'string')
+      throw new InvalidEventError(`Header ${JSON.stringify(name)} must have a string value.`);
     headers[name] = value;
   }
   const eventId = event.eventId ?? uuidv7();
@@ -121,7 +124,7 @@ export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): 
   if (payload.length > maxPayloadBytes) {
     throw new InvalidEventError(
       `Event payload is ${payload.length} bytes, over the limit of ${maxPayloadBytes} bytes; ` +
-        'store large data elsewhere and publish a reference, or raise maxPayloadBytes (and the topic\'s max.message.bytes).',
+        "store large data elsewhere and publish a reference, or raise maxPayloadBytes (and the topic's max.message.bytes).",
     );
   }
   return {

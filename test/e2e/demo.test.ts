@@ -11,7 +11,10 @@ describe('demo', () => {
     const { stdout } = await run(
       process.execPath,
       ['--import', 'tsx', path.resolve('examples/orders/demo.ts'), '--orders', '200', '--concurrency', '16'],
-      { env: { ...process.env, DATABASE_URL: inject('databaseUrl'), KAFKA_BROKERS: inject('kafkaBrokers').join(',') }, timeout: 180_000 },
+      {
+        env: { ...process.env, DATABASE_URL: inject('databaseUrl'), KAFKA_BROKERS: inject('kafkaBrokers').join(',') },
+        timeout: 180_000,
+      },
     );
     const lines = stdout.trim().split('\n');
     expect(lines.at(-1)).toBe('PASS');

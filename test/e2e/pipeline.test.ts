@@ -47,7 +47,12 @@ describe('pipeline', () => {
       try {
         for (let i = 0; i < 30; i++) {
           await client.query('BEGIN');
-          await enqueue(client, { topic: topic!, key: `order-${i}`, type: 'order.created', payload: { orderId: `order-${i}` } });
+          await enqueue(client, {
+            topic: topic!,
+            key: `order-${i}`,
+            type: 'order.created',
+            payload: { orderId: `order-${i}` },
+          });
           await client.query('COMMIT');
         }
         await client.query('BEGIN');
@@ -63,7 +68,9 @@ describe('pipeline', () => {
       // Republish everything (as a relay crash before marking would): no second effect.
       await db.pool.query('UPDATE outboxkit.outbox_events SET published_at = NULL');
       await waitFor(async () => {
-        const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NULL');
+        const { rows } = await db.pool.query<{ n: number }>(
+          'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NULL',
+        );
         return rows[0]!.n === 0;
       });
       await waitFor(async () => {

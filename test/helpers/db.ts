@@ -28,7 +28,7 @@ export async function createTestDatabase(options: { poolSize?: number } = {}): P
   const admin = new pg.Client({ connectionString: base });
   await admin.connect();
   try {
-    await admin.query(`CREATE DATABASE ${name} TEMPLATE outboxkit_template`);
+    await admin.query(`CREATE DATABASE ${name} TEMPLATE ${inject('templateDatabase')}`);
   } finally {
     await admin.end();
   }
@@ -41,6 +41,9 @@ export async function createTestDatabase(options: { poolSize?: number } = {}): P
     async drop() {
       if (dropped) return;
       dropped = true;
+      // pool.end() resolves before its sockets are closed; DROP ... WITH (FORCE) may then kill one,
+      // and an unheard pool 'error' would fail the run after every test passed.
+      pool.on('error', () => {});
       await pool.end();
       const c = new pg.Client({ connectionString: base });
       await c.connect();

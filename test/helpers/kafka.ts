@@ -19,7 +19,10 @@ export function testKafka(clientId = 'outboxkit-test'): Kafka {
  * Creates topics with random names (at least 3 partitions by default) and waits until they have
  * leaders. Returns the names in the order of `prefixes`.
  */
-export async function createTopics(prefixes: string[], options: { partitions?: number; configEntries?: { name: string; value: string }[] } = {}): Promise<string[]> {
+export async function createTopics(
+  prefixes: string[],
+  options: { partitions?: number; configEntries?: { name: string; value: string }[] } = {},
+): Promise<string[]> {
   const names = prefixes.map(randomName);
   const admin: Admin = testKafka().admin();
   await admin.connect();
@@ -42,7 +45,13 @@ export async function createTopics(prefixes: string[], options: { partitions?: n
 /** Reads every message of `topic` from the beginning until `until` is true or the timeout passes. */
 export async function readTopic<T>(
   topic: string,
-  map: (m: { key: string | null; value: Buffer | null; headers: Record<string, string>; partition: number; offset: string }) => T,
+  map: (m: {
+    key: string | null;
+    value: Buffer | null;
+    headers: Record<string, string>;
+    partition: number;
+    offset: string;
+  }) => T,
   until: (all: T[]) => boolean,
   timeoutMs = 30_000,
 ): Promise<T[]> {
@@ -53,13 +62,24 @@ export async function readTopic<T>(
   try {
     await consumer.subscribe({ topic, fromBeginning: true });
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`readTopic(${topic}): timed out with ${out.length} messages`)), timeoutMs);
+      const timer = setTimeout(
+        () => reject(new Error(`readTopic(${topic}): timed out with ${out.length} messages`)),
+        timeoutMs,
+      );
       consumer
         .run({
           eachMessage: async ({ message, partition }) => {
             const headers: Record<string, string> = {};
             for (const [k, v] of Object.entries(message.headers ?? {})) if (v !== undefined) headers[k] = String(v);
-            out.push(map({ key: message.key?.toString() ?? null, value: message.value, headers, partition, offset: message.offset }));
+            out.push(
+              map({
+                key: message.key?.toString() ?? null,
+                value: message.value,
+                headers,
+                partition,
+                offset: message.offset,
+              }),
+            );
             if (until(out)) {
               clearTimeout(timer);
               resolve();

@@ -41,7 +41,21 @@ export function spawnCli(args: string[], env: Record<string, string> = {}): Spaw
 
 /** Starts a relay daemon process on `url` with fast test timings. */
 export function spawnRelay(url: string, env: Record<string, string> = {}, extraArgs: string[] = []): Spawned {
-  return spawnCli(['relay', '--database-url', url, '--lease-ms', '2000', '--poll-interval-ms', '100', '--log-level', 'warn', ...extraArgs], env);
+  return spawnCli(
+    [
+      'relay',
+      '--database-url',
+      url,
+      '--lease-ms',
+      '2000',
+      '--poll-interval-ms',
+      '100',
+      '--log-level',
+      'warn',
+      ...extraArgs,
+    ],
+    env,
+  );
 }
 
 export async function kill(proc: ChildProcess, signal: NodeJS.Signals): Promise<void> {

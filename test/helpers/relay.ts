@@ -14,7 +14,10 @@ afterEach(async () => {
 });
 
 /** Starts a relay on the test database with fast test timings. */
-export async function startRelay(url: string, options: Partial<RelayOptions> = {}): Promise<Relay & { stopAndForget(): Promise<void> }> {
+export async function startRelay(
+  url: string,
+  options: Partial<RelayOptions> = {},
+): Promise<Relay & { stopAndForget(): Promise<void> }> {
   const relay = new Relay({
     connectionString: url,
     kafka: testKafka('outboxkit-test-relay'),

@@ -13,7 +13,9 @@ export async function waitFor<T>(
       last = err;
     }
     if (Date.now() > deadline) {
-      throw new Error(`waitFor timed out${options.message ? `: ${options.message}` : ''}${last ? ` (last error: ${String(last)})` : ''}`);
+      throw new Error(
+        `waitFor timed out${options.message ? `: ${options.message}` : ''}${last ? ` (last error: ${String(last)})` : ''}`,
+      );
     }
     await new Promise((r) => setTimeout(r, options.intervalMs ?? 50));
   }

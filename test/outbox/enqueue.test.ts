@@ -11,7 +11,13 @@ afterAll(async () => {
   await db.drop();
 });
 
-const event = (over: Record<string, unknown> = {}) => ({ topic: 'orders', key: 'k1', type: 'order.created', payload: { a: 1 }, ...over });
+const event = (over: Record<string, unknown> = {}) => ({
+  topic: 'orders',
+  key: 'k1',
+  type: 'order.created',
+  payload: { a: 1 },
+  ...over,
+});
 
 async function count(): Promise<number> {
   const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.outbox_events');

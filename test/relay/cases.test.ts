@@ -44,14 +44,23 @@ async function pending(topic: string): Promise<number> {
 describe('C05 crash between the broker ack and marking the rows', () => {
   it('republishes with the same event id and key after a SIGKILL; nothing is lost', async () => {
     const [topic] = await createTopics(['c05']);
-    const written = await inTx((c) => enqueue(c, Array.from({ length: 10 }, (_, i) => ({ topic: topic!, key: `k${i % 3}`, type: 't', payload: i }))));
+    const written = await inTx((c) =>
+      enqueue(
+        c,
+        Array.from({ length: 10 }, (_, i) => ({ topic: topic!, key: `k${i % 3}`, type: 't', payload: i })),
+      ),
+    );
     const crashing = spawnRelay(db.url, { OUTBOXKIT_CRASH_POINT: 'relay:after-send' });
     const { signal } = await crashing.exited;
     expect(signal).toBe('SIGKILL');
     expect(await pending(topic!)).toBe(10); // acknowledged by the broker, never marked
     await startRelay(db.url);
     await waitFor(async () => (await pending(topic!)) === 0);
-    const got = await readTopic(topic!, (m) => ({ id: m.headers[HEADER_EVENT_ID]!, key: m.key }), (all) => all.length >= 20);
+    const got = await readTopic(
+      topic!,
+      (m) => ({ id: m.headers[HEADER_EVENT_ID]!, key: m.key }),
+      (all) => all.length >= 20,
+    );
     expect(got).toHaveLength(20);
     for (const w of written) {
       const copies = got.filter((g) => g.id === w.eventId);
@@ -63,7 +72,10 @@ describe('C05 crash between the broker ack and marking the rows', () => {
 
 describe('C06 one poison event', () => {
   it('is parked after its attempts with its error; other keys flow; its key waits behind it; the CLI lists, retries and skips it', async () => {
-    const [topic] = await createTopics(['c06'], { partitions: 3, configEntries: [{ name: 'max.message.bytes', value: '2000' }] });
+    const [topic] = await createTopics(['c06'], {
+      partitions: 3,
+      configEntries: [{ name: 'max.message.bytes', value: '2000' }],
+    });
     const outbox = createOutbox({ maxPayloadBytes: 100_000 });
     const events = [
       { topic: topic!, key: 'a', type: 't', payload: 'a1' },
@@ -79,17 +91,30 @@ describe('C06 one poison event', () => {
     const failures: number[] = [];
     relay.on('relay:failed', (f) => failures.push(f.attempts));
     await waitFor(async () => {
-      const { rows } = await db.pool.query('SELECT 1 FROM outboxkit.outbox_events WHERE event_id = $1 AND parked_at IS NOT NULL', [poisonId]);
+      const { rows } = await db.pool.query(
+        'SELECT 1 FROM outboxkit.outbox_events WHERE event_id = $1 AND parked_at IS NOT NULL',
+        [poisonId],
+      );
       return rows.length === 1;
     });
-    const got = await readTopic(topic!, (m) => m.value!.toString(), (all) => all.length >= 4);
+    const got = await readTopic(
+      topic!,
+      (m) => m.value!.toString(),
+      (all) => all.length >= 4,
+    );
     expect(got.sort()).toEqual(['"a1"', '"b1"', '"c1"', '"d1"']);
-    const { rows } = await db.pool.query<{ attempts: number; last_error: string }>('SELECT attempts, last_error FROM outboxkit.outbox_events WHERE event_id = $1', [poisonId]);
+    const { rows } = await db.pool.query<{ attempts: number; last_error: string }>(
+      'SELECT attempts, last_error FROM outboxkit.outbox_events WHERE event_id = $1',
+      [poisonId],
+    );
     expect(rows[0]!.attempts).toBe(3);
     expect(rows[0]!.last_error).toMatch(/MESSAGE_TOO_LARGE/);
     expect(failures).toEqual([1, 2, 3]);
     // Strict order: the later event of key p waits behind the parked one.
-    const { rows: after } = await db.pool.query('SELECT published_at FROM outboxkit.outbox_events WHERE event_id = $1', [written[4]!.eventId]);
+    const { rows: after } = await db.pool.query(
+      'SELECT published_at FROM outboxkit.outbox_events WHERE event_id = $1',
+      [written[4]!.eventId],
+    );
     expect(after[0]!.published_at).toBeNull();
 
     const list = spawnCli(['parked', 'list', '--database-url', db.url, '--json']);
@@ -99,7 +124,11 @@ describe('C06 one poison event', () => {
 
     const skip = spawnCli(['parked', 'skip', poisonId, '--database-url', db.url]);
     expect((await skip.exited).code).toBe(0);
-    const all = await readTopic(topic!, (m) => m.value!.toString(), (a) => a.includes('"p-after"'));
+    const all = await readTopic(
+      topic!,
+      (m) => m.value!.toString(),
+      (a) => a.includes('"p-after"'),
+    );
     // At least once: a batch that failed for the poison's sake may have written its other
     // records before the relay isolated the poison, so duplicates may appear; nothing is missing.
     expect([...new Set(all)].sort()).toEqual(['"a1"', '"b1"', '"c1"', '"d1"', '"p-after"']);
@@ -111,12 +140,19 @@ describe('C08 a relay killed while it holds work', () => {
     const [topic] = await createTopics(['c08']);
     const doomed = spawnRelay(db.url, {}, ['--relay-id', 'doomed', '--lease-ms', '60000']);
     await waitFor(async () => {
-      const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outboxkit.relay_lanes WHERE owner_id = 'doomed'`);
+      const { rows } = await db.pool.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM outboxkit.relay_lanes WHERE owner_id = 'doomed'`,
+      );
       return rows[0]!.n === 64;
     });
     doomed.proc.kill('SIGKILL');
     await doomed.exited;
-    await inTx((c) => enqueue(c, Array.from({ length: 5 }, (_, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: i }))));
+    await inTx((c) =>
+      enqueue(
+        c,
+        Array.from({ length: 5 }, (_, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: i })),
+      ),
+    );
     const survivor = await startRelay(db.url);
     // The dead relay's lease is 60 s: without the operator, nothing moves for a minute.
     expect(survivor.heldLanes()).toEqual([]);
@@ -129,7 +165,9 @@ describe('C08 a relay killed while it holds work', () => {
   it('takes over a dead relay after its lease of seconds without an operator', async () => {
     const dead = spawnRelay(db.url, {}, ['--relay-id', 'dead-short', '--lease-ms', '2000']);
     await waitFor(async () => {
-      const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outboxkit.relay_lanes WHERE owner_id = 'dead-short'`);
+      const { rows } = await db.pool.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM outboxkit.relay_lanes WHERE owner_id = 'dead-short'`,
+      );
       return rows[0]!.n === 64;
     });
     dead.proc.kill('SIGKILL');
@@ -148,11 +186,19 @@ describe('C09 concurrent sends on an idempotent producer', () => {
     const producer = createKafkajsProducer(kafka);
     await producer.connect();
     try {
-      await Promise.all(Array.from({ length: 50 }, (_, i) => producer.send([{ topic: topic!, key: 'k', value: Buffer.from(String(i)), headers: {} }])));
+      await Promise.all(
+        Array.from({ length: 50 }, (_, i) =>
+          producer.send([{ topic: topic!, key: 'k', value: Buffer.from(String(i)), headers: {} }]),
+        ),
+      );
     } finally {
       await producer.disconnect();
     }
-    const got = await readTopic(topic!, (m) => ({ offset: m.offset, value: m.value!.toString() }), (all) => all.length >= 50);
+    const got = await readTopic(
+      topic!,
+      (m) => ({ offset: m.offset, value: m.value!.toString() }),
+      (all) => all.length >= 50,
+    );
     expect(new Set(got.map((g) => g.offset)).size).toBe(50);
     expect(new Set(got.map((g) => g.value)).size).toBe(50);
   });
@@ -173,9 +219,18 @@ describe('C10 payloads that must survive byte for byte', () => {
       { payload: { id: '9007199254740993' }, bytes: '{"id":"9007199254740993"}' },
       { payload: Buffer.from('{"id":9007199254740993}'), bytes: '{"id":9007199254740993}' },
     ];
-    const written = await inTx((c) => enqueue(c, cases.map((k, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: k.payload }))));
+    const written = await inTx((c) =>
+      enqueue(
+        c,
+        cases.map((k, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: k.payload })),
+      ),
+    );
     await startRelay(db.url);
-    const got = await readTopic(topic!, (m) => ({ id: m.headers[HEADER_EVENT_ID]!, value: m.value! }), (all) => all.length >= cases.length);
+    const got = await readTopic(
+      topic!,
+      (m) => ({ id: m.headers[HEADER_EVENT_ID]!, value: m.value! }),
+      (all) => all.length >= cases.length,
+    );
     for (const [i, w] of written.entries()) {
       const value = got.find((g) => g.id === w.eventId)!.value;
       expect(value.equals(Buffer.from(cases[i]!.bytes, 'utf8')), cases[i]!.bytes).toBe(true);

@@ -27,7 +27,9 @@ async function inTx<T>(fn: (c: PoolClient) => Promise<T>, commit = true): Promis
 }
 
 async function pendingCount(): Promise<number> {
-  const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NULL');
+  const { rows } = await db.pool.query<{ n: number }>(
+    'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NULL',
+  );
   return rows[0]!.n;
 }
 
@@ -41,7 +43,11 @@ describe('relay', () => {
       ]),
     );
     await startRelay(db.url);
-    const got = await readTopic(topic!, (m) => m, (all) => all.length >= 2);
+    const got = await readTopic(
+      topic!,
+      (m) => m,
+      (all) => all.length >= 2,
+    );
     expect(got.map((m) => m.headers[HEADER_EVENT_ID]).sort()).toEqual(written.map((w) => w.eventId).sort());
     const first = got.find((m) => m.key === 'order-1')!;
     expect(first.headers[HEADER_EVENT_TYPE]).toBe('order.created');
@@ -68,10 +74,18 @@ describe('relay', () => {
     await c.query('COMMIT');
     c.release();
     await inTx((cl) => enqueue(cl, { topic: topic!, key: 'x', type: 't', payload: 'B' }));
-    const got = await readTopic(topic!, (m) => m.value!.toString(), (all) => all.length >= 2);
+    const got = await readTopic(
+      topic!,
+      (m) => m.value!.toString(),
+      (all) => all.length >= 2,
+    );
     // Give a phantom a chance to show up before concluding.
     await waitFor(async () => (await pendingCount()) === 0);
-    const again = await readTopic(topic!, (m) => m.value!.toString(), (all) => all.length >= 2);
+    const again = await readTopic(
+      topic!,
+      (m) => m.value!.toString(),
+      (all) => all.length >= 2,
+    );
     expect(got.sort()).toEqual(['"B"', '"D"']);
     expect(again.sort()).toEqual(['"B"', '"D"']);
   });
@@ -84,10 +98,18 @@ describe('relay', () => {
     const [first] = await enqueue(early, { topic: topic!, key: 'a', type: 't', payload: 1 });
     const [second] = await inTx((c) => enqueue(c, { topic: topic!, key: 'b', type: 't', payload: 2 }));
     expect(BigInt(first!.seq)).toBeLessThan(BigInt(second!.seq));
-    await readTopic(topic!, (m) => m.headers[HEADER_EVENT_ID], (all) => all.includes(second!.eventId));
+    await readTopic(
+      topic!,
+      (m) => m.headers[HEADER_EVENT_ID],
+      (all) => all.includes(second!.eventId),
+    );
     await early.query('COMMIT');
     early.release();
-    const ids = await readTopic(topic!, (m) => m.headers[HEADER_EVENT_ID], (all) => all.length >= 2);
+    const ids = await readTopic(
+      topic!,
+      (m) => m.headers[HEADER_EVENT_ID],
+      (all) => all.length >= 2,
+    );
     expect(ids.sort()).toEqual([first!.eventId, second!.eventId].sort());
   });
 
@@ -100,7 +122,11 @@ describe('relay', () => {
       const [two] = await enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 2 });
       return [one!.eventId, two!.eventId];
     });
-    const got = await readTopic(topic!, (m) => m.headers[HEADER_EVENT_ID], (all) => all.length >= 2);
+    const got = await readTopic(
+      topic!,
+      (m) => m.headers[HEADER_EVENT_ID],
+      (all) => all.length >= 2,
+    );
     expect(got).toEqual(ids);
   });
 
@@ -112,8 +138,17 @@ describe('relay', () => {
     expect(new Set([...a.heldLanes(), ...b.heldLanes()]).size).toBe(64);
     await a.stopAndForget();
     await waitFor(() => b.heldLanes().length === 64, { message: 'b takes all lanes' });
-    await inTx((c) => enqueue(c, Array.from({ length: 20 }, (_, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: i }))));
-    const got = await readTopic(topic!, (m) => m.key, (all) => all.length >= 20);
+    await inTx((c) =>
+      enqueue(
+        c,
+        Array.from({ length: 20 }, (_, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: i })),
+      ),
+    );
+    const got = await readTopic(
+      topic!,
+      (m) => m.key,
+      (all) => all.length >= 20,
+    );
     expect(new Set(got).size).toBe(20);
   });
 });

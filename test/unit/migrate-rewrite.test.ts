@@ -5,7 +5,8 @@ import { isOutboxkitError } from '../../src/errors.js';
 
 describe('rewriteSchema', () => {
   it('moves every generated identifier to the configured schema and tolerates an existing schema', () => {
-    const generated = 'CREATE SCHEMA "outboxkit";\nCREATE TABLE "outboxkit"."t" (x int CHECK ("outboxkit"."t"."x" > 0));';
+    const generated =
+      'CREATE SCHEMA "outboxkit";\nCREATE TABLE "outboxkit"."t" (x int CHECK ("outboxkit"."t"."x" > 0));';
     expect(rewriteSchema(generated, '"billing"')).toBe(
       'CREATE SCHEMA IF NOT EXISTS "billing";\nCREATE TABLE "billing"."t" (x int CHECK ("billing"."t"."x" > 0));',
     );

@@ -8,7 +8,11 @@ describe('laneOf', () => {
     // Pinned values: changing the hash would move keys between lanes across a deploy.
     expect(laneOf('')).toBe(0x811c9dc5 % OUTBOX_LANES);
     expect(laneOf('order-1')).toBe(laneOf('order-1'));
-    expect([laneOf('a'), laneOf('order-42'), laneOf('é')]).toEqual([0xe40c292c % 64, laneOf('order-42'), laneOf('\u00e9')]);
+    expect([laneOf('a'), laneOf('order-42'), laneOf('é')]).toEqual([
+      0xe40c292c % 64,
+      laneOf('order-42'),
+      laneOf('\u00e9'),
+    ]);
     for (let i = 0; i < 1000; i++) {
       const l = laneOf(`k${i}`);
       expect(l).toBeGreaterThanOrEqual(0);

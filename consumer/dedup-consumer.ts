@@ -1,0 +1,603 @@
+/**
+ * The dedup consumer (DESIGN "Consumer dedup", guarantees G4-G6): a kafkajs consumer whose
+ * handler's effects happen once per (consumer group, event id).
+ *
+ * For each message, in one PostgreSQL transaction: claim (group, event id) in the inbox with
+ * `INSERT ... ON CONFLICT DO NOTHING`, run the handler with the same transaction only if the row
+ * is new, commit. Only then is the message's offset resolved, and so committable. A message that
+ * has no usable event id, or whose handler keeps failing, is produced to a dead-letter topic
+ * first, and only then resolved.
+ *
+ * **The offset rule.** An offset is resolved only after its message was applied (transaction
+ * committed), skipped as a duplicate (committed inbox row), or dead-lettered (broker acknowledged
+ * the DLQ record). Messages of one partition are processed one at a time, in order, so a
+ * committed offset never passes a message that is not done (case C12).
+ *
+ * **Why eachBatch.** `eachBatch` with `eachBatchAutoResolve: false` is the kafkajs API in which
+ * the consumer, not kafkajs, decides which offsets are resolved, and which exposes `isRunning()`
+ * and `isStale()` to stop a batch promptly on stop or seek. `eachMessage` resolves each message
+ * as soon as the callback returns and offers no way to leave a message unresolved and move on
+ * to other partitions while it waits for a retry.
+ *
+ * **Rebalances.** Between messages, `heartbeat()` throws once the group rebalances, and a timer
+ * heartbeats during long handlers and aborts their `signal`; the batch then stops and kafkajs
+ * commits the resolved offsets (still in the old generation, whose partitions this member owns)
+ * and rejoins. kafkajs rejoins only after every batch callback has returned, so no offset of a
+ * revoked partition is ever resolved into the new generation; a late commit of an old generation
+ * is refused by the broker (ILLEGAL_GENERATION).
+ *
+ * **Why retries pause the partition instead of sleeping.** kafkajs fetches again only after every
+ * batch of the previous fetch is done, so a handler sleeping between attempts would hold up every
+ * partition (case C13). A failed message leaves its offset unresolved, its partition is paused
+ * for the backoff delay and then resumed, and kafkajs fetches it again from the resolved offset.
+ * Other partitions go on meanwhile. Attempt counts live in memory: after a rebalance or restart
+ * the new owner counts from 1 again.
+ */
+import type { Consumer, EachBatchPayload, KafkaMessage, Message, Producer } from 'kafkajs';
+import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';
+import { LifecycleError, TopicMissingError } from '../src/errors.js';
+import { fullJitterBackoffMs } from '../src/backoff.js';
+import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
+import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
+import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf } from './dead-letter.js';
+import { InboxUnavailableError } from './errors.js';
+import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
+import { assertTransactionUsable, claimInboxRow, probeInbox, setTransactionLockTimeout } from './inbox-sql.js';
+import { startKeepAlive } from './keep-alive.js';
+import {
+  resolveDedupConsumerOptions,
+  type DedupConsumerOptions,
+  type ResolvedDedupConsumerOptions,
+} from './options.js';
+
+/** A running dedup consumer. */
+export interface DedupConsumer {
+  /** The consumer group. */
+  readonly groupId: string;
+  /**
+   * Checks the inbox table and that every topic and dead-letter topic exists, connects, subscribes
+   * and resolves once this member has joined its group and consumes. Call once.
+   *
+   * @param signal - stops the consumer when aborted (like calling `stop()`).
+   * @throws {@link TopicMissingError} naming the missing topics (nothing is created).
+   * @throws {@link InboxUnavailableError} when the inbox table is missing or PostgreSQL is down.
+   * @throws {@link LifecycleError} when called twice, after `stop()`, or if stopped while starting.
+   */
+  start(signal?: AbortSignal): Promise<void>;
+  /**
+   * Stops consuming: aborts the handlers' signal, lets the message in flight of each partition
+   * finish or roll back, commits the resolved offsets, leaves the group and disconnects.
+   * Idempotent: every call returns the same promise.
+   *
+   * @param options.timeoutMs - how long to wait, in ms. @defaultValue 30_000
+   * @throws {@link LifecycleError} when it did not finish within `timeoutMs` (a handler ignoring
+   *   its abort signal, or a broker that does not answer).
+   */
+  stop(options?: { timeoutMs?: number }): Promise<void>;
+  /** Listens to an event (see {@link DedupConsumerEvents}); returns the function that removes the listener. */
+  on<K extends keyof DedupConsumerEvents>(name: K, listener: DedupConsumerListener<K>): () => void;
+}
+
+/** Default of `stop({ timeoutMs })`. */
+const DEFAULT_STOP_TIMEOUT_MS = 30_000;
+/** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
+const DLQ_PRODUCER_RETRIES = 5;
+/** SQLSTATEs of a missing inbox table or schema: undefined_table, invalid_schema_name. */
+const MISSING_RELATION = new Set(['42P01', '3F000']);
+
+/** An error thrown by the application's handler (as opposed to one of the consumer's own statements). */
+class HandlerFailure extends Error {
+  constructor(readonly error: unknown) {
+    super('The handler failed', { cause: error });
+  }
+}
+
+/** The retry bookkeeping of the one unresolved message of a partition. */
+interface PendingMessage {
+  offset: string;
+  /** Failed handler runs (count towards maxAttempts). */
+  attempts: number;
+  /** Failures outside the handler (never dead-lettered; only pace the backoff). */
+  infraFailures: number;
+  /** Set once the consumer gave up, so a failed DLQ send retries the send, not the handler. */
+  deadLetter?: { reason: string; error: unknown };
+}
+
+type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; delayMs: number };
+const DONE: Step = { kind: 'done' };
+const INTERRUPTED: Step = { kind: 'interrupted' };
+
+type State = 'new' | 'starting' | 'running' | 'stopping' | 'stopped';
+
+class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
+  readonly groupId: string;
+  readonly #o: ResolvedDedupConsumerOptions<D>;
+  readonly #events: TypedEmitter<DedupConsumerEvents>;
+  readonly #consumer: Consumer;
+  readonly #producer: Producer;
+  readonly #stopController = new AbortController();
+  readonly #pending = new Map<string, PendingMessage>();
+  readonly #resumeTimers = new Set<NodeJS.Timeout>();
+  #state: State = 'new';
+  #startPromise: Promise<void> | undefined;
+  #stopPromise: Promise<void> | undefined;
+  #sendChain: Promise<unknown> = Promise.resolve();
+  #joined: { resolve(): void; reject(err: unknown): void } | undefined;
+
+  constructor(options: DedupConsumerOptions<D>) {
+    this.#o = resolveDedupConsumerOptions(options);
+    this.groupId = this.#o.groupId;
+    this.#events = new TypedEmitter(this.#o.logger);
+    const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
+    this.#consumer = kafka.consumer({
+      groupId,
+      sessionTimeout: sessionTimeoutMs,
+      heartbeatInterval: heartbeatIntervalMs,
+      maxWaitTimeInMs: fetchMaxWaitMs,
+      // A typo in a topic name must fail start(), not create an empty topic.
+      allowAutoTopicCreation: false,
+    });
+    // Idempotent, acks=all, one request in flight: a retried DLQ send is never duplicated or
+    // reordered by the broker. Sends are also serialised below (kafkajs sequence numbers break
+    // under concurrent sends on one idempotent producer).
+    this.#producer = kafka.producer({
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: false,
+      retry: { retries: DLQ_PRODUCER_RETRIES },
+    });
+    this.#consumer.on(this.#consumer.events.GROUP_JOIN, ({ payload }) => this.#onJoin(payload.memberAssignment));
+    this.#consumer.on(this.#consumer.events.CRASH, ({ payload }) => this.#onCrash(payload.error, payload.restart));
+  }
+
+  on<K extends keyof DedupConsumerEvents>(name: K, listener: DedupConsumerListener<K>): () => void {
+    return this.#events.on(name, listener);
+  }
+
+  async start(signal?: AbortSignal): Promise<void> {
+    if (this.#state !== 'new') {
+      const what = this.#state === 'starting' || this.#state === 'running' ? 'already started' : 'stopped';
+      throw new LifecycleError(
+        `The dedup consumer of group "${this.groupId}" was ${what}; create a new one to start again.`,
+      );
+    }
+    this.#state = 'starting';
+    if (signal?.aborted) {
+      void this.stop();
+    } else if (signal) {
+      // The `signal` option removes this listener once the consumer stops, however it stops.
+      const stopOnAbort = () => void this.stop().catch(() => {});
+      signal.addEventListener('abort', stopOnAbort, { once: true, signal: this.#stopController.signal });
+    }
+    this.#startPromise = this.#start();
+    try {
+      await this.#startPromise;
+      this.#state = 'running';
+      this.#o.logger.info({ groupId: this.groupId, topics: this.#o.topics }, 'Dedup consumer started.');
+    } catch (err) {
+      // A failed start leaves nothing connected; stop() (if it raced) waits for this cleanup.
+      if (this.#state === 'starting') {
+        this.#state = 'stopped';
+        await this.#disconnect();
+      }
+      throw err;
+    }
+  }
+
+  stop(options: { timeoutMs?: number } = {}): Promise<void> {
+    this.#stopPromise ??= this.#stop(options.timeoutMs ?? DEFAULT_STOP_TIMEOUT_MS);
+    return this.#stopPromise;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Lifecycle
+  // ------------------------------------------------------------------------------------------
+
+  async #start(): Promise<void> {
+    const { topics, fromBeginning, partitionsConsumedConcurrently, autoCommitIntervalMs } = this.#o;
+    await this.#checkInbox();
+    this.#throwIfStopping();
+    await this.#checkTopics();
+    this.#throwIfStopping();
+    await this.#producer.connect();
+    await this.#consumer.connect();
+    await this.#consumer.subscribe({ topics, fromBeginning });
+    this.#throwIfStopping();
+    const joined = new Promise<void>((resolve, reject) => {
+      this.#joined = { resolve, reject };
+    });
+    const onAbort = () => this.#joined?.reject(this.#stopController.signal.reason);
+    this.#stopController.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      await this.#consumer.run({
+        eachBatch: (payload) => this.#runBatch(payload),
+        eachBatchAutoResolve: false,
+        // kafkajs commits only resolved offsets: at this interval, at the end of each batch,
+        // before a rebalance and on stop.
+        autoCommit: true,
+        autoCommitInterval: autoCommitIntervalMs,
+        partitionsConsumedConcurrently,
+      });
+      await joined;
+    } finally {
+      this.#stopController.signal.removeEventListener('abort', onAbort);
+      this.#joined = undefined;
+    }
+  }
+
+  #throwIfStopping(): void {
+    if (this.#stopController.signal.aborted) {
+      throw new LifecycleError(`The dedup consumer of group "${this.groupId}" was stopped while starting.`);
+    }
+  }
+
+  async #checkInbox(): Promise<void> {
+    const { database, schema, schemaSql } = this.#o;
+    try {
+      await runTransaction(database, (tx) =>
+        probeInbox(joinTransaction(tx as TransactionHandle, 'the dedup consumer'), schemaSql),
+      );
+    } catch (err) {
+      if ([...codesOf(err)].some((code) => MISSING_RELATION.has(code))) {
+        throw new InboxUnavailableError(
+          `The inbox table "${schema}".inbox does not exist in this database; apply outboxkit's migrations ` +
+            '(`outboxkit migrate`, or migrate() from outboxkit) or set the `schema` option to the schema that holds it.',
+          { cause: err },
+        );
+      }
+      throw new InboxUnavailableError(
+        `PostgreSQL did not answer the dedup consumer's inbox check (${(err as Error)?.message ?? String(err)}); ` +
+          'check the database connection and start again.',
+        { cause: err, retriable: true },
+      );
+    }
+  }
+
+  async #checkTopics(): Promise<void> {
+    const admin = this.#o.kafka.admin();
+    await admin.connect();
+    let existing: Set<string>;
+    try {
+      // listTopics reads metadata for all topics: unlike a metadata request naming the topics,
+      // it can never auto-create one.
+      existing = new Set(await admin.listTopics());
+    } finally {
+      await admin.disconnect();
+    }
+    const needed = [...this.#o.topics, ...this.#o.deadLetterTopics.values()];
+    const missing = needed.filter((topic) => !existing.has(topic));
+    if (missing.length > 0) {
+      const names = missing.map((t) => JSON.stringify(t)).join(', ');
+      throw new TopicMissingError(
+        `Kafka topic${missing.length > 1 ? 's' : ''} ${names} ${missing.length > 1 ? 'do' : 'does'} not exist. The dedup consumer ` +
+          'needs every consumed topic and its dead-letter topic, and never creates topics. Create them with ' +
+          '`outboxkit topics ensure` or, for each, `kafka-topics.sh --bootstrap-server <broker> --create --topic <name> --partitions <n>`.',
+      );
+    }
+  }
+
+  async #stop(timeoutMs: number): Promise<void> {
+    const previous = this.#state;
+    this.#state = 'stopping';
+    this.#stopController.abort(new LifecycleError(`The dedup consumer of group "${this.groupId}" is stopping.`));
+    for (const timer of this.#resumeTimers) clearTimeout(timer);
+    this.#resumeTimers.clear();
+    if (previous === 'new' || previous === 'stopped') {
+      this.#state = 'stopped';
+      return;
+    }
+    let watchdog: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      watchdog = setTimeout(
+        () =>
+          reject(
+            new LifecycleError(
+              `The dedup consumer of group "${this.groupId}" did not stop within ${timeoutMs} ms: a handler ignores its ` +
+                'abort signal, or the broker does not answer.',
+            ),
+          ),
+        timeoutMs,
+      );
+      watchdog.unref();
+    });
+    try {
+      await Promise.race([
+        (async () => {
+          await this.#startPromise?.catch(() => {});
+          await this.#disconnect();
+        })(),
+        timedOut,
+      ]);
+    } finally {
+      clearTimeout(watchdog);
+      this.#state = 'stopped';
+      this.#pending.clear();
+    }
+    this.#o.logger.info({ groupId: this.groupId }, 'Dedup consumer stopped.');
+  }
+
+  /** Consumer first: a batch still in flight may need the producer for its dead letters. */
+  async #disconnect(): Promise<void> {
+    for (const client of [this.#consumer, this.#producer]) {
+      try {
+        await client.disconnect();
+      } catch (err) {
+        this.#o.logger.warn(
+          { groupId: this.groupId, err },
+          'Disconnecting a Kafka client failed; it is dropped anyway.',
+        );
+      }
+    }
+  }
+
+  #onJoin(assignment: Record<string, number[]>): void {
+    // Forget the retry state of partitions this member no longer owns.
+    for (const key of this.#pending.keys()) {
+      const [topic, partition] = splitKey(key);
+      if (!assignment[topic]?.includes(partition)) this.#pending.delete(key);
+    }
+    this.#o.logger.info({ groupId: this.groupId, assignment }, 'Dedup consumer joined its group.');
+    this.#joined?.resolve();
+  }
+
+  #onCrash(error: Error, restart: boolean): void {
+    this.#o.logger.error(
+      { groupId: this.groupId, err: error, restart },
+      restart ? 'Kafka consumer crashed; kafkajs restarts it.' : 'Kafka consumer crashed and will not restart.',
+    );
+    this.#events.emit('consumer:crash', { error, restart });
+    if (!restart) this.#joined?.reject(error);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Processing
+  // ------------------------------------------------------------------------------------------
+
+  async #runBatch(payload: EachBatchPayload): Promise<void> {
+    const { batch } = payload;
+    const keepAlive = startKeepAlive(payload.heartbeat, this.#o.heartbeatIntervalMs);
+    // What the handlers of this batch see: aborted on stop() or when the partitions may go.
+    const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
+    try {
+      for (const message of batch.messages) {
+        // Stop promptly: on stop(), or when a seek made the rest of this batch stale.
+        if (this.#stopController.signal.aborted || !payload.isRunning() || payload.isStale()) return;
+        // The group is rebalancing: leave the rest to whoever owns the partition next.
+        keepAlive.throwIfLost();
+        const step = await this.#process(batch.topic, batch.partition, message, signal);
+        if (step.kind === 'interrupted') {
+          keepAlive.throwIfLost();
+          return;
+        }
+        if (step.kind === 'retry-later') {
+          this.#pauseFor(payload.pause, step.delayMs);
+          return;
+        }
+        // Applied, duplicate or dead-lettered: now, and only now, the offset may be committed.
+        payload.resolveOffset(message.offset);
+        // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
+        await payload.heartbeat();
+        await payload.commitOffsetsIfNecessary();
+      }
+    } finally {
+      keepAlive.stop();
+    }
+  }
+
+  /** Pauses the partition of the current batch and resumes it after `delayMs`. */
+  #pauseFor(pause: () => () => void, delayMs: number): void {
+    const resume = pause();
+    const timer = setTimeout(() => {
+      this.#resumeTimers.delete(timer);
+      try {
+        resume();
+      } catch (err) {
+        this.#o.logger.debug(
+          { groupId: this.groupId, err },
+          'Resuming a partition failed (consumer restarted); ignored.',
+        );
+      }
+    }, delayMs);
+    this.#resumeTimers.add(timer);
+  }
+
+  async #process(topic: string, partition: number, message: KafkaMessage, signal: AbortSignal): Promise<Step> {
+    const { maxAttempts, retryInitialMs, retryMaxMs, logger } = this.#o;
+    const position: MessagePosition = { topic, partition, offset: message.offset };
+    const headers = decodeHeaders(message.headers);
+    const eventId = readEventId(headers, this.#o.eventIdHeader);
+    if (eventId === null) {
+      // Case C16: without an id there is nothing to deduplicate by; never guess one.
+      await this.#deadLetter(message, position, null, DEAD_LETTER_REASON_INVALID_EVENT_ID, 0);
+      return DONE;
+    }
+    const event = toConsumedEvent(topic, partition, message, eventId, headers);
+    const pending = this.#pendingOf(position);
+    if (pending.deadLetter) {
+      await this.#deadLetter(
+        message,
+        position,
+        eventId,
+        pending.deadLetter.reason,
+        pending.attempts,
+        pending.deadLetter.error,
+      );
+      return DONE;
+    }
+
+    const attempt = pending.attempts + 1;
+    const fields = { groupId: this.groupId, ...position, eventId, attempt };
+    const startedAt = performance.now();
+    let outcome: 'applied' | 'duplicate';
+    try {
+      outcome = await this.#applyOnce(event, signal, attempt);
+    } catch (err) {
+      if (signal.aborted) {
+        // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
+        logger.debug({ ...fields, err }, 'Handler interrupted; the event will run again.');
+        return INTERRUPTED;
+      }
+      if (err instanceof HandlerFailure && !isConnectionError(err.error)) {
+        pending.attempts = attempt;
+        if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
+          pending.deadLetter = { reason: reasonOf(err.error), error: err.error };
+          await this.#deadLetter(message, position, eventId, pending.deadLetter.reason, attempt, err.error);
+          return DONE;
+        }
+        const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);
+        logger.warn({ ...fields, err: err.error, delayMs }, 'Handler failed; rolled back, retrying later.');
+        this.#events.emit('consumer:retry', { event, attempt, delayMs, error: err.error });
+        return { kind: 'retry-later', delayMs };
+      }
+      const error = err instanceof HandlerFailure ? err.error : err;
+      pending.infraFailures += 1;
+      const delayMs = fullJitterBackoffMs(pending.infraFailures, retryInitialMs, retryMaxMs);
+      logger.error(
+        { ...fields, err: error, delayMs },
+        'Processing failed outside the handler (database); retrying later.',
+      );
+      this.#events.emit('consumer:error', { ...position, error, delayMs });
+      return { kind: 'retry-later', delayMs };
+    }
+    this.#pending.delete(partitionKey(topic, partition));
+    if (outcome === 'applied') {
+      const durationMs = performance.now() - startedAt;
+      logger.debug({ ...fields, durationMs }, 'Event applied.');
+      this.#events.emit('consumer:applied', { event, attempt, durationMs });
+    } else {
+      logger.debug(fields, 'Duplicate event skipped.');
+      this.#events.emit('consumer:duplicate', { event });
+    }
+    return DONE;
+  }
+
+  /** The retry state of the partition's unresolved message (fresh when the message changed). */
+  #pendingOf(position: MessagePosition): PendingMessage {
+    const key = partitionKey(position.topic, position.partition);
+    let pending = this.#pending.get(key);
+    if (pending?.offset !== position.offset) {
+      pending = { offset: position.offset, attempts: 0, infraFailures: 0 };
+      this.#pending.set(key, pending);
+    }
+    return pending;
+  }
+
+  /**
+   * One run: inbox claim, handler, commit, all in one transaction (runTransaction rolls back on
+   * any error and never returns a client left in a failed transaction to the pool — case C24).
+   *
+   * @throws {@link HandlerFailure} wrapping what the handler threw; anything else is the
+   *   consumer's own statements (connection, lock timeout on the inbox row, commit).
+   */
+  async #applyOnce(event: ConsumedEvent, signal: AbortSignal, attempt: number): Promise<'applied' | 'duplicate'> {
+    const { database, handler, schemaSql, groupId, lockTimeoutMs, hooks } = this.#o;
+    const outcome = await runTransaction(database, async (tx) => {
+      const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
+      await setTransactionLockTimeout(q, lockTimeoutMs);
+      const claimed = await claimInboxRow(q, schemaSql, {
+        groupId,
+        eventId: event.id,
+        topic: event.topic,
+        partition: event.partition,
+        offset: event.offset,
+      });
+      if (!claimed) return 'duplicate' as const;
+      try {
+        await handler({ tx, event, signal, attempt });
+      } catch (err) {
+        throw new HandlerFailure(err);
+      }
+      try {
+        await assertTransactionUsable(q);
+      } catch (err) {
+        throw new HandlerFailure(
+          new Error(
+            'The handler returned normally, but its transaction had failed (a failed statement was caught and ignored); ' +
+              'its effects were rolled back. Let statement errors propagate out of the handler.',
+            { cause: err },
+          ),
+        );
+      }
+      return 'applied' as const;
+    });
+    await hooks.afterCommit?.(event, outcome);
+    return outcome;
+  }
+
+  /**
+   * Produces the message to its dead-letter topic and waits for the broker's acknowledgement.
+   * A failed send throws out of the batch: the offset stays unresolved and kafkajs retries the
+   * batch, which dead-letters again without running the handler again.
+   */
+  async #deadLetter(
+    message: KafkaMessage,
+    position: MessagePosition,
+    eventId: string | null,
+    reason: string,
+    attempts: number,
+    error?: unknown,
+  ): Promise<void> {
+    const deadLetterTopic = this.#o.deadLetterTopics.get(position.topic);
+    if (deadLetterTopic === undefined)
+      throw new Error(`No dead-letter topic for ${position.topic} (not a consumed topic).`);
+    const record = deadLetterMessage(message, {
+      reason,
+      topic: position.topic,
+      partition: position.partition,
+      attempts,
+      groupId: this.groupId,
+      failedAt: new Date(),
+    });
+    try {
+      await this.#send(deadLetterTopic, record);
+    } catch (err) {
+      this.#o.logger.warn(
+        { groupId: this.groupId, ...position, eventId, deadLetterTopic, err },
+        'Dead-letter send failed; the offset stays unresolved and kafkajs retries the batch.',
+      );
+      throw err;
+    }
+    this.#pending.delete(partitionKey(position.topic, position.partition));
+    this.#o.logger.error(
+      { groupId: this.groupId, ...position, eventId, deadLetterTopic, reason, attempts },
+      'Message dead-lettered.',
+    );
+    this.#events.emit('consumer:dead-lettered', { ...position, eventId, deadLetterTopic, reason, attempts, error });
+  }
+
+  /** One send at a time on the idempotent producer. */
+  #send(topic: string, message: Message): Promise<void> {
+    const sent = this.#sendChain.then(() => this.#producer.send({ topic, acks: -1, messages: [message] }));
+    this.#sendChain = sent.catch(() => {});
+    return sent.then(() => {});
+  }
+}
+
+function partitionKey(topic: string, partition: number): string {
+  return `${partition}:${topic}`;
+}
+
+function splitKey(key: string): [string, number] {
+  const colon = key.indexOf(':');
+  return [key.slice(colon + 1), Number(key.slice(0, colon))];
+}
+
+/**
+ * Creates a dedup consumer; nothing connects until `start()`.
+ *
+ * @example
+ * ```ts
+ * const consumer = createDedupConsumer({
+ *   kafka, groupId: 'shipping', topics: ['orders'], database: pool,
+ *   handler: async ({ tx, event }) => {
+ *     await tx.query('INSERT INTO shipments (order_id) VALUES ($1)', [event.json<{ id: string }>().id]);
+ *   },
+ * });
+ * await consumer.start();
+ * process.once('SIGTERM', () => void consumer.stop());
+ * ```
+ * @throws {@link InvalidOptionsError} when an option is invalid (see {@link DedupConsumerOptions}).
+ */
+export function createDedupConsumer<D extends DatabaseHandle>(options: DedupConsumerOptions<D>): DedupConsumer {
+  return new DedupConsumerImpl(options);
+}

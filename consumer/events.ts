@@ -1,0 +1,74 @@
+/**
+ * The dedup consumer's typed events (`area:action` names), for tests, metrics and tracing.
+ */
+import type { Logger } from '../src/logger.js';
+import type { ConsumedEvent } from './consumed-event.js';
+
+/** Where a message sits in Kafka. */
+export interface MessagePosition {
+  topic: string;
+  partition: number;
+  /** Decimal string. */
+  offset: string;
+}
+
+/** Every event of a dedup consumer and its payload. */
+export interface DedupConsumerEvents {
+  /** The handler ran and its transaction (with the inbox row) committed. */
+  'consumer:applied': { event: ConsumedEvent; attempt: number; durationMs: number };
+  /** The event id was already in the inbox for this group: the handler did not run. */
+  'consumer:duplicate': { event: ConsumedEvent };
+  /**
+   * The handler failed; its transaction rolled back and the message will run again after
+   * `delayMs` (its partition is paused meanwhile; other partitions go on).
+   */
+  'consumer:retry': { event: ConsumedEvent; attempt: number; delayMs: number; error: unknown };
+  /** The message went to the dead-letter topic and its offset may now be committed. */
+  'consumer:dead-lettered': MessagePosition & {
+    eventId: string | null;
+    deadLetterTopic: string;
+    reason: string;
+    attempts: number;
+    error?: unknown;
+  };
+  /**
+   * A failure outside the handler's control (database unreachable, lock timeout on the inbox row,
+   * commit failed). It never counts as an attempt; the message runs again after `delayMs`.
+   */
+  'consumer:error': MessagePosition & { error: unknown; delayMs: number };
+  /** The kafkajs consumer crashed; `restart` tells whether kafkajs restarts it. */
+  'consumer:crash': { error: Error; restart: boolean };
+}
+
+/** A listener of one event. */
+export type DedupConsumerListener<K extends keyof DedupConsumerEvents> = (payload: DedupConsumerEvents[K]) => void;
+
+/**
+ * A minimal typed emitter. A listener that throws is logged and ignored: a metrics callback must
+ * never change what the consumer does with a message.
+ */
+export class TypedEmitter<Events extends object> {
+  readonly #listeners = new Map<keyof Events, Set<(payload: never) => void>>();
+
+  constructor(private readonly logger: Logger) {}
+
+  /** Adds a listener; returns the function that removes it. */
+  on<K extends keyof Events>(name: K, listener: (payload: Events[K]) => void): () => void {
+    let set = this.#listeners.get(name);
+    if (!set) this.#listeners.set(name, (set = new Set()));
+    set.add(listener as (payload: never) => void);
+    return () => {
+      set.delete(listener as (payload: never) => void);
+    };
+  }
+
+  emit<K extends keyof Events>(name: K, payload: Events[K]): void {
+    for (const listener of this.#listeners.get(name) ?? []) {
+      try {
+        (listener as (payload: Events[K]) => void)(payload);
+      } catch (err) {
+        this.logger.warn({ event: String(name), err }, 'An event listener threw; ignored.');
+      }
+    }
+  }
+}

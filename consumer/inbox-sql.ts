@@ -1,0 +1,59 @@
+/**
+ * The consumer's SQL: one named function per statement, run inside the handler's transaction.
+ */
+import type { Queryable } from '../src/database.js';
+
+/** The inbox row that records that a consumer group applied an event. */
+export interface InboxRow {
+  groupId: string;
+  eventId: string;
+  topic: string;
+  partition: number;
+  offset: string;
+}
+
+/**
+ * Bounds every lock wait of the rest of the transaction (the inbox insert and the handler's own
+ * statements) to `lockTimeoutMs`; 0 means no bound. `set_config(..., true)` is `SET LOCAL` with a
+ * bind parameter: the setting ends with the transaction and never leaks into the pooled session.
+ */
+export async function setTransactionLockTimeout(q: Queryable, lockTimeoutMs: number): Promise<void> {
+  await q.query(`SELECT set_config('lock_timeout', $1, true)`, [`${lockTimeoutMs}ms`]);
+}
+
+/**
+ * Claims (group, event id) in the inbox. One atomic statement: a check-then-insert would let two
+ * deliveries of one event both see "absent". A concurrent delivery of the same event whose
+ * transaction is still open holds the primary key: this insert waits for it (bounded by the lock
+ * timeout), then does nothing if that transaction committed, or inserts if it rolled back.
+ * `ON CONFLICT DO NOTHING` also makes a second delivery inside one batch a plain skip (case C15),
+ * never a "cannot affect row a second time" error.
+ *
+ * @param schemaSql - the quoted schema name (`quoteSchema()`).
+ * @returns true when this transaction inserted the row (the event is new for the group).
+ */
+export async function claimInboxRow(q: Queryable, schemaSql: string, row: InboxRow): Promise<boolean> {
+  const result = await q.query(
+    `INSERT INTO ${schemaSql}.inbox (consumer_group, event_id, topic, partition, "offset")
+     VALUES ($1, $2, $3, $4, $5)
+     ON CONFLICT (consumer_group, event_id) DO NOTHING
+     RETURNING 1 AS claimed`,
+    [row.groupId, row.eventId, row.topic, row.partition, row.offset],
+  );
+  return result.rowCount === 1;
+}
+
+/**
+ * Proves that the transaction still works after the handler returned. A handler that caught a
+ * failed statement and carried on leaves the transaction aborted, and PostgreSQL answers COMMIT
+ * of an aborted transaction with a silent ROLLBACK: the consumer would then acknowledge an event
+ * whose effects and inbox row were discarded. This statement fails (SQLSTATE 25P02) instead.
+ */
+export async function assertTransactionUsable(q: Queryable): Promise<void> {
+  await q.query('SELECT 1');
+}
+
+/** Fails unless the inbox table exists in the schema and the database answers. */
+export async function probeInbox(q: Queryable, schemaSql: string): Promise<void> {
+  await q.query(`SELECT 1 FROM ${schemaSql}.inbox LIMIT 0`);
+}

@@ -1,0 +1,25 @@
+/**
+ * `outboxkit/consumer`: the dedup consumer (DESIGN guarantees G4-G6).
+ */
+export { createDedupConsumer, type DedupConsumer } from './dedup-consumer.js';
+export {
+  DEDUP_CONSUMER_DEFAULTS,
+  resolveDedupConsumerOptions,
+  type DedupConsumerHooks,
+  type DedupConsumerOptions,
+  type DedupHandler,
+  type HandlerContext,
+} from './options.js';
+export type { ConsumedEvent } from './consumed-event.js';
+export type { DedupConsumerEvents, DedupConsumerListener, MessagePosition } from './events.js';
+export {
+  DEAD_LETTER_REASON_INVALID_EVENT_ID,
+  HEADER_DLQ_ATTEMPTS,
+  HEADER_DLQ_CONSUMER_GROUP,
+  HEADER_DLQ_FAILED_AT,
+  HEADER_DLQ_ORIGINAL_OFFSET,
+  HEADER_DLQ_ORIGINAL_PARTITION,
+  HEADER_DLQ_ORIGINAL_TOPIC,
+  HEADER_DLQ_REASON,
+} from './dead-letter.js';
+export { InboxUnavailableError, InvalidMessageError } from './errors.js';

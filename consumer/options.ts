@@ -1,0 +1,285 @@
+/**
+ * Options of the dedup consumer: one interface, one frozen defaults object, one validation.
+ */
+import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
+import { is } from 'drizzle-orm';
+import { PgTransaction } from 'drizzle-orm/pg-core';
+import type { Kafka } from 'kafkajs';
+import type { DatabaseHandle, TransactionOf } from '../src/database.js';
+import { InvalidOptionsError } from '../src/errors.js';
+import { noopLogger, type Logger } from '../src/logger.js';
+import { HEADER_EVENT_ID } from '../src/outbox/event.js';
+import { DEFAULT_SCHEMA } from '../src/schema.js';
+import { quoteSchema } from '../src/schema-name.js';
+import type { ConsumedEvent } from './consumed-event.js';
+
+/** What the handler receives for one event. */
+export interface HandlerContext<D extends DatabaseHandle> {
+  /**
+   * The transaction that also holds the event's inbox row: a `pg.PoolClient` inside BEGIN when
+   * `database` is a `pg.Pool`, drizzle's `tx` when it is a drizzle database. Write the event's
+   * effects through it (and only through it): they commit together with the inbox row, or not
+   * at all. Do not commit, roll back or keep it past the handler's promise.
+   */
+  tx: TransactionOf<D>;
+  /** The event. */
+  event: ConsumedEvent;
+  /**
+   * Aborted when the consumer stops or the partition is being taken away (rebalance). A handler
+   * that stops on it has its transaction rolled back and the event runs again later (here or on
+   * the partition's new owner); the interrupted run does not count as an attempt.
+   */
+  signal: AbortSignal;
+  /** Which run of this message this is on this member, from 1. */
+  attempt: number;
+}
+
+/** The application's handler: applies one event's effects through `ctx.tx`. */
+export type DedupHandler<D extends DatabaseHandle> = (ctx: HandlerContext<D>) => Promise<void>;
+
+/** Test-only hooks. Not part of the stable API; applications must not set them. */
+export interface DedupConsumerHooks {
+  /**
+   * Called after the handler's transaction committed (outcome `applied`, or `duplicate` for the
+   * empty transaction of a skipped event) and before the offset is resolved: the window in which
+   * a crash makes Kafka redeliver an event whose effects are already committed. Crash tests kill
+   * the process here. If it throws, the message is retried as after a database error.
+   */
+  afterCommit?(event: ConsumedEvent, outcome: 'applied' | 'duplicate'): Promise<void> | void;
+}
+
+/** Options of {@link createDedupConsumer}. */
+export interface DedupConsumerOptions<D extends DatabaseHandle> {
+  /** The kafkajs client (`new Kafka({ clientId, brokers })`). The consumer creates its own consumer, producer and admin from it. */
+  kafka: Kafka;
+  /** The Kafka consumer group; also the inbox's `consumer_group` (dedup is per group). 1-255 characters. */
+  groupId: string;
+  /** The topics to consume (1 or more legal Kafka topic names). They and their dead-letter topics must exist. */
+  topics: string[];
+  /** Where the handler transactions run: a `pg.Pool` or a drizzle database (node-postgres or postgres-js driver). */
+  database: D;
+  /** Applies one event; see {@link HandlerContext}. Throwing rolls back and retries, then dead-letters. */
+  handler: DedupHandler<D>;
+  /** The PostgreSQL schema holding the `inbox` table. @defaultValue 'outboxkit' */
+  schema?: string;
+  /**
+   * Names the dead-letter topic of a source topic. Must return a legal topic name that is not one
+   * of the consumed topics. @defaultValue (topic) => `${topic}.dlq`
+   */
+  deadLetterTopic?: (topic: string) => string;
+  /**
+   * Runs of the handler on one message (on one member) before it is dead-lettered. A handler that
+   * throws an `InvalidMessageError` (code `OUTBOXKIT_INVALID_MESSAGE`) is dead-lettered after one.
+   * @defaultValue 5
+   */
+  maxAttempts?: number;
+  /**
+   * Ceiling of the first retry delay, in ms. Retry `n` waits a uniformly random time below
+   * `min(retryMaxMs, retryInitialMs * 2^(n-1))` (exponential backoff, full jitter), and at least
+   * until the next fetch of its partition. @defaultValue 100
+   */
+  retryInitialMs?: number;
+  /** Largest retry delay ceiling, in ms. @defaultValue 5_000 */
+  retryMaxMs?: number;
+  /**
+   * PostgreSQL `lock_timeout` of each handler transaction, in ms (0: none). Bounds the wait on the
+   * inbox row of a concurrent delivery of the same event, and every lock wait of the handler.
+   * @defaultValue 5_000
+   */
+  lockTimeoutMs?: number;
+  /** Partitions handled at once (kafkajs `partitionsConsumedConcurrently`); one message at a time within a partition. @defaultValue 3 */
+  partitionsConsumedConcurrently?: number;
+  /** The Kafka header that carries the event id (a UUID). @defaultValue 'event-id' */
+  eventIdHeader?: string;
+  /** Kafka group session timeout, in ms (kafkajs `sessionTimeout`). @defaultValue 30_000 */
+  sessionTimeoutMs?: number;
+  /** Heartbeat interval, in ms (kafkajs `heartbeatInterval`); also paces heartbeats during long handlers. Must be below `sessionTimeoutMs`. @defaultValue 3_000 */
+  heartbeatIntervalMs?: number;
+  /** Longest time a fetch waits for new messages, in ms (kafkajs `maxWaitTimeInMs`); also bounds how long `stop()` waits for a fetch in flight. @defaultValue 5_000 */
+  fetchMaxWaitMs?: number;
+  /**
+   * Interval of offset commits while a batch is processed, in ms (kafkajs `autoCommitInterval`);
+   * offsets are also committed at the end of every batch. A crash redelivers at most this much
+   * (as duplicates, which the inbox skips). @defaultValue 5_000
+   */
+  autoCommitIntervalMs?: number;
+  /** Where a group without committed offsets starts: the earliest message (true) or new ones only. @defaultValue false */
+  fromBeginning?: boolean;
+  /** Structured logger (pino-compatible). @defaultValue a no-op logger */
+  logger?: Logger;
+  /** Test-only hooks; see {@link DedupConsumerHooks}. @defaultValue none */
+  hooks?: DedupConsumerHooks;
+}
+
+/** Default values of {@link DedupConsumerOptions}. */
+export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
+  schema: DEFAULT_SCHEMA,
+  deadLetterTopic: (topic: string): string => `${topic}.dlq`,
+  maxAttempts: 5,
+  retryInitialMs: 100,
+  retryMaxMs: 5_000,
+  lockTimeoutMs: 5_000,
+  partitionsConsumedConcurrently: 3,
+  eventIdHeader: HEADER_EVENT_ID,
+  sessionTimeoutMs: 30_000,
+  heartbeatIntervalMs: 3_000,
+  fetchMaxWaitMs: 5_000,
+  autoCommitIntervalMs: 5_000,
+  fromBeginning: false,
+  logger: noopLogger,
+});
+
+/** Options after defaults and validation. */
+export interface ResolvedDedupConsumerOptions<D extends DatabaseHandle> extends Required<
+  Omit<DedupConsumerOptions<D>, 'hooks' | 'deadLetterTopic'>
+> {
+  /** The quoted schema, ready for SQL. */
+  schemaSql: string;
+  /** Dead-letter topic of each consumed topic. */
+  deadLetterTopics: ReadonlyMap<string, string>;
+  hooks: DedupConsumerHooks;
+}
+
+function fail(message: string): never {
+  throw new InvalidOptionsError(`createDedupConsumer: ${message}`);
+}
+
+function integer(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    fail(`${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}.`);
+  }
+  return value;
+}
+
+function checkDatabase(database: unknown): void {
+  if (typeof database !== 'object' || database === null) fail('database must be a pg.Pool or a drizzle database.');
+  if (is(database, PgTransaction)) {
+    fail(
+      'database must be a pg.Pool or a drizzle database, not a transaction: the consumer opens one transaction per message.',
+    );
+  }
+  const isPool = typeof (database as { connect?: unknown }).connect === 'function' && 'totalCount' in database;
+  const isDrizzle = typeof (database as { transaction?: unknown }).transaction === 'function';
+  if (!isPool && !isDrizzle) {
+    fail(
+      'database must be a pg.Pool or a drizzle database (a pg.Client cannot run one transaction per message concurrently).',
+    );
+  }
+}
+
+/**
+ * Applies defaults and validates once.
+ *
+ * @throws {@link InvalidOptionsError} naming the first invalid option and the accepted values.
+ */
+export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
+  options: DedupConsumerOptions<D>,
+): ResolvedDedupConsumerOptions<D> {
+  if (typeof options !== 'object' || options === null) fail('options must be an object.');
+  const d = DEDUP_CONSUMER_DEFAULTS;
+  const { kafka, groupId, topics, database, handler } = options;
+
+  const k = kafka as unknown as Record<string, unknown> | undefined;
+  if (!k || typeof k.consumer !== 'function' || typeof k.producer !== 'function' || typeof k.admin !== 'function') {
+    fail('kafka must be a kafkajs Kafka instance (new Kafka({ clientId, brokers })).');
+  }
+  if (typeof groupId !== 'string' || groupId.length === 0 || groupId.length > 255) {
+    fail('groupId must be a string of 1-255 characters.');
+  }
+  if (!Array.isArray(topics) || topics.length === 0) fail('topics must be a non-empty array of topic names.');
+  for (const topic of topics) {
+    if (typeof topic !== 'string' || !KAFKA_TOPIC_NAME.test(topic)) {
+      fail(
+        `invalid topic ${JSON.stringify(topic)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
+      );
+    }
+  }
+  if (new Set(topics).size !== topics.length) fail('topics must not repeat a topic.');
+  checkDatabase(database);
+  if (typeof handler !== 'function')
+    fail('handler must be an async function ({ tx, event, signal, attempt }) => void.');
+
+  const schema = options.schema ?? d.schema;
+  const schemaSql = quoteSchema(schema);
+
+  const namer = options.deadLetterTopic ?? d.deadLetterTopic;
+  if (typeof namer !== 'function') fail('deadLetterTopic must be a function (topic) => dead-letter topic name.');
+  const deadLetterTopics = new Map<string, string>();
+  for (const topic of topics) {
+    const dlq = namer(topic);
+    if (typeof dlq !== 'string' || !KAFKA_TOPIC_NAME.test(dlq)) {
+      fail(
+        `deadLetterTopic(${JSON.stringify(topic)}) returned ${JSON.stringify(dlq)}, which is not a legal Kafka topic name.`,
+      );
+    }
+    if (topics.includes(dlq)) {
+      fail(
+        `deadLetterTopic(${JSON.stringify(topic)}) returned a consumed topic (${dlq}); a failing message would loop forever.`,
+      );
+    }
+    deadLetterTopics.set(topic, dlq);
+  }
+
+  const maxAttempts = integer('maxAttempts', options.maxAttempts ?? d.maxAttempts, 1, 1_000);
+  const retryInitialMs = integer('retryInitialMs', options.retryInitialMs ?? d.retryInitialMs, 0);
+  const retryMaxMs = integer('retryMaxMs', options.retryMaxMs ?? d.retryMaxMs, 0);
+  if (retryMaxMs < retryInitialMs)
+    fail(`retryMaxMs (${retryMaxMs}) must not be below retryInitialMs (${retryInitialMs}).`);
+  const lockTimeoutMs = integer('lockTimeoutMs', options.lockTimeoutMs ?? d.lockTimeoutMs, 0, 2_147_483_647);
+  const partitionsConsumedConcurrently = integer(
+    'partitionsConsumedConcurrently',
+    options.partitionsConsumedConcurrently ?? d.partitionsConsumedConcurrently,
+    1,
+    1_000,
+  );
+  const eventIdHeader = options.eventIdHeader ?? d.eventIdHeader;
+  if (typeof eventIdHeader !== 'string' || eventIdHeader.length === 0)
+    fail('eventIdHeader must be a non-empty string.');
+  const sessionTimeoutMs = integer('sessionTimeoutMs', options.sessionTimeoutMs ?? d.sessionTimeoutMs, 1);
+  const heartbeatIntervalMs = integer('heartbeatIntervalMs', options.heartbeatIntervalMs ?? d.heartbeatIntervalMs, 1);
+  if (heartbeatIntervalMs >= sessionTimeoutMs) {
+    fail(
+      `heartbeatIntervalMs (${heartbeatIntervalMs}) must be below sessionTimeoutMs (${sessionTimeoutMs}); a third of it is usual.`,
+    );
+  }
+  const fetchMaxWaitMs = integer('fetchMaxWaitMs', options.fetchMaxWaitMs ?? d.fetchMaxWaitMs, 0);
+  const autoCommitIntervalMs = integer(
+    'autoCommitIntervalMs',
+    options.autoCommitIntervalMs ?? d.autoCommitIntervalMs,
+    0,
+  );
+  const fromBeginning = options.fromBeginning ?? d.fromBeginning;
+  if (typeof fromBeginning !== 'boolean') fail('fromBeginning must be a boolean.');
+  const logger = options.logger ?? d.logger;
+  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
+    if (typeof (logger as unknown as Record<string, unknown>)?.[level] !== 'function') {
+      fail(`logger must have debug, info, warn and error methods (a pino logger fits); ${level} is missing.`);
+    }
+  }
+  const hooks = options.hooks ?? {};
+  if (typeof hooks !== 'object' || hooks === null) fail('hooks must be an object.');
+
+  return {
+    kafka,
+    groupId,
+    topics: [...topics],
+    database,
+    handler,
+    schema,
+    schemaSql,
+    deadLetterTopics,
+    maxAttempts,
+    retryInitialMs,
+    retryMaxMs,
+    lockTimeoutMs,
+    partitionsConsumedConcurrently,
+    eventIdHeader,
+    sessionTimeoutMs,
+    heartbeatIntervalMs,
+    fetchMaxWaitMs,
+    autoCommitIntervalMs,
+    fromBeginning,
+    logger,
+    hooks,
+  };
+}
