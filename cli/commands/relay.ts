@@ -1,0 +1,131 @@
+import { Option, type Command } from 'commander';
+import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
+import { pino } from 'pino';
+import client from 'prom-client';
+import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
+import { relayMetrics, serveMetrics } from '../../relay/metrics.js';
+import { bool, brokersOption, databaseOption, int, schemaOption } from '../shared.js';
+
+/** `outboxkit relay`: the relay daemon. */
+export function registerRelay(program: Command): void {
+  program
+    .command('relay')
+    .description('run the relay daemon: publish committed outbox events to Kafka')
+    .addOption(databaseOption())
+    .addOption(schemaOption())
+    .addOption(brokersOption())
+    .addOption(new Option('--client-id <id>', 'Kafka client id').env('OUTBOXKIT_CLIENT_ID').default('outboxkit-relay'))
+    .addOption(new Option('--relay-id <id>', 'this instance id (default: host-pid-random)').env('OUTBOXKIT_RELAY_ID'))
+    .addOption(
+      new Option('--batch-size <rows>', 'most rows per pass')
+        .env('OUTBOXKIT_BATCH_SIZE')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.batchSize),
+    )
+    .addOption(
+      new Option('--max-batch-bytes <bytes>', 'most payload bytes per pass')
+        .env('OUTBOXKIT_MAX_BATCH_BYTES')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.maxBatchBytes),
+    )
+    .addOption(
+      new Option('--poll-interval-ms <ms>', 'poll interval without notifications')
+        .env('OUTBOXKIT_POLL_INTERVAL_MS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.pollIntervalMs),
+    )
+    .addOption(
+      new Option('--lease-ms <ms>', 'lane lease length')
+        .env('OUTBOXKIT_LEASE_MS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.leaseMs),
+    )
+    .addOption(
+      new Option('--max-attempts <n>', 'failed publish attempts of one event before it is parked')
+        .env('OUTBOXKIT_MAX_ATTEMPTS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.maxAttempts),
+    )
+    .addOption(
+      new Option('--hold-key-behind-failure <bool>', 'later events of a key wait behind a failed one (strict order)')
+        .env('OUTBOXKIT_HOLD_KEY_BEHIND_FAILURE')
+        .argParser(bool)
+        .default(true),
+    )
+    .addOption(
+      new Option('--published-retention-ms <ms>', 'how long published rows are kept')
+        .env('OUTBOXKIT_PUBLISHED_RETENTION_MS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.publishedRetentionMs),
+    )
+    .addOption(new Option('--listen <bool>', 'wake on NOTIFY').env('OUTBOXKIT_LISTEN').argParser(bool).default(true))
+    .addOption(
+      new Option('--metrics-port <port>', 'port of /metrics, /healthz, /readyz (0: random, -1: off)')
+        .env('OUTBOXKIT_METRICS_PORT')
+        .argParser(int)
+        .default(9464),
+    )
+    .addOption(new Option('--log-level <level>', 'pino log level').env('OUTBOXKIT_LOG_LEVEL').default('info'))
+    .action(async (opts: Record<string, string | number | boolean | undefined>) => {
+      const logger = pino({ name: 'outboxkit-relay', level: String(opts.logLevel) });
+      const pool = new pg.Pool({ connectionString: String(opts.databaseUrl), max: 4, keepAlive: true });
+      const kafka = new Kafka({
+        clientId: String(opts.clientId),
+        brokers: String(opts.brokers)
+          .split(',')
+          .map((b) => b.trim())
+          .filter(Boolean),
+        logLevel: logLevel.WARN,
+      });
+      const relay = new Relay({
+        pool,
+        kafka,
+        schema: String(opts.schema),
+        relayId: opts.relayId === undefined ? undefined : String(opts.relayId),
+        batchSize: Number(opts.batchSize),
+        maxBatchBytes: Number(opts.maxBatchBytes),
+        pollIntervalMs: Number(opts.pollIntervalMs),
+        leaseMs: Number(opts.leaseMs),
+        listen: Boolean(opts.listen),
+        maxAttempts: Number(opts.maxAttempts),
+        holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
+        publishedRetentionMs: Number(opts.publishedRetentionMs),
+        logger,
+      });
+      const registry = new client.Registry();
+      client.collectDefaultMetrics({ register: registry });
+      relayMetrics(relay, pool, registry);
+      const port = Number(opts.metricsPort);
+      if (port >= 0) {
+        const server = await serveMetrics(registry, port, async () => {
+          await pool.query('SELECT 1');
+          return true;
+        });
+        const address = server.address();
+        logger.info(
+          { port: typeof address === 'object' && address ? address.port : port },
+          'metrics and health endpoints listening',
+        );
+      }
+      // First SIGTERM/SIGINT drains (the pass in flight finishes, lanes are released); a second
+      // one forces exit. An unref'd watchdog forces exit if draining hangs.
+      let signals = 0;
+      const onSignal = (signal: string) => {
+        signals++;
+        if (signals > 1) {
+          logger.warn({ signal }, 'second signal: exiting now');
+          process.exit(130);
+        }
+        logger.info({ signal }, 'draining');
+        setTimeout(() => process.exit(1), 35_000).unref();
+        void relay.stop({ timeoutMs: 30_000 }).then(async () => {
+          await pool.end();
+          process.exit(0);
+        });
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+      await relay.start();
+    });
+}

@@ -1,0 +1,31 @@
+import type { Command } from 'commander';
+import { quoteSchema } from '../../src/schema-name.js';
+import { backlog, laneOwners } from '../../relay/sql.js';
+import { databaseOption, q, schemaOption, withPool } from '../shared.js';
+
+/** `outboxkit status`. */
+export function registerStatus(program: Command): void {
+  program
+    .command('status')
+    .description('print the backlog, parked events and lane owners')
+    .addOption(databaseOption())
+    .addOption(schemaOption())
+    .option('--json', 'print JSON')
+    .action(async (opts: { databaseUrl: string; schema: string; json?: boolean }) => {
+      await withPool(opts.databaseUrl, async (pool) => {
+        const schema = quoteSchema(opts.schema);
+        const status = { backlog: await backlog(q(pool), schema), lanes: await laneOwners(q(pool), schema) };
+        if (opts.json) {
+          console.log(JSON.stringify(status, null, 2));
+        } else {
+          console.log(
+            `pending: ${status.backlog.pending}  parked: ${status.backlog.parked}  oldest pending: ${Math.round(status.backlog.oldestPendingMs)} ms`,
+          );
+          for (const l of status.lanes)
+            console.log(
+              `  ${l.owner_id ?? '(free)'}: ${l.lanes} lanes${l.owner_id && !l.live ? ' (lease expired)' : ''}`,
+            );
+        }
+      });
+    });
+}

@@ -1,0 +1,43 @@
+import { Option, type Command } from 'commander';
+import { Kafka, logLevel } from 'kafkajs';
+import { brokersOption, int } from '../shared.js';
+
+/** `outboxkit topics ensure`. */
+export function registerTopics(program: Command): void {
+  const topics = program.command('topics').description('Kafka topic operations');
+  topics
+    .command('ensure')
+    .description('create the given topics if they do not exist')
+    .argument('<topics...>', 'topic names')
+    .addOption(brokersOption())
+    .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(int).default(3))
+    .addOption(new Option('--replication-factor <n>', 'replication factor of new topics').argParser(int).default(1))
+    .action(async (names: string[], opts: { brokers: string; partitions: number; replicationFactor: number }) => {
+      const kafka = new Kafka({
+        clientId: 'outboxkit-cli',
+        brokers: opts.brokers.split(','),
+        logLevel: logLevel.NOTHING,
+      });
+      const admin = kafka.admin();
+      await admin.connect();
+      try {
+        const existing = new Set(await admin.listTopics());
+        const missing = names.filter((t) => !existing.has(t));
+        if (missing.length > 0) {
+          await admin.createTopics({
+            waitForLeaders: true,
+            topics: missing.map((topic) => ({
+              topic,
+              numPartitions: opts.partitions,
+              replicationFactor: opts.replicationFactor,
+            })),
+          });
+        }
+        console.log(missing.length ? `created: ${missing.join(', ')}` : 'all topics exist');
+      } finally {
+        await admin.disconnect();
+      }
+    });
+
+  /** Runs the CLI with `argv` (process.argv by default). */
+}
