@@ -100,9 +100,11 @@ describe('C06 one poison event', () => {
     const got = await readTopic(
       topic!,
       (m) => m.value!.toString(),
-      (all) => all.length >= 4,
+      (all) => new Set(all).size >= 4,
     );
-    expect(got.sort()).toEqual(['"a1"', '"b1"', '"c1"', '"d1"']);
+    // At least once: the batch that failed for the poison's sake may have written other records
+    // before the relay isolated the poison, so some appear twice; none is missing, p-after is held.
+    expect([...new Set(got)].sort()).toEqual(['"a1"', '"b1"', '"c1"', '"d1"']);
     const { rows } = await db.pool.query<{ attempts: number; last_error: string }>(
       'SELECT attempts, last_error FROM outboxkit.outbox_events WHERE event_id = $1',
       [poisonId],
