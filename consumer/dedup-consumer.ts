@@ -37,6 +37,7 @@ import type { Consumer, EachBatchPayload, KafkaMessage, Message, Producer } from
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';
 import { LifecycleError, TopicMissingError } from '../src/errors.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
+import { crashPoint } from '../relay/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf } from './dead-letter.js';
@@ -77,6 +78,14 @@ export interface DedupConsumer {
   /** Listens to an event (see {@link DedupConsumerEvents}); returns the function that removes the listener. */
   on<K extends keyof DedupConsumerEvents>(name: K, listener: DedupConsumerListener<K>): () => void;
 }
+
+/**
+ * Test-only crash point (see relay/crash-point.ts): with `OUTBOXKIT_CRASH_POINT=consumer:after-commit`
+ * (and optionally `OUTBOXKIT_CRASH_AFTER=N`), the process kills itself with SIGKILL after the Nth
+ * handler transaction commits (applied or duplicate) and before its offset is resolved. Crash
+ * tests use it; never set it in production.
+ */
+export const CRASH_POINT_AFTER_COMMIT = 'consumer:after-commit';
 
 /** Default of `stop({ timeoutMs })`. */
 const DEFAULT_STOP_TIMEOUT_MS = 30_000;
@@ -521,6 +530,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       return 'applied' as const;
     });
     await hooks.afterCommit?.(event, outcome);
+    // Test-only (OUTBOXKIT_CRASH_POINT=consumer:after-commit): SIGKILL between the committed
+    // transaction and the offset, the window in which Kafka redelivers an applied event.
+    await crashPoint(CRASH_POINT_AFTER_COMMIT);
     return outcome;
   }
 
