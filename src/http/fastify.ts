@@ -31,7 +31,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
 import { TenantUnresolvedError } from '../idempotency/errors.js';
-import { executeIdempotent, executeWithoutKey } from '../idempotency/execute.js';
+import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
 import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
@@ -86,7 +86,7 @@ export interface FastifyIdempotencyOptions<D extends DatabaseHandle> extends Ide
  */
 export function idempotentHandler<D extends DatabaseHandle>(
   options: FastifyIdempotencyOptions<D>,
-  handler: (req: FastifyRequest, tx: TransactionOf<D>) => Promise<HandlerResponse>,
+  handler: (req: FastifyRequest, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const opts = resolveIdempotencyOptions(options);
   const { db, operation } = options;
@@ -112,7 +112,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
       if (key === undefined) {
         const parsed = parseJsonBody(raw, maxBodyBytes);
         req.body = parsed.present ? parsed.value : undefined;
-        result = await executeWithoutKey(db, (tx) => handler(req, tx), opts);
+        result = await executeWithoutKey(db, (tx, ctx) => handler(req, tx, ctx), opts);
       } else {
         const tenant = await options.resolveTenant(req);
         if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
@@ -125,7 +125,12 @@ export function idempotentHandler<D extends DatabaseHandle>(
           maxBodyBytes,
         });
         req.body = body;
-        result = await executeIdempotent(db, { tenant, operation, key, fingerprint }, (tx) => handler(req, tx), opts);
+        result = await executeIdempotent(
+          db,
+          { tenant, operation, key, fingerprint },
+          (tx, ctx) => handler(req, tx, ctx),
+          opts,
+        );
       }
     } catch (err) {
       if (!isProblemError(err)) throw err;

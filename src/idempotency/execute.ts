@@ -29,12 +29,22 @@ import {
   decideOnExisting,
   headersToStore,
   normaliseResponse,
-  outcomeOfStatus,
+  outcomeOfResponse,
+  reject,
   type HandlerResponse,
   type IdempotentResponse,
   type IdempotentResult,
 } from './state-machine.js';
-import { claimKey, completeKey, idempotencyTable, readRecord, setClaimLockTimeout, type KeyScope } from './store.js';
+import {
+  claimKey,
+  completeKey,
+  idempotencyTable,
+  readRecord,
+  rollbackToClaimSavepoint,
+  setClaimLockTimeout,
+  setClaimSavepoint,
+  type KeyScope,
+} from './store.js';
 
 /** The identity of one idempotent request. */
 export interface IdempotentRequest {
@@ -48,8 +58,20 @@ export interface IdempotentRequest {
   fingerprint: Fingerprint;
 }
 
+/** What a handler receives besides its transaction. */
+export interface ExecutionContext {
+  /**
+   * Ends the handler with a business rejection: `return ctx.reject(422, problem)` stores it (the
+   * handler's writes rolled back to the claim's savepoint) and replays it; `{ store: false }`
+   * releases the key instead. Same as the standalone {@link reject}.
+   */
+  reject: typeof reject;
+}
+
+const EXECUTION_CONTEXT: ExecutionContext = Object.freeze({ reject });
+
 /**
- * A response that must not be stored (see `outcomeOfStatus`): thrown inside the transaction so
+ * A response that must not be stored (see `outcomeOfResponse`): thrown inside the transaction so
  * that it rolls back, and caught outside to hand the response back.
  */
 class ReleasedResponse {
@@ -91,8 +113,10 @@ function checkRequest(request: IdempotentRequest): KeyScope {
  * 1. `lock_timeout` = `lockTimeoutMs` (policy `reject`) or `waitTimeoutMs` (policy `wait`), for the
  *    claim only.
  * 2. One atomic claim (INSERT ... ON CONFLICT DO UPDATE): a new key, or one whose terminal record
- *    is past its retention, is claimed; then `handler(tx)` runs, and its response is stored
- *    (`completed` for 2xx/3xx, `failed` for a final 4xx) in the same transaction.
+ *    is past its retention, is claimed; a SAVEPOINT is taken; then `handler(tx, ctx)` runs, and
+ *    its response is stored (`completed` for 2xx/3xx, `failed` for a final 4xx) in the same
+ *    transaction. A stored 4xx (returned, or `ctx.reject(status, body)`) first rolls back to the
+ *    savepoint: the rejection commits, the handler's business writes and outbox events do not.
  * 3. Otherwise the committed record decides: a different fingerprint → {@link KeyMismatchError};
  *    completed/failed → its stored response, with `idempotent-replayed: true`, and the handler does
  *    not run; processing → {@link KeyInProgressError}.
@@ -104,7 +128,8 @@ function checkRequest(request: IdempotentRequest): KeyScope {
  *
  * What releases the key (the whole transaction is rolled back, the handler's writes included, and
  * a retry executes again): the handler throws (its error is rethrown as is), or returns a 5xx or
- * 408/409/425/429 (returned with `replayed: false`, not stored), or the process dies before COMMIT.
+ * 408/409/425/429 (returned with `replayed: false`, not stored), or ends with
+ * `ctx.reject(status, body, { store: false })`, or the process dies before COMMIT.
  *
  * Expects PostgreSQL's default isolation, READ COMMITTED. Do not keep the transaction open across
  * slow external calls: every duplicate under `wait` holds a pooled connection meanwhile.
@@ -125,7 +150,7 @@ function checkRequest(request: IdempotentRequest): KeyScope {
 export async function executeIdempotent<D extends DatabaseHandle>(
   db: D,
   request: IdempotentRequest,
-  handler: (tx: TransactionOf<D>) => Promise<HandlerResponse>,
+  handler: (tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
   options?: IdempotencyOptions | ResolvedIdempotencyOptions,
 ): Promise<IdempotentResult> {
   const opts = resolveIdempotencyOptions(options);
@@ -167,15 +192,18 @@ export async function executeIdempotent<D extends DatabaseHandle>(
         }
       }
 
+      await setClaimSavepoint(q);
       let returned: HandlerResponse;
       try {
-        returned = await handler(tx);
+        returned = await handler(tx, EXECUTION_CONTEXT);
       } catch (err) {
         throw new HandlerFailure(err);
       }
       const response = normaliseResponse(returned);
-      const outcome = outcomeOfStatus(response.status);
+      const outcome = outcomeOfResponse(returned);
       if (outcome === 'release') throw new ReleasedResponse(response);
+      // A stored rejection keeps the claim but none of the handler's writes.
+      if (outcome === 'failed') await rollbackToClaimSavepoint(q);
       const stored = await completeKey(
         q,
         table,
@@ -229,12 +257,12 @@ function translateError(err: unknown, opts: ResolvedIdempotencyOptions, log: Rec
 /**
  * Runs `handler` in a transaction of `db` without an idempotency key (for operations where the key
  * is optional and the request has none). Same transaction rules as {@link executeIdempotent}: a
- * 5xx or 408/409/425/429 response rolls the transaction back, a thrown error is rethrown after the
+ * 4xx or 5xx response (a `reject()` included) rolls the transaction back, a thrown error is rethrown after the
  * rollback, and a store failure becomes {@link StoreUnavailableError}. Nothing is stored.
  */
 export async function executeWithoutKey<D extends DatabaseHandle>(
   db: D,
-  handler: (tx: TransactionOf<D>) => Promise<HandlerResponse>,
+  handler: (tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
   options?: IdempotencyOptions | ResolvedIdempotencyOptions,
 ): Promise<IdempotentResult> {
   const opts = resolveIdempotencyOptions(options);
@@ -242,12 +270,13 @@ export async function executeWithoutKey<D extends DatabaseHandle>(
     return await runTransaction(db, async (tx) => {
       let returned: HandlerResponse;
       try {
-        returned = await handler(tx);
+        returned = await handler(tx, EXECUTION_CONTEXT);
       } catch (err) {
         throw new HandlerFailure(err);
       }
       const response = normaliseResponse(returned);
-      if (outcomeOfStatus(response.status) === 'release') throw new ReleasedResponse(response);
+      // Without a key nothing is stored; a 4xx, like a 5xx, leaves no business write behind.
+      if (outcomeOfResponse(returned) !== 'completed') throw new ReleasedResponse(response);
       return { replayed: false, response };
     });
   } catch (err) {

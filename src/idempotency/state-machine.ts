@@ -64,13 +64,71 @@ export const REPLAYED_HEADER = 'idempotent-replayed';
  *   stays free for a retry (5xx, and 408 Request Timeout, 409 Conflict, 425 Too Early,
  *   429 Too Many Requests: the same request may succeed later, case C22).
  *
- * A stored 4xx commits whatever the handler wrote in the transaction: return a stored 4xx only for
- * decisions taken before writing, or throw (which rolls everything back).
+ * A stored 4xx never commits the handler's writes: they are rolled back to the savepoint taken
+ * right after the claim, and only the record (with the rejection) commits. See {@link reject}.
  */
 export type ResponseOutcome = 'completed' | 'failed' | 'release';
 
 /** 4xx statuses that mean "try again later", so storing them would replay a transient failure forever. */
 export const RETRIABLE_CLIENT_STATUSES: ReadonlySet<number> = new Set([408, 409, 425, 429]);
+
+const REJECTION = Symbol.for('outboxkit.rejection');
+
+/** Options of {@link reject}. */
+export interface RejectOptions {
+  /**
+   * Whether the rejection is final and is stored and replayed to every retry (`true`), or the key
+   * is released so that a retry executes again (`false`: the whole transaction rolls back).
+   * @defaultValue true
+   */
+  store?: boolean;
+  /** Response headers, as in {@link HandlerResponse}. */
+  headers?: Readonly<Record<string, string>>;
+}
+
+/** A business rejection built by {@link reject}: a {@link HandlerResponse} with a marker. */
+export interface Rejection extends HandlerResponse {
+  readonly [REJECTION]: { readonly store: boolean };
+}
+
+/**
+ * Ends a handler with a business rejection (a 4xx), for example "out of stock":
+ * `return reject(409, { title: 'Out of stock' }, { store: false })` or
+ * `return ctx.reject(422, problem)`.
+ *
+ * - `store: true` (default): the handler's business writes and outbox events made after the claim
+ *   are rolled back to a SAVEPOINT taken right after the claim, and the rejection is stored as a
+ *   `failed` record and replayed, byte for byte, to every retry of the key (DESIGN "States").
+ * - `store: false`: the whole transaction rolls back, nothing is recorded, the response is
+ *   answered once, and a retry with the same key executes again.
+ *
+ * @param status - a 4xx status. With `store: true`, not 408/409/425/429 (those mean "try again
+ *   later": storing them would replay a transient answer forever).
+ * @throws {@link InvalidOptionsError} on another status.
+ */
+export function reject(status: number, body: HandlerResponse['body'], options: RejectOptions = {}): Rejection {
+  const store = options.store ?? true;
+  if (!Number.isInteger(status) || status < 400 || status > 499) {
+    throw new InvalidOptionsError(`reject() needs a 4xx status, got ${String(status)}; throw for server errors.`);
+  }
+  if (store && RETRIABLE_CLIENT_STATUSES.has(status)) {
+    throw new InvalidOptionsError(
+      `reject(${status}) cannot be stored: ${status} means "try again later"; pass { store: false }.`,
+    );
+  }
+  const response: HandlerResponse = { status, body, ...(options.headers ? { headers: options.headers } : {}) };
+  return Object.assign(response, { [REJECTION]: Object.freeze({ store }) });
+}
+
+/**
+ * What becomes of a handler's response: a {@link reject} marker decides for itself (stored →
+ * `failed`, not stored → `release`); any other response follows {@link outcomeOfStatus}.
+ */
+export function outcomeOfResponse(response: HandlerResponse): ResponseOutcome {
+  const marker = (response as Partial<Rejection>)[REJECTION];
+  if (marker !== undefined) return marker.store ? 'failed' : 'release';
+  return outcomeOfStatus(response.status);
+}
 
 /** Decides what becomes of a handler's response with status `status` (see {@link ResponseOutcome}). */
 export function outcomeOfStatus(status: number): ResponseOutcome {

@@ -115,6 +115,29 @@ export async function claimKey(
   return row === undefined ? undefined : { ownerToken, generation: row.generation };
 }
 
+/** The savepoint taken right after a successful claim (see {@link setClaimSavepoint}). */
+export const CLAIM_SAVEPOINT = 'outboxkit_claim';
+
+/**
+ * Takes a SAVEPOINT right after the claim, so that a stored business rejection can undo the
+ * handler's writes (business rows, outbox events) while keeping the claim, and store the
+ * rejection in the same transaction ({@link rollbackToClaimSavepoint}). A savepoint costs one round
+ * trip and no lock; the name is outboxkit's own, so it never collides with drizzle's nested
+ * transactions (`sp1`, `sp2`, ...).
+ */
+export async function setClaimSavepoint(db: Queryable): Promise<void> {
+  await db.query(`SAVEPOINT ${CLAIM_SAVEPOINT}`);
+}
+
+/**
+ * Rolls the transaction back to {@link setClaimSavepoint}: every write made after the claim is
+ * undone (also after a failed statement the handler caught: ROLLBACK TO SAVEPOINT leaves the
+ * aborted state), and the claim's row lock is kept.
+ */
+export async function rollbackToClaimSavepoint(db: Queryable): Promise<void> {
+  await db.query(`ROLLBACK TO SAVEPOINT ${CLAIM_SAVEPOINT}`);
+}
+
 interface RecordRow {
   state: IdempotencyState;
   fingerprint: Buffer;

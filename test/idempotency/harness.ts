@@ -9,6 +9,7 @@ import Fastify, { type FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { joinTransaction, type TransactionHandle } from '../../src/database.js';
 import { idempotentHandler, registerRawJsonBody, type FastifyIdempotencyOptions } from '../../src/http/fastify.js';
+import type { ExecutionContext } from '../../src/idempotency/execute.js';
 import type { HandlerResponse } from '../../src/idempotency/state-machine.js';
 
 export const ORDERS_TABLE_SQL = `CREATE TABLE IF NOT EXISTS app_orders (
@@ -26,6 +27,8 @@ export interface HandlerContext {
   tx: pg.PoolClient;
   /** Inserts the business row and returns its id. */
   insertOrder(): Promise<string>;
+  /** outboxkit's execution context (`reject`). */
+  exec: ExecutionContext;
 }
 
 export type Behaviour = (ctx: HandlerContext) => Promise<HandlerResponse>;
@@ -93,7 +96,7 @@ export async function startApp(options: StartAppOptions): Promise<TestApp> {
               return typeof t === 'string' ? t : undefined;
             },
           },
-          async (req, tx) => {
+          async (req, tx, exec) => {
             calls.total++;
             calls.byOperation[operation] = (calls.byOperation[operation] ?? 0) + 1;
             const call = calls.total;
@@ -105,7 +108,7 @@ export async function startApp(options: StartAppOptions): Promise<TestApp> {
               );
               return rows[0]!.id;
             };
-            return behaviour({ call, req, tx, insertOrder });
+            return behaviour({ call, req, tx, insertOrder, exec });
           },
         ),
       );

@@ -4,7 +4,9 @@ import {
   decideOnExisting,
   headersToStore,
   normaliseResponse,
+  outcomeOfResponse,
   outcomeOfStatus,
+  reject,
   type StoredRecord,
 } from '../../../src/idempotency/state-machine.js';
 import { resolveIdempotencyOptions } from '../../../src/idempotency/options.js';
@@ -127,5 +129,35 @@ describe('headersToStore', () => {
       replayHeaders,
     );
     expect(stored).toEqual({ 'content-type': 'application/json', location: '/o/1', etag: '"e"' });
+  });
+});
+
+describe('reject() and outcomeOfResponse (stored or released business rejections)', () => {
+  it('a stored rejection is failed, an unstored one is released; plain responses follow their status', () => {
+    expect(outcomeOfResponse(reject(422, { title: 'x' }))).toBe('failed');
+    expect(outcomeOfResponse(reject(404, 'gone', { store: true }))).toBe('failed');
+    expect(outcomeOfResponse(reject(422, { title: 'x' }, { store: false }))).toBe('release');
+    expect(outcomeOfResponse(reject(409, { title: 'x' }, { store: false }))).toBe('release');
+    expect(outcomeOfResponse({ status: 422, body: {} })).toBe('failed');
+    expect(outcomeOfResponse({ status: 201, body: {} })).toBe('completed');
+    expect(outcomeOfResponse({ status: 503, body: {} })).toBe('release');
+  });
+
+  it('keeps status, body and headers for normaliseResponse', () => {
+    const r = normaliseResponse(reject(422, { a: 1 }, { headers: { 'Content-Type': 'application/problem+json' } }));
+    expect(r).toEqual({
+      status: 422,
+      headers: { 'content-type': 'application/problem+json' },
+      body: Buffer.from('{"a":1}'),
+    });
+  });
+
+  it.each([200, 302, 500, 503, 399, 4.5])('refuses the non-4xx status %s', (status) => {
+    expect(() => reject(status, {})).toThrow(expect.objectContaining({ code: 'OUTBOXKIT_INVALID_OPTIONS' }));
+  });
+
+  it.each([408, 409, 425, 429])('refuses to store the retriable %i (store: false is fine)', (status) => {
+    expect(() => reject(status, {})).toThrow(expect.objectContaining({ code: 'OUTBOXKIT_INVALID_OPTIONS' }));
+    expect(() => reject(status, {}, { store: false })).not.toThrow();
   });
 });
