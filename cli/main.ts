@@ -5,6 +5,7 @@
  */
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
+import { registerDlq } from './commands/dlq.js';
 import { registerLanes } from './commands/lanes.js';
 import { registerMigrate } from './commands/migrate.js';
 import { registerParked } from './commands/parked.js';
@@ -22,6 +23,7 @@ registerStatus(program);
 registerLanes(program);
 registerParked(program);
 registerTopics(program);
+registerDlq(program);
 
 export async function main(argv: string[] = process.argv): Promise<void> {
   try {

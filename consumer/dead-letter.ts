@@ -57,3 +57,88 @@ export function deadLetterMessage(message: KafkaMessage, info: DeadLetterInfo): 
   headers[HEADER_DLQ_CONSUMER_GROUP] = info.groupId;
   return { key: message.key, value: message.value, headers };
 }
+
+/** Every header the consumer adds to a dead-letter record starts with this prefix. */
+export const DLQ_HEADER_PREFIX = 'dlq-';
+
+/** What `outboxkit dlq list` shows of one dead-letter record: never the payload itself. */
+export interface DeadLetterSummary {
+  /** Where the dead-letter record sits. */
+  dlq: { topic: string; partition: number; offset: string };
+  /** Where the message was read from when it failed (null when the header is missing). */
+  originalTopic: string | null;
+  originalPartition: number | null;
+  originalOffset: string | null;
+  reason: string | null;
+  /** Handler runs before it was dead-lettered (0: never ran, as for a missing event id). */
+  attempts: number | null;
+  /** ISO 8601 UTC. */
+  failedAt: string | null;
+  consumerGroup: string | null;
+  /** The event id (lower case) when the event id header holds a usable one, else null. */
+  eventId: string | null;
+  eventType: string | null;
+  /** The Kafka key as UTF-8, cut to 64 characters. */
+  key: string | null;
+  /** Size of the value in bytes (null for a tombstone); the value itself is never shown. */
+  valueBytes: number | null;
+}
+
+/** Longest key shown in a summary, in characters. */
+const MAX_SUMMARY_KEY_LENGTH = 64;
+
+function headerText(headers: KafkaMessage['headers'], name: string): string | null {
+  const raw = headers?.[name];
+  const value = Array.isArray(raw) ? raw[raw.length - 1] : raw;
+  if (value === undefined) return null;
+  return Buffer.isBuffer(value) ? value.toString('utf8') : String(value);
+}
+
+function intOrNull(text: string | null): number | null {
+  if (text === null || !/^\d+$/.test(text)) return null;
+  return Number(text);
+}
+
+/**
+ * Summarises a dead-letter record for listing.
+ *
+ * @param eventId - the record's event id as the consumer reads it (`readEventId`), or null.
+ * @param eventType - its `event-type` header, or null.
+ */
+export function summarizeDeadLetter(
+  message: KafkaMessage,
+  dlq: { topic: string; partition: number },
+  eventId: string | null,
+  eventType: string | null,
+): DeadLetterSummary {
+  const h = message.headers;
+  const key = message.key === null ? null : message.key.toString('utf8');
+  return {
+    dlq: { ...dlq, offset: message.offset },
+    originalTopic: headerText(h, HEADER_DLQ_ORIGINAL_TOPIC),
+    originalPartition: intOrNull(headerText(h, HEADER_DLQ_ORIGINAL_PARTITION)),
+    originalOffset: headerText(h, HEADER_DLQ_ORIGINAL_OFFSET),
+    reason: headerText(h, HEADER_DLQ_REASON),
+    attempts: intOrNull(headerText(h, HEADER_DLQ_ATTEMPTS)),
+    failedAt: headerText(h, HEADER_DLQ_FAILED_AT),
+    consumerGroup: headerText(h, HEADER_DLQ_CONSUMER_GROUP),
+    eventId,
+    eventType,
+    key: key !== null && key.length > MAX_SUMMARY_KEY_LENGTH ? `${key.slice(0, MAX_SUMMARY_KEY_LENGTH - 1)}…` : key,
+    valueBytes: message.value === null ? null : message.value.length,
+  };
+}
+
+/**
+ * The message that re-drives a dead letter: the original key and value byte for byte and the
+ * original headers (raw, repeated names kept) without the `dlq-*` ones, so the consumer sees the
+ * message as it first arrived. Its event id is unchanged: the dedup consumer applies it at most
+ * once however often it is replayed.
+ */
+export function replayMessage(message: KafkaMessage): Message {
+  const headers: IHeaders = {};
+  for (const [name, value] of Object.entries(message.headers ?? {})) {
+    if (!name.startsWith(DLQ_HEADER_PREFIX) && value !== undefined) headers[name] = value;
+  }
+  return { key: message.key, value: message.value, headers };
+}

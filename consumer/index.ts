@@ -22,4 +22,14 @@ export {
   HEADER_DLQ_ORIGINAL_TOPIC,
   HEADER_DLQ_REASON,
 } from './dead-letter.js';
+export {
+  readDeadLetters,
+  replayDeadLetters,
+  type DeadLetterRecord,
+  type DeadLetters,
+  type ReadDeadLettersOptions,
+  type ReplayDeadLettersOptions,
+  type ReplayResult,
+} from './dead-letter-replay.js';
+export type { DeadLetterSummary } from './dead-letter.js';
 export { InboxUnavailableError, InvalidMessageError } from './errors.js';

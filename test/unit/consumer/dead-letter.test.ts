@@ -1,6 +1,12 @@
 import type { KafkaMessage } from 'kafkajs';
 import { describe, expect, it } from 'vitest';
-import { deadLetterMessage, MAX_DLQ_REASON_LENGTH, reasonOf } from '../../../consumer/dead-letter.js';
+import {
+  deadLetterMessage,
+  MAX_DLQ_REASON_LENGTH,
+  reasonOf,
+  replayMessage,
+  summarizeDeadLetter,
+} from '../../../consumer/dead-letter.js';
 
 describe('deadLetterMessage', () => {
   const original: KafkaMessage = {
@@ -49,5 +55,70 @@ describe('reasonOf', () => {
     const long = reasonOf(new Error('x'.repeat(5_000)));
     expect(long).toHaveLength(MAX_DLQ_REASON_LENGTH);
     expect(long.endsWith('…')).toBe(true);
+  });
+});
+
+describe('summarizeDeadLetter and replayMessage', () => {
+  const failed: KafkaMessage = {
+    key: Buffer.from('order-1'),
+    value: Buffer.from('{"secret":"s3cr3t"}'),
+    timestamp: '0',
+    attributes: 0,
+    offset: '3',
+    headers: {},
+  };
+  const dead = {
+    ...failed,
+    offset: '11',
+    ...deadLetterMessage(failed, {
+      reason: 'Error: boom',
+      topic: 'orders',
+      partition: 2,
+      attempts: 4,
+      groupId: 'shipping',
+      failedAt: new Date('2026-01-02T03:04:05.678Z'),
+    }),
+  } as KafkaMessage;
+  dead.headers!['event-id'] = Buffer.from('0190a6e2-8f4b-7cc3-9d2e-0123456789ab');
+  dead.headers!.multi = [Buffer.from('a'), Buffer.from('b')];
+
+  it('reads origin, reason, attempts and failed-at, and gives the payload size only', () => {
+    const s = summarizeDeadLetter(dead, { topic: 'orders.dlq', partition: 0 }, 'id-1', 'order.created');
+    expect(s).toEqual({
+      dlq: { topic: 'orders.dlq', partition: 0, offset: '11' },
+      originalTopic: 'orders',
+      originalPartition: 2,
+      originalOffset: '3',
+      reason: 'Error: boom',
+      attempts: 4,
+      failedAt: '2026-01-02T03:04:05.678Z',
+      consumerGroup: 'shipping',
+      eventId: 'id-1',
+      eventType: 'order.created',
+      key: 'order-1',
+      valueBytes: 19,
+    });
+    expect(JSON.stringify(s)).not.toContain('s3cr3t');
+  });
+
+  it('gives nulls for a record without dlq-* headers and cuts long keys', () => {
+    const s = summarizeDeadLetter(
+      { ...failed, key: Buffer.from('k'.repeat(500)), value: null, headers: {} },
+      { topic: 't', partition: 1 },
+      null,
+      null,
+    );
+    expect(s).toMatchObject({ originalTopic: null, originalPartition: null, attempts: null, valueBytes: null });
+    expect(s.key).toHaveLength(64);
+  });
+
+  it('replays the original key, value and headers without the dlq-* ones', () => {
+    const m = replayMessage(dead);
+    expect(m.key).toBe(dead.key);
+    expect(m.value).toBe(dead.value);
+    expect(m.headers).toEqual({
+      'event-id': Buffer.from('0190a6e2-8f4b-7cc3-9d2e-0123456789ab'),
+      multi: [Buffer.from('a'), Buffer.from('b')],
+    });
   });
 });

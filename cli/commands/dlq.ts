@@ -1,0 +1,107 @@
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import { Kafka, logLevel } from 'kafkajs';
+import { readDeadLetters, replayDeadLetters } from '../../consumer/dead-letter-replay.js';
+import type { DeadLetterSummary } from '../../consumer/dead-letter.js';
+import { brokersOption, int } from '../shared.js';
+
+function cliKafka(brokers: string): Kafka {
+  return new Kafka({ clientId: 'outboxkit-cli', brokers: brokers.split(','), logLevel: logLevel.NOTHING });
+}
+
+const eventIdHeaderOption = () =>
+  new Option('--event-id-header <name>', 'Kafka header that carries the event id')
+    .env('OUTBOXKIT_EVENT_ID_HEADER')
+    .default('event-id');
+const timeoutOption = () =>
+  new Option('--timeout-ms <ms>', 'longest wait for the end of the dead-letter topic').argParser(int).default(30_000);
+
+/** Reasons are bounded (1,000 characters) by the consumer; the table shows their start. */
+const MAX_LISTED_REASON = 160;
+
+function line(s: DeadLetterSummary): string {
+  const reason = s.reason ?? '-';
+  const shown = reason.length > MAX_LISTED_REASON ? `${reason.slice(0, MAX_LISTED_REASON - 1)}…` : reason;
+  return (
+    `${s.dlq.partition}/${s.dlq.offset}  event=${s.eventId ?? '-'}  from=${s.originalTopic ?? '-'}/${s.originalPartition ?? '-'}@${s.originalOffset ?? '-'}` +
+    `  attempts=${s.attempts ?? '-'}  failed-at=${s.failedAt ?? '-'}  group=${s.consumerGroup ?? '-'}` +
+    `  type=${s.eventType ?? '-'}  key=${s.key ?? '-'}  ${s.valueBytes ?? 0} B\n    ${shown}`
+  );
+}
+
+/** `outboxkit dlq list|replay`. */
+export function registerDlq(program: Command): void {
+  const dlq = program.command('dlq').description("the dedup consumer's dead-letter topics");
+  dlq
+    .command('list')
+    .description('list dead letters (origin, reason, attempts, failed-at, event id; never the payload)')
+    .argument('<dlq-topic>', 'the dead-letter topic, for example orders.dlq')
+    .addOption(brokersOption())
+    .option('--limit <n>', 'most records, from the beginning of the topic', int, 100)
+    .option('--json', 'print JSON')
+    .addOption(eventIdHeaderOption())
+    .addOption(timeoutOption())
+    .action(
+      async (
+        topic: string,
+        opts: { brokers: string; limit: number; json?: boolean; eventIdHeader: string; timeoutMs: number },
+      ) => {
+        if (opts.limit < 1) throw new InvalidArgumentError('--limit must be at least 1.');
+        const { records, complete } = await readDeadLetters(cliKafka(opts.brokers), topic, {
+          limit: opts.limit,
+          eventIdHeader: opts.eventIdHeader,
+          timeoutMs: opts.timeoutMs,
+        });
+        const summaries = records.map((r) => r.summary);
+        if (opts.json) return console.log(JSON.stringify(summaries, null, 2));
+        if (summaries.length === 0) return console.log(`no dead letters in ${topic}`);
+        for (const s of summaries) console.log(line(s));
+        if (!complete) console.log(`(timed out before the end of ${topic}; listed what was read)`);
+        else if (summaries.length === opts.limit) console.log(`(first ${opts.limit}; use --limit for more)`);
+      },
+    );
+  dlq
+    .command('replay')
+    .description(
+      'produce dead letters again to their original topic (or --to) with their key, value and headers minus dlq-*; ' +
+        'the dedup consumer applies each event at most once, however often it is replayed',
+    )
+    .argument('<dlq-topic>', 'the dead-letter topic')
+    .addOption(brokersOption())
+    .option('--event-id <ids...>', 'event ids to replay')
+    .option('--all', 'every dead letter that has a usable event id')
+    .option('--to <topic>', 'produce to this topic instead of the original one')
+    .option('--json', 'print JSON')
+    .addOption(eventIdHeaderOption())
+    .addOption(timeoutOption())
+    .action(
+      async (
+        topic: string,
+        opts: {
+          brokers: string;
+          eventId?: string[];
+          all?: boolean;
+          to?: string;
+          json?: boolean;
+          eventIdHeader: string;
+          timeoutMs: number;
+        },
+      ) => {
+        if (!opts.all && !opts.eventId?.length) throw new InvalidArgumentError('Give --event-id <ids...> or --all.');
+        if (opts.all && opts.eventId?.length) throw new InvalidArgumentError('Give --event-id or --all, not both.');
+        const result = await replayDeadLetters(cliKafka(opts.brokers), topic, {
+          eventIds: opts.eventId,
+          all: opts.all,
+          to: opts.to,
+          eventIdHeader: opts.eventIdHeader,
+          timeoutMs: opts.timeoutMs,
+        });
+        if (opts.json) return console.log(JSON.stringify(result, null, 2));
+        for (const r of result.replayed) console.log(`replayed ${r.eventId} -> ${r.topic}`);
+        for (const s of result.skipped)
+          console.log(`skipped ${s.dlqPartition}/${s.dlqOffset} (${s.eventId ?? '-'}): ${s.why}`);
+        for (const id of result.notFound) console.log(`not found: ${id}`);
+        console.log(`replayed ${result.replayed.length} events`);
+        if (result.notFound.length > 0) process.exitCode = 1;
+      },
+    );
+}

@@ -1,0 +1,309 @@
+/**
+ * Reading and re-driving a dead-letter topic (DESIGN G5: dead letters stay visible and can be
+ * replayed). Used by `outboxkit dlq list|replay`.
+ *
+ * Reading uses a throwaway consumer group (kafkajs has no manual partition assignment): it reads
+ * every partition from the earliest offset up to the log end taken when the read starts, commits
+ * nothing, and the group is deleted afterwards. Nothing of an application's group is touched.
+ *
+ * Replaying produces each chosen dead letter again to its original topic (or another one), with
+ * its original key, value and headers minus the `dlq-*` ones, through an idempotent producer.
+ * The event id does not change, so the dedup consumer applies a replayed event at most once per
+ * group: replaying twice, or replaying an event that another group had already applied, only
+ * produces duplicates that are skipped. (Within the inbox retention: a group whose inbox row for
+ * the event has been cleaned up applies it again.)
+ */
+import { randomBytes } from 'node:crypto';
+import type { Kafka, KafkaMessage, Message } from 'kafkajs';
+import { InvalidOptionsError, TopicMissingError } from '../src/errors.js';
+import { HEADER_EVENT_ID, HEADER_EVENT_TYPE, KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
+import { decodeHeaders, readEventId } from './consumed-event.js';
+import { replayMessage, summarizeDeadLetter, type DeadLetterSummary } from './dead-letter.js';
+
+/** One record of a dead-letter topic: its summary and the raw message (for replay). */
+export interface DeadLetterRecord {
+  summary: DeadLetterSummary;
+  message: KafkaMessage;
+}
+
+/** Options of {@link readDeadLetters}. */
+export interface ReadDeadLettersOptions {
+  /** Stop after this many records (in the order they are read). @defaultValue no limit */
+  limit?: number;
+  /** Give up waiting for the log end after this long, in ms, and return what was read. @defaultValue 30_000 */
+  timeoutMs?: number;
+  /** The header that carries the event id. @defaultValue 'event-id' */
+  eventIdHeader?: string;
+}
+
+/** What {@link readDeadLetters} read. */
+export interface DeadLetters {
+  records: DeadLetterRecord[];
+  /** False when `timeoutMs` passed before every partition reached its log end. */
+  complete: boolean;
+}
+
+function checkTopicName(what: string, topic: string): void {
+  if (typeof topic !== 'string' || !KAFKA_TOPIC_NAME.test(topic)) {
+    throw new InvalidOptionsError(
+      `${what} ${JSON.stringify(topic)} is not a legal Kafka topic name (1-249 letters, digits, '.', '_', '-').`,
+    );
+  }
+}
+
+async function existingTopics(kafka: Kafka): Promise<Set<string>> {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    return new Set(await admin.listTopics());
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+/**
+ * Reads a dead-letter topic from the beginning up to its current log end.
+ *
+ * @throws {@link TopicMissingError} when the topic does not exist.
+ */
+export async function readDeadLetters(
+  kafka: Kafka,
+  topic: string,
+  options: ReadDeadLettersOptions = {},
+): Promise<DeadLetters> {
+  checkTopicName('The dead-letter topic', topic);
+  const limit = options.limit ?? Number.POSITIVE_INFINITY;
+  if (!(limit === Number.POSITIVE_INFINITY || (Number.isInteger(limit) && limit >= 1))) {
+    throw new InvalidOptionsError(`limit must be a positive integer, got ${String(options.limit)}.`);
+  }
+  const timeoutMs = options.timeoutMs ?? 30_000;
+  const eventIdHeader = options.eventIdHeader ?? HEADER_EVENT_ID;
+
+  const admin = kafka.admin();
+  await admin.connect();
+  let ends: Map<number, bigint>;
+  try {
+    if (!(await admin.listTopics()).includes(topic)) {
+      throw new TopicMissingError(`The dead-letter topic ${JSON.stringify(topic)} does not exist.`);
+    }
+    // The log end of each partition now: records dead-lettered while we read are left for later.
+    ends = new Map(
+      (await admin.fetchTopicOffsets(topic))
+        .filter((p) => BigInt(p.high) > BigInt(p.low))
+        .map((p) => [p.partition, BigInt(p.high)]),
+    );
+  } finally {
+    await admin.disconnect();
+  }
+  const records: DeadLetterRecord[] = [];
+  if (ends.size === 0) return { records, complete: true };
+
+  const groupId = `outboxkit-dlq-reader-${randomBytes(6).toString('hex')}`;
+  const consumer = kafka.consumer({ groupId, allowAutoTopicCreation: false, maxWaitTimeInMs: 500 });
+  let complete = false;
+  await consumer.connect();
+  try {
+    await consumer.subscribe({ topics: [topic], fromBeginning: true });
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(resolve, timeoutMs);
+      const finish = () => {
+        clearTimeout(timer);
+        complete = true;
+        resolve();
+      };
+      consumer
+        .run({
+          autoCommit: false,
+          eachBatch: async ({ batch }) => {
+            const end = ends.get(batch.partition);
+            if (end === undefined) return;
+            for (const message of batch.messages) {
+              if (BigInt(message.offset) >= end || records.length >= limit) break;
+              const headers = decodeHeaders(message.headers);
+              const summary = summarizeDeadLetter(
+                message,
+                { topic, partition: batch.partition },
+                readEventId(headers, eventIdHeader),
+                headers[HEADER_EVENT_TYPE] ?? null,
+              );
+              records.push({ summary, message });
+              if (BigInt(message.offset) + 1n >= end) ends.delete(batch.partition);
+            }
+            // A partition whose last records were removed (compaction, transactions' markers)
+            // never shows its last offset: the batch's high watermark tells it is read through.
+            if (BigInt(batch.highWatermark) <= BigInt(batch.lastOffset()) + 1n) ends.delete(batch.partition);
+            if (ends.size === 0 || records.length >= limit) finish();
+          },
+        })
+        .catch(reject);
+    });
+  } finally {
+    await consumer.disconnect();
+    await deleteGroup(kafka, groupId);
+  }
+  // Partitions are read concurrently; list in a stable order.
+  records.sort(
+    (a, b) =>
+      a.summary.dlq.partition - b.summary.dlq.partition || compareOffsets(a.summary.dlq.offset, b.summary.dlq.offset),
+  );
+  return { records, complete };
+}
+
+function compareOffsets(a: string, b: string): number {
+  const d = BigInt(a) - BigInt(b);
+  return d < 0n ? -1 : d > 0n ? 1 : 0;
+}
+
+/** Best effort: the throwaway group committed nothing, so the broker would expire it anyway. */
+async function deleteGroup(kafka: Kafka, groupId: string): Promise<void> {
+  const admin = kafka.admin();
+  try {
+    await admin.connect();
+    await admin.deleteGroups([groupId]);
+  } catch {
+    // ignored
+  } finally {
+    await admin.disconnect().catch(() => {});
+  }
+}
+
+/** Options of {@link replayDeadLetters}. */
+export interface ReplayDeadLettersOptions {
+  /** Replay these events (by event id). Either this or `all`. */
+  eventIds?: readonly string[];
+  /** Replay every dead letter that has a usable event id. */
+  all?: boolean;
+  /** Produce to this topic instead of each record's original topic. @defaultValue the original topic */
+  to?: string;
+  /** The header that carries the event id. @defaultValue 'event-id' */
+  eventIdHeader?: string;
+  /** See {@link ReadDeadLettersOptions.timeoutMs}. @defaultValue 30_000 */
+  timeoutMs?: number;
+}
+
+/** What {@link replayDeadLetters} did. */
+export interface ReplayResult {
+  /** The events produced again, with the topic they went to. */
+  replayed: { eventId: string; topic: string; dlqOffset: string; dlqPartition: number }[];
+  /** Dead letters left alone, and why. */
+  skipped: { dlqPartition: number; dlqOffset: string; eventId: string | null; why: string }[];
+  /** Requested event ids that are not in the dead-letter topic. */
+  notFound: string[];
+}
+
+/**
+ * Re-drives dead letters: produces each chosen record again (original key, value and headers
+ * minus `dlq-*`) to its original topic, or to `to`, and waits for the broker's acknowledgement.
+ * When an event was dead-lettered several times, only its latest record is replayed. Records
+ * without a usable event id are skipped: the consumer would dead-letter them again at once.
+ * A record with a key goes to the partition the default partitioner picks for that key (the
+ * relay's choice too); one without a key goes back to its original partition.
+ *
+ * @throws {@link InvalidOptionsError} when neither `eventIds` nor `all` is given, or a name is invalid.
+ * @throws {@link TopicMissingError} when the dead-letter or a target topic does not exist.
+ */
+export async function replayDeadLetters(
+  kafka: Kafka,
+  dlqTopic: string,
+  options: ReplayDeadLettersOptions,
+): Promise<ReplayResult> {
+  const wanted = options.eventIds?.map((id) => id.toLowerCase());
+  if (!options.all && (!wanted || wanted.length === 0)) {
+    throw new InvalidOptionsError('replayDeadLetters: give the event ids to replay, or all: true.');
+  }
+  if (options.all && wanted && wanted.length > 0) {
+    throw new InvalidOptionsError('replayDeadLetters: give either event ids or all: true, not both.');
+  }
+  if (options.to !== undefined) checkTopicName('The target topic', options.to);
+
+  const { records } = await readDeadLetters(kafka, dlqTopic, {
+    eventIdHeader: options.eventIdHeader,
+    timeoutMs: options.timeoutMs,
+  });
+  const result: ReplayResult = { replayed: [], skipped: [], notFound: [] };
+  const wantedSet = wanted ? new Set(wanted) : undefined;
+  // The latest dead letter of each event id wins.
+  const latest = new Map<string, DeadLetterRecord>();
+  for (const record of records) {
+    const { eventId, dlq } = record.summary;
+    if (eventId === null) {
+      if (options.all) {
+        result.skipped.push({
+          dlqPartition: dlq.partition,
+          dlqOffset: dlq.offset,
+          eventId: null,
+          why: 'no usable event id (it would be dead-lettered again)',
+        });
+      }
+      continue;
+    }
+    if (wantedSet && !wantedSet.has(eventId)) continue;
+    const previous = latest.get(eventId);
+    if (previous) {
+      result.skipped.push({
+        dlqPartition: previous.summary.dlq.partition,
+        dlqOffset: previous.summary.dlq.offset,
+        eventId,
+        why: 'an earlier dead letter of the same event',
+      });
+    }
+    latest.set(eventId, record);
+  }
+  if (wanted) result.notFound = [...new Set(wanted)].filter((id) => !latest.has(id));
+
+  const byTopic = new Map<string, { record: DeadLetterRecord; message: Message }[]>();
+  for (const [eventId, record] of latest) {
+    const { summary } = record;
+    const target = options.to ?? summary.originalTopic;
+    if (target === null || !KAFKA_TOPIC_NAME.test(target)) {
+      result.skipped.push({
+        dlqPartition: summary.dlq.partition,
+        dlqOffset: summary.dlq.offset,
+        eventId,
+        why: 'no dlq-original-topic header; replay it with --to <topic>',
+      });
+      continue;
+    }
+    const message = replayMessage(record.message);
+    if (message.key === null && target === summary.originalTopic && summary.originalPartition !== null) {
+      message.partition = summary.originalPartition;
+    }
+    let list = byTopic.get(target);
+    if (!list) byTopic.set(target, (list = []));
+    list.push({ record, message });
+  }
+  if (byTopic.size === 0) return result;
+
+  const existing = await existingTopics(kafka);
+  const missing = [...byTopic.keys()].filter((t) => !existing.has(t));
+  if (missing.length > 0) {
+    throw new TopicMissingError(
+      `Cannot replay: topic${missing.length > 1 ? 's' : ''} ${missing.map((t) => JSON.stringify(t)).join(', ')} ` +
+        'do(es) not exist; nothing was replayed. Create them, or choose another with --to.',
+    );
+  }
+  // Idempotent, acks=all, one request in flight: the broker never duplicates or reorders a retried send.
+  const producer = kafka.producer({
+    idempotent: true,
+    maxInFlightRequests: 1,
+    allowAutoTopicCreation: false,
+    retry: { retries: 5 },
+  });
+  await producer.connect();
+  try {
+    for (const [topic, items] of byTopic) {
+      await producer.send({ topic, acks: -1, messages: items.map((i) => i.message) });
+      for (const { record } of items) {
+        result.replayed.push({
+          eventId: record.summary.eventId!,
+          topic,
+          dlqPartition: record.summary.dlq.partition,
+          dlqOffset: record.summary.dlq.offset,
+        });
+      }
+    }
+  } finally {
+    await producer.disconnect();
+  }
+  return result;
+}
