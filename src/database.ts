@@ -29,12 +29,26 @@ export interface QueryResult<R> {
 
 /** A connection that runs parameterised SQL (`$1`, `$2`, ...) inside one transaction. */
 export interface Queryable {
-  query<R = Record<string, unknown>>(text: string, values?: readonly unknown[]): Promise<QueryResult<R>>;
+  /**
+   * @param options.name - a statement name: where the driver supports it (node-postgres), the
+   *   statement is prepared once per connection and reused, which saves a parse and plan on hot
+   *   paths. The name must always go with the same text.
+   */
+  query<R = Record<string, unknown>>(
+    text: string,
+    values?: readonly unknown[],
+    options?: { name?: string },
+  ): Promise<QueryResult<R>>;
 }
 
 /** The subset of `pg.ClientBase` outboxkit uses. */
 export interface PgClientLike {
   query(text: string, values?: unknown[]): Promise<{ rows: unknown[]; rowCount: number | null }>;
+  query(config: {
+    name?: string;
+    text: string;
+    values?: unknown[];
+  }): Promise<{ rows: unknown[]; rowCount: number | null }>;
   getTransactionStatus?(): string | null;
 }
 
@@ -151,8 +165,16 @@ export function joinTransaction(tx: TransactionHandle, what: string): Queryable 
   }
   checkPgClient(client, what);
   return {
-    async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
-      const r = await guarded(what, () => client.query(text, values as unknown[]));
+    async query<R>(
+      text: string,
+      values: readonly unknown[] = [],
+      options?: { name?: string },
+    ): Promise<QueryResult<R>> {
+      const r = await guarded(what, () =>
+        options?.name
+          ? client.query({ name: options.name, text, values: values as unknown[] })
+          : client.query(text, values as unknown[]),
+      );
       return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
     },
   };

@@ -1,6 +1,7 @@
 /**
  * The outbox writer: inserts events in the application's own transaction.
  */
+import { createHash } from 'node:crypto';
 import { joinTransaction, type TransactionHandle } from '../database.js';
 import { InvalidEventError, InvalidOptionsError } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../schema.js';
@@ -70,6 +71,18 @@ export function notifyChannel(schema: string): string {
 // 9 parameters per row; PostgreSQL allows 65,535 per statement.
 const COLUMNS = 9;
 const MAX_ROWS_PER_STATEMENT = Math.floor(65_535 / COLUMNS);
+
+const statementNames = new Map<string, string>();
+
+/** A stable statement name for `text` (node-postgres keys prepared statements by name). */
+function statementName(text: string): string {
+  let name = statementNames.get(text);
+  if (name === undefined) {
+    name = `outboxkit_enqueue_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
+    statementNames.set(text, name);
+  }
+  return name;
+}
 
 function insertSql(table: string, rows: number, channel: string | null): string {
   const values: string[] = [];
@@ -148,10 +161,10 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       for (let i = 0; i < ordered.length; i += MAX_ROWS_PER_STATEMENT) {
         const chunk = ordered.slice(i, i + MAX_ROWS_PER_STATEMENT);
         const last = i + MAX_ROWS_PER_STATEMENT >= ordered.length;
-        const { rows } = await db.query<{ event_id: string; seq: string }>(
-          insertSql(table, chunk.length, resolved.notify && last ? channel : null),
-          params(chunk),
-        );
+        const text = insertSql(table, chunk.length, resolved.notify && last ? channel : null);
+        // Small calls (the common case) use a prepared statement per connection.
+        const name = chunk.length <= 8 ? statementName(text) : undefined;
+        const { rows } = await db.query<{ event_id: string; seq: string }>(text, params(chunk), { name });
         for (const r of rows) seqById.set(r.event_id, r.seq);
       }
       return prepared.map((e) => ({
