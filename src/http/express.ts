@@ -1,0 +1,183 @@
+/**
+ * An Express 5 adapter for idempotent routes: the same contract as the Fastify adapter
+ * (./fastify.ts), over `executeIdempotent()`.
+ *
+ * Only types are imported from express: this module has no run-time dependency on it (declare
+ * `express` >= 5 as an optional peer dependency).
+ *
+ * @example
+ * ```ts
+ * import express from 'express';
+ * import { idempotentHandler } from 'outboxkit/express';
+ *
+ * const app = express();
+ * app.post(
+ *   '/orders',
+ *   // The fingerprint is computed over the raw bytes: keep them (on this route only), with a limit
+ *   // at least `maxBodyBytes` (express.raw's default limit is 100 kB).
+ *   express.raw({ type: 'application/json', limit: '1mb' }),
+ *   idempotentHandler(
+ *     { db: pool, operation: 'create-order', resolveTenant: (req) => req.user?.accountId },
+ *     async (req, tx) => {
+ *       const input = req.body as { sku: string }; // parsed once, exactly the fingerprinted JSON
+ *       const { rows } = await tx.query('INSERT INTO orders (sku) VALUES ($1) RETURNING id', [input.sku]);
+ *       return { status: 201, headers: { location: `/orders/${rows[0].id}` }, body: { id: rows[0].id } };
+ *     },
+ *   ),
+ * );
+ * ```
+ */
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import type { DatabaseHandle, TransactionOf } from '../database.js';
+import { InvalidOptionsError } from '../errors.js';
+import { BodyInvalidError, TenantUnresolvedError } from '../idempotency/errors.js';
+import { executeIdempotent, executeWithoutKey } from '../idempotency/execute.js';
+import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
+import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
+import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
+import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
+import { isProblemError, toProblem } from './problem.js';
+
+/** Default `maxBodyBytes`, in bytes (1 MiB, as the Fastify adapter). */
+export const DEFAULT_MAX_BODY_BYTES = 1_048_576;
+
+/** Options of {@link idempotentHandler}: where, what, who, plus {@link IdempotencyOptions}. */
+export interface ExpressIdempotencyOptions<D extends DatabaseHandle> extends IdempotencyOptions {
+  /** A `pg.Pool` or a drizzle database: outboxkit opens one transaction per request on it. */
+  db: D;
+  /** The operation name, scoping keys: the same key on two operations never collides. */
+  operation: string;
+  /**
+   * The authenticated caller's scope (account or tenant id). Return `undefined` (or `''`) when it
+   * cannot be determined: the request is then refused with 400 (`tenant-unresolved`) rather than
+   * put in a shared scope. Called only for requests that carry a key.
+   */
+  resolveTenant(req: Request): string | undefined | Promise<string | undefined>;
+  /**
+   * Request headers that change the meaning of the request (for example `accept-language`), part
+   * of the fingerprint. Never tracing or transport headers. @defaultValue []
+   */
+  semanticHeaders?: readonly string[];
+  /** Whether a request without `Idempotency-Key` is refused (400) or runs without protection. @defaultValue true */
+  required?: boolean;
+  /**
+   * Largest body accepted on this route, in bytes: larger bodies get 413 `body-too-large`, nothing
+   * recorded. Keep `express.raw({ limit })` at or above it (bodies over that limit get Express's
+   * own 413 before this handler runs). @defaultValue 1_048_576
+   */
+  maxBodyBytes?: number;
+}
+
+/**
+ * Builds an Express 5 route handler that runs `handler` idempotently:
+ * 1. parses `Idempotency-Key` (400 `key-missing` / `key-invalid`);
+ * 2. resolves the tenant (400 `tenant-unresolved`);
+ * 3. fingerprints the raw body and the semantic headers (413 `body-too-large`, 400 `body-invalid`),
+ *    then sets `req.body` to the parsed JSON, so the handler sees exactly what was fingerprinted;
+ * 4. runs `executeIdempotent()` and sends the status, headers and body bytes, with
+ *    `Idempotent-Replayed: true` on a replay; outboxkit's errors become RFC 9457 problems (409 and
+ *    503 with `Retry-After`, 422 on a key reused with another body).
+ *
+ * The body must reach it as raw bytes: put `express.raw({ type: 'application/json' })` before it
+ * on the route. A body that a JSON parser (`express.json()`) already parsed is refused with an
+ * {@link InvalidOptionsError} (passed to `next`): its fingerprint would not cover the bytes sent.
+ * A body that no parser read (a content type `express.raw` was not set up for) gets 400
+ * `body-invalid`. Responses are written with Node's `res.setHeader()`/`res.end()`, so Express adds
+ * neither an ETag nor a charset: a replay is byte for byte the first response. Errors the handler
+ * throws go to `next(err)` (your error middleware), after the rollback.
+ *
+ * @throws {@link InvalidOptionsError} at once on invalid options.
+ */
+export function idempotentHandler<D extends DatabaseHandle>(
+  options: ExpressIdempotencyOptions<D>,
+  handler: (req: Request, tx: TransactionOf<D>) => Promise<HandlerResponse>,
+): RequestHandler {
+  const opts = resolveIdempotencyOptions(options);
+  const { db, operation } = options;
+  if (typeof operation !== 'string' || operation.length === 0) {
+    throw new InvalidOptionsError('idempotentHandler() needs a non-empty operation name.');
+  }
+  if (typeof options.resolveTenant !== 'function') {
+    throw new InvalidOptionsError('idempotentHandler() needs resolveTenant(req): the caller scope of each key.');
+  }
+  if (typeof handler !== 'function') throw new InvalidOptionsError('idempotentHandler() needs a handler function.');
+  const required = options.required ?? true;
+  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
+    throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${String(maxBodyBytes)}.`);
+  }
+  const semanticHeaders = (options.semanticHeaders ?? []).map((h) => h.toLowerCase());
+
+  return async function idempotentRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
+    let result: IdempotentResult;
+    try {
+      const key = parseIdempotencyKey(req.headers[IDEMPOTENCY_KEY_HEADER], { required });
+      const raw = rawBodyOf(req);
+      if (key === undefined) {
+        const parsed = parseJsonBody(raw, maxBodyBytes);
+        req.body = parsed.present ? parsed.value : undefined;
+        result = await executeWithoutKey(db, (tx) => handler(req, tx), opts);
+      } else {
+        const tenant = await options.resolveTenant(req);
+        if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+        const { fingerprint, body } = fingerprintAndParse({
+          tenant,
+          operation,
+          method: req.method,
+          body: raw,
+          semanticHeaders: pickHeaders(req, semanticHeaders),
+          maxBodyBytes,
+        });
+        req.body = body;
+        result = await executeIdempotent(db, { tenant, operation, key, fingerprint }, (tx) => handler(req, tx), opts);
+      }
+    } catch (err) {
+      if (!isProblemError(err)) return next(err);
+      const problem = toProblem(err, opts);
+      return send(res, {
+        status: problem.status,
+        headers: problem.headers,
+        body: Buffer.from(JSON.stringify(problem.body), 'utf8'),
+      });
+    }
+    send(res, result.response);
+  };
+}
+
+/** Writes a response as is: no ETag, no charset added to the content type (unlike `res.send`). */
+function send(res: Response, response: IdempotentResponse): void {
+  res.statusCode = response.status;
+  for (const [name, value] of Object.entries(response.headers)) res.setHeader(name, value);
+  res.setHeader('content-length', response.body.length);
+  res.end(response.body);
+}
+
+function hasBody(req: Request): boolean {
+  const length = req.headers['content-length'];
+  return req.headers['transfer-encoding'] !== undefined || (length !== undefined && length !== '0');
+}
+
+function rawBodyOf(req: Request): FingerprintInput['body'] {
+  const body: unknown = req.body;
+  if (typeof body === 'string' || body instanceof Uint8Array) return body;
+  if (body === undefined || body === null) {
+    if (!hasBody(req)) return undefined;
+    // body-parser 2 leaves req.body undefined when the content type is not the one it parses.
+    throw new BodyInvalidError(
+      `The request body was not read as JSON (content type ${JSON.stringify(req.headers['content-type'] ?? '')}); send it as application/json.`,
+    );
+  }
+  throw new InvalidOptionsError(
+    "The idempotent route received an already parsed body; use express.raw({ type: 'application/json' }) on this route (not express.json()) so the fingerprint covers the raw bytes.",
+  );
+}
+
+function pickHeaders(req: Request, names: readonly string[]): Record<string, string> {
+  const picked: Record<string, string> = {};
+  for (const name of names) {
+    const value = req.headers[name];
+    if (value === undefined) continue;
+    picked[name] = Array.isArray(value) ? value.join(', ') : String(value);
+  }
+  return picked;
+}
