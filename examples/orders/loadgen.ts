@@ -1,9 +1,17 @@
 /**
  * A load generator with the faults real clients produce: requests aborted before the response
  * and retried with the same key, concurrent duplicate sends, and keys reused with another body.
- * Every logical order is retried until it gets an answer, as a careful client would.
+ * Every logical order goes through outboxkit's idempotent client (src/client/), which retries it
+ * with one key, full-jitter backoff and Retry-After until it gets an answer, within bounds.
  */
 import { randomUUID } from 'node:crypto';
+import {
+  createIdempotentClient,
+  isClientError,
+  type ClientResponse,
+  type IdempotentClient,
+  type RequestRejectedError,
+} from '../../src/client/index.js';
 
 /** Counters of one load run. */
 export interface LoadStats {
@@ -31,14 +39,8 @@ export interface LoadOptions {
   duplicateRate: number;
   /** Share of orders whose key is then reused with a different body (0-1). */
   reuseRate: number;
-  /** Stop retrying a logical order after this long, in ms. */
+  /** Stop retrying a logical order after this long, in ms (the client's `deadlineMs`). */
   deadlineMs: number;
-}
-
-interface Attempt {
-  status: number | 'aborted' | 'error';
-  replayed: boolean;
-  body: string;
 }
 
 function newStats(): LoadStats {
@@ -55,93 +57,110 @@ function newStats(): LoadStats {
   };
 }
 
-async function post(
-  stats: LoadStats,
-  o: LoadOptions,
-  tenant: string,
-  key: string,
-  body: unknown,
-  timeoutMs?: number,
-): Promise<Attempt> {
+/** Counts one HTTP attempt (the client reports every attempt, retries included). */
+function count(stats: LoadStats, status: number | undefined, replayed: boolean, timedOut: boolean): void {
   stats.requests++;
+  if (status === 201 && replayed) stats.replays++;
+  else if (status === 201) stats.created++;
+  else if (status === 409) stats.conflicts409++;
+  else if (status === 422) stats.mismatches422++;
+  else if (status === undefined && timedOut) stats.aborted++;
+  else stats.otherErrors++;
+}
+
+/**
+ * The fault: a first attempt that the client abandons after 1-5 ms, before the answer (the server
+ * may or may not commit it). Sent by hand, outside the client, which would wait for the answer.
+ */
+async function abandonedAttempt(stats: LoadStats, o: LoadOptions, tenant: string, key: string, body: unknown) {
   try {
     const res = await fetch(`${o.baseUrl}/orders`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-tenant-id': tenant },
       body: JSON.stringify(body),
-      signal: timeoutMs === undefined ? AbortSignal.timeout(10_000) : AbortSignal.timeout(timeoutMs),
+      signal: AbortSignal.timeout(1 + Math.floor(Math.random() * 5)),
     });
-    const text = await res.text();
-    const replayed = res.headers.get('idempotent-replayed') === 'true';
-    if (res.status === 201 && replayed) stats.replays++;
-    else if (res.status === 201) stats.created++;
-    else if (res.status === 409) stats.conflicts409++;
-    else if (res.status === 422) stats.mismatches422++;
-    else stats.otherErrors++;
-    return { status: res.status, replayed, body: text };
+    await res.arrayBuffer();
+    count(stats, res.status, res.headers.get('idempotent-replayed') === 'true', false);
   } catch (err) {
-    const aborted = (err as Error).name === 'TimeoutError' || (err as Error).name === 'AbortError';
-    if (aborted) stats.aborted++;
-    else stats.otherErrors++;
-    return { status: aborted ? 'aborted' : 'error', replayed: false, body: '' };
+    const name = (err as Error).name;
+    count(stats, undefined, false, name === 'TimeoutError' || name === 'AbortError');
   }
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const utf8 = new TextDecoder();
 
-/** Sends one logical order until it is answered with 201 (fresh or replayed). */
-async function oneOrder(stats: LoadStats, o: LoadOptions, i: number, firstBodies: Map<string, string>): Promise<void> {
+/** Sends one logical order through the idempotent client until it is answered with 201 (fresh or replayed). */
+async function oneOrder(stats: LoadStats, o: LoadOptions, client: IdempotentClient, i: number): Promise<void> {
   const tenant = o.tenants[i % o.tenants.length]!;
   const key = randomUUID();
   const body = { cartId: `cart-${i}`, currency: 'EUR', amount: 100 + (i % 900) };
-  const deadline = Date.now() + o.deadlineMs;
+  const request = { idempotencyKey: key, headers: { 'x-tenant-id': tenant } };
   const r = Math.random();
-  let attempts: Attempt[];
-  if (r < o.abortRate) {
-    // The client gives up before the answer: the server may or may not have committed.
-    attempts = [await post(stats, o, tenant, key, body, 1 + Math.floor(Math.random() * 5))];
-  } else if (r < o.abortRate + o.duplicateRate) {
-    const n = 2 + Math.floor(Math.random() * 2);
-    attempts = await Promise.all(Array.from({ length: n }, () => post(stats, o, tenant, key, body)));
-  } else {
-    attempts = [await post(stats, o, tenant, key, body)];
+  let answers: ClientResponse[];
+  try {
+    if (r < o.abortRate) {
+      // The client gives up before the answer, then retries with the same key.
+      await abandonedAttempt(stats, o, tenant, key, body);
+      answers = [await client.post('/orders', body, request)];
+    } else if (r < o.abortRate + o.duplicateRate) {
+      // 2-3 concurrent sends of the same operation: one executes, the others get 409 then the replay.
+      const n = 2 + Math.floor(Math.random() * 2);
+      answers = await Promise.all(Array.from({ length: n }, () => client.post('/orders', body, request)));
+    } else {
+      answers = [await client.post('/orders', body, request)];
+    }
+  } catch (err) {
+    // Gave up (attempts or deadline): the order is not counted as accepted.
+    if (isClientError(err, 'OUTBOXKIT_CLIENT_GAVE_UP')) return;
+    if (isClientError(err, 'OUTBOXKIT_CLIENT_REJECTED')) {
+      stats.violations.push(`${key}: a valid order was rejected (${err.message})`);
+      return;
+    }
+    throw err;
   }
-  let backoff = 20;
-  while (!attempts.some((a) => a.status === 201)) {
-    if (Date.now() > deadline) return;
-    await sleep(Math.floor(Math.random() * backoff));
-    backoff = Math.min(backoff * 2, 1_000);
-    attempts = [await post(stats, o, tenant, key, body)];
+  const texts = answers.map((a) => utf8.decode(a.body));
+  const first = texts[0]!;
+  if (answers.some((a) => a.status !== 201) || texts.some((t) => t !== first)) {
+    stats.violations.push(`${key}: concurrent sends got different answers`);
   }
-  const fresh = attempts.filter((a) => a.status === 201);
-  const first = fresh[0]!;
-  const orderId = (JSON.parse(first.body) as { orderId: string }).orderId;
+  const orderId = (JSON.parse(first) as { orderId: string }).orderId;
   stats.accepted.set(`${tenant}/${key}`, orderId);
-  const known = firstBodies.get(`${tenant}/${key}`);
-  for (const a of fresh) {
-    if (a.body !== (known ?? first.body)) stats.violations.push(`${key}: two different 201 bodies`);
-  }
-  firstBodies.set(`${tenant}/${key}`, known ?? first.body);
   // A retry after success must replay the same bytes.
-  const again = await post(stats, o, tenant, key, body);
-  if (again.status !== 201 || !again.replayed || again.body !== firstBodies.get(`${tenant}/${key}`)) {
-    stats.violations.push(`${key}: a retry after success was not a byte-identical replay (${again.status})`);
+  try {
+    const again = await client.post('/orders', body, request);
+    if (again.status !== 201 || !again.replayed || utf8.decode(again.body) !== first) {
+      stats.violations.push(`${key}: a retry after success was not a byte-identical replay (${again.status})`);
+    }
+  } catch (err) {
+    stats.violations.push(`${key}: a retry after success failed (${(err as Error).message})`);
   }
   if (Math.random() < o.reuseRate) {
-    // The same key with another body must be refused (422), never answered with the first result.
-    const reused = await post(stats, o, tenant, key, { ...body, amount: body.amount + 1 });
-    if (reused.status !== 422)
-      stats.violations.push(`${key}: reuse with another body answered ${reused.status}, not 422`);
+    // The same key with another body must be refused (422) at once, never answered with the first result.
+    const reused = await client.post('/orders', { ...body, amount: body.amount + 1 }, request).catch((e: unknown) => e);
+    const status = isClientError(reused, 'OUTBOXKIT_CLIENT_REJECTED')
+      ? (reused as RequestRejectedError).status
+      : ((reused as Partial<ClientResponse>).status ?? String(reused));
+    if (status !== 422) stats.violations.push(`${key}: reuse with another body answered ${status}, not 422`);
   }
 }
 
 /** Runs the load and returns its counters. */
 export async function runLoad(options: LoadOptions): Promise<LoadStats> {
   const stats = newStats();
-  const firstBodies = new Map<string, string>();
+  const client = createIdempotentClient({
+    baseUrl: options.baseUrl,
+    // Bounded, but generous enough for the demo's faults: 409s while a duplicate runs, slow commits.
+    maxAttempts: 20,
+    deadlineMs: options.deadlineMs,
+    initialDelayMs: 20,
+    maxDelayMs: 1_000,
+    timeoutMs: 10_000,
+    onAttempt: (e) => count(stats, e.status, e.replayed, e.timedOut),
+  });
   let next = 0;
   const worker = async () => {
-    for (let i = next++; i < options.orders; i = next++) await oneOrder(stats, options, i, firstBodies);
+    for (let i = next++; i < options.orders; i = next++) await oneOrder(stats, options, client, i);
   };
   await Promise.all(Array.from({ length: options.concurrency }, worker));
   return stats;
