@@ -2,7 +2,7 @@
  * The relay's Kafka producer, behind a small interface of outboxkit's own so that another client
  * (for example @confluentinc/kafka-javascript) can be added later without touching the relay.
  */
-import type { Kafka, Producer, ProducerConfig } from 'kafkajs';
+import { Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
 
 /** One record to publish. */
 export interface OutboundRecord {
@@ -54,6 +54,8 @@ export function createKafkajsProducer(
 ): RelayProducer {
   const producer: Producer = kafka.producer({
     ...SAFE_PRODUCER_CONFIG,
+    // Java-compatible murmur2 of the key: the same partition a Java producer would choose.
+    createPartitioner: Partitioners.DefaultPartitioner,
     retry: { retries: options.retries ?? 5, initialRetryTime: 100, maxRetryTime: 2_000 },
   });
   let tail: Promise<unknown> = Promise.resolve();
