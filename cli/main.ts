@@ -6,6 +6,7 @@
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
 import { registerDlq } from './commands/dlq.js';
+import { registerInbox } from './commands/inbox.js';
 import { registerLanes } from './commands/lanes.js';
 import { registerMigrate } from './commands/migrate.js';
 import { registerParked } from './commands/parked.js';
@@ -24,6 +25,7 @@ registerLanes(program);
 registerParked(program);
 registerTopics(program);
 registerDlq(program);
+registerInbox(program);
 
 export async function main(argv: string[] = process.argv): Promise<void> {
   try {

@@ -33,7 +33,16 @@
  * Other partitions go on meanwhile. Attempt counts live in memory: after a rebalance or restart
  * the new owner counts from 1 again.
  */
-import type { Consumer, EachBatchPayload, KafkaMessage, Message, Producer } from 'kafkajs';
+import type {
+  Admin,
+  ConfigResourceTypes,
+  Consumer,
+  DescribeConfigResponse,
+  EachBatchPayload,
+  KafkaMessage,
+  Message,
+  Producer,
+} from 'kafkajs';
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';
 import { LifecycleError, TopicMissingError } from '../src/errors.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
@@ -56,8 +65,10 @@ export interface DedupConsumer {
   /** The consumer group. */
   readonly groupId: string;
   /**
-   * Checks the inbox table and that every topic and dead-letter topic exists, connects, subscribes
-   * and resolves once this member has joined its group and consumes. Call once.
+   * Checks the inbox table and that every topic and dead-letter topic exists, warns (log and
+   * `consumer:retention-warning`) about topics that keep messages at least as long as the inbox
+   * keeps rows, connects, subscribes and resolves once this member has joined its group and
+   * consumes. Call once.
    *
    * @param signal - stops the consumer when aborted (like calling `stop()`).
    * @throws {@link TopicMissingError} naming the missing topics (nothing is created).
@@ -87,6 +98,13 @@ export interface DedupConsumer {
  */
 export const CRASH_POINT_AFTER_COMMIT = 'consumer:after-commit';
 
+/**
+ * Kafka's ConfigResource type of a topic (DescribeConfigs). kafkajs's `ConfigResourceTypes.TOPIC`,
+ * written out: kafkajs is CommonJS and Node's ESM loader does not see that enum as a named export.
+ */
+const TOPIC_RESOURCE_TYPE = 2 as ConfigResourceTypes;
+/** The topic configuration that bounds how far back Kafka can redeliver (Kafka topic configs). */
+const TOPIC_RETENTION_CONFIG = 'retention.ms';
 /** Default of `stop({ timeoutMs })`. */
 const DEFAULT_STOP_TIMEOUT_MS = 30_000;
 /** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
@@ -265,14 +283,17 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   async #checkTopics(): Promise<void> {
     const admin = this.#o.kafka.admin();
     await admin.connect();
-    let existing: Set<string>;
     try {
       // listTopics reads metadata for all topics: unlike a metadata request naming the topics,
       // it can never auto-create one.
-      existing = new Set(await admin.listTopics());
+      this.#requireTopics(new Set(await admin.listTopics()));
+      await this.#checkRetention(admin);
     } finally {
       await admin.disconnect();
     }
+  }
+
+  #requireTopics(existing: Set<string>): void {
     const needed = [...this.#o.topics, ...this.#o.deadLetterTopics.values()];
     const missing = needed.filter((topic) => !existing.has(topic));
     if (missing.length > 0) {
@@ -282,6 +303,52 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
           'needs every consumed topic and its dead-letter topic, and never creates topics. Create them with ' +
           '`outboxkit topics ensure` or, for each, `kafka-topics.sh --bootstrap-server <broker> --create --topic <name> --partitions <n>`.',
       );
+    }
+  }
+
+  /**
+   * Warns about each consumed topic whose `retention.ms` is not shorter than the inbox retention:
+   * Kafka could then redeliver (offset reset, replay from the earliest offset) an event whose
+   * inbox row was already cleaned up, and it would be applied again. A broker that refuses
+   * DescribeConfigs (ACLs) costs a warning, not the start.
+   */
+  async #checkRetention(admin: Admin): Promise<void> {
+    const { topics, inboxRetentionMs, logger } = this.#o;
+    let described: DescribeConfigResponse;
+    try {
+      described = await admin.describeConfigs({
+        includeSynonyms: false,
+        resources: topics.map((name) => ({
+          type: TOPIC_RESOURCE_TYPE,
+          name,
+          configNames: [TOPIC_RETENTION_CONFIG],
+        })),
+      });
+    } catch (err) {
+      logger.warn(
+        { groupId: this.groupId, err },
+        "Could not read the topics' retention.ms (DescribeConfigs refused?); the inbox retention is not checked.",
+      );
+      return;
+    }
+    for (const resource of described.resources) {
+      const entry = resource.configEntries.find((e) => e.configName === TOPIC_RETENTION_CONFIG);
+      if (entry?.configValue === undefined || entry.configValue === null) continue;
+      const value = Number(entry.configValue);
+      if (!Number.isFinite(value)) continue;
+      const topicRetentionMs = value < 0 ? null : value;
+      if (topicRetentionMs !== null && topicRetentionMs < inboxRetentionMs) continue;
+      logger.warn(
+        { groupId: this.groupId, topic: resource.resourceName, topicRetentionMs, inboxRetentionMs },
+        `Topic ${resource.resourceName} keeps messages ${topicRetentionMs === null ? 'forever' : `for ${topicRetentionMs} ms`}, ` +
+          `not less than the inbox keeps rows (${inboxRetentionMs} ms): a redelivery of an older message would be applied ` +
+          "again. Lower the topic's retention.ms or raise inboxRetentionMs (and the cleanup's retention).",
+      );
+      this.#events.emit('consumer:retention-warning', {
+        topic: resource.resourceName,
+        topicRetentionMs,
+        inboxRetentionMs,
+      });
     }
   }
 

@@ -36,6 +36,13 @@ export interface DedupConsumerEvents {
    * commit failed). It never counts as an attempt; the message runs again after `delayMs`.
    */
   'consumer:error': MessagePosition & { error: unknown; delayMs: number };
+  /**
+   * At start: a consumed topic keeps messages at least as long as the inbox keeps rows
+   * (`topicRetentionMs` null: unlimited), so a redelivery of an old message (offset reset,
+   * replay) may find its inbox row deleted and be applied again. Lower the topic's
+   * `retention.ms` or raise `inboxRetentionMs`.
+   */
+  'consumer:retention-warning': { topic: string; topicRetentionMs: number | null; inboxRetentionMs: number };
   /** The kafkajs consumer crashed; `restart` tells whether kafkajs restarts it. */
   'consumer:crash': { error: Error; restart: boolean };
 }

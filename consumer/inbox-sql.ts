@@ -57,3 +57,30 @@ export async function assertTransactionUsable(q: Queryable): Promise<void> {
 export async function probeInbox(q: Queryable, schemaSql: string): Promise<void> {
   await q.query(`SELECT 1 FROM ${schemaSql}.inbox LIMIT 0`);
 }
+
+/**
+ * Deletes inbox rows processed more than `retentionMs` ago, at most `batchSize` of them (bounded
+ * lock time and WAL per statement), oldest first through `inbox_processed_idx`. `SKIP LOCKED`
+ * lets two cleanups run at once without waiting on each other's rows.
+ *
+ * @param consumerGroup - only this group's rows, or every group's when null.
+ * @returns how many rows were deleted.
+ */
+export async function deleteExpiredInboxRows(
+  q: Queryable,
+  schemaSql: string,
+  retentionMs: number,
+  batchSize: number,
+  consumerGroup: string | null,
+): Promise<number> {
+  const { rowCount } = await q.query(
+    `DELETE FROM ${schemaSql}.inbox WHERE (consumer_group, event_id) IN (
+       SELECT consumer_group, event_id FROM ${schemaSql}.inbox
+        WHERE processed_at < now() - make_interval(secs => $1::double precision / 1000)
+          AND ($3::text IS NULL OR consumer_group = $3::text)
+        ORDER BY processed_at LIMIT $2
+        FOR UPDATE SKIP LOCKED)`,
+    [retentionMs, batchSize, consumerGroup],
+  );
+  return rowCount;
+}

@@ -32,4 +32,10 @@ export {
   type ReplayResult,
 } from './dead-letter-replay.js';
 export type { DeadLetterSummary } from './dead-letter.js';
+export {
+  CLEANUP_INBOX_DEFAULTS,
+  cleanupInbox,
+  DEFAULT_INBOX_RETENTION_MS,
+  type CleanupInboxOptions,
+} from './inbox-cleanup.js';
 export { InboxUnavailableError, InvalidMessageError } from './errors.js';

@@ -12,6 +12,7 @@ import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 import { DEFAULT_SCHEMA } from '../src/schema.js';
 import { quoteSchema } from '../src/schema-name.js';
 import type { ConsumedEvent } from './consumed-event.js';
+import { DEFAULT_INBOX_RETENTION_MS } from './inbox-cleanup.js';
 
 /** What the handler receives for one event. */
 export interface HandlerContext<D extends DatabaseHandle> {
@@ -105,6 +106,15 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   autoCommitIntervalMs?: number;
   /** Where a group without committed offsets starts: the earliest message (true) or new ones only. @defaultValue false */
   fromBeginning?: boolean;
+  /**
+   * How long the inbox keeps an applied event's row, in ms: the dedup window of G4. It must
+   * exceed the longest redelivery horizon (the topics' `retention.ms`, the relay's republish
+   * window); at start the consumer reads each topic's `retention.ms` and warns (log and
+   * `consumer:retention-warning`) when it is not shorter. The consumer does not delete rows
+   * itself: run `cleanupInbox()` or `outboxkit inbox cleanup` with the same value.
+   * @defaultValue 691_200_000 (8 days, above Kafka's default 7-day retention)
+   */
+  inboxRetentionMs?: number;
   /** Structured logger (pino-compatible). @defaultValue a no-op logger */
   logger?: Logger;
   /** Test-only hooks; see {@link DedupConsumerHooks}. @defaultValue none */
@@ -126,6 +136,7 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   fetchMaxWaitMs: 5_000,
   autoCommitIntervalMs: 5_000,
   fromBeginning: false,
+  inboxRetentionMs: DEFAULT_INBOX_RETENTION_MS,
   logger: noopLogger,
 });
 
@@ -250,6 +261,7 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   );
   const fromBeginning = options.fromBeginning ?? d.fromBeginning;
   if (typeof fromBeginning !== 'boolean') fail('fromBeginning must be a boolean.');
+  const inboxRetentionMs = integer('inboxRetentionMs', options.inboxRetentionMs ?? d.inboxRetentionMs, 1);
   const logger = options.logger ?? d.logger;
   for (const level of ['debug', 'info', 'warn', 'error'] as const) {
     if (typeof (logger as unknown as Record<string, unknown>)?.[level] !== 'function') {
@@ -279,6 +291,7 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
     fetchMaxWaitMs,
     autoCommitIntervalMs,
     fromBeginning,
+    inboxRetentionMs,
     logger,
     hooks,
   };

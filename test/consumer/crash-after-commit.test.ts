@@ -71,7 +71,12 @@ describe('G4 · SIGKILL after the transaction commits, before the offset commit'
     const exited = new Promise<NodeJS.Signals | null>((resolve) =>
       proc.once('exit', (_code, signal) => resolve(signal)),
     );
-    await waitFor(() => stdout.includes('READY'), { timeoutMs: 30_000, message: `child did not start: ${stderr}` });
+    let exitedEarly = false;
+    void exited.then(() => (exitedEarly = !stdout.includes('READY')));
+    await waitFor(() => stdout.includes('READY') || exitedEarly, { timeoutMs: 30_000 }).catch((err: unknown) => {
+      throw new Error(`the child consumer did not start: ${stderr}`, { cause: err });
+    });
+    if (exitedEarly) throw new Error(`the child consumer exited before it started: ${stderr}`);
 
     // Six events on partition 0, sent in one request: one record batch, one fetch.
     const ids = await producer.send(

@@ -1,0 +1,46 @@
+import { Option, type Command } from 'commander';
+import { CLEANUP_INBOX_DEFAULTS, cleanupInbox } from '../../consumer/inbox-cleanup.js';
+import { databaseOption, int, schemaOption, withPool } from '../shared.js';
+
+/** `outboxkit inbox cleanup`. */
+export function registerInbox(program: Command): void {
+  const inbox = program.command('inbox').description("the dedup consumer's inbox (applied event ids per group)");
+  inbox
+    .command('cleanup')
+    .description(
+      'delete inbox rows older than the retention, in bounded batches; keep the retention above the ' +
+        "consumed topics' retention.ms, or redelivered old events are applied again",
+    )
+    .addOption(databaseOption())
+    .addOption(schemaOption())
+    .addOption(
+      new Option('--retention-ms <ms>', 'delete rows processed longer ago than this (default 8 days)')
+        .env('OUTBOXKIT_INBOX_RETENTION_MS')
+        .argParser(int)
+        .default(CLEANUP_INBOX_DEFAULTS.retentionMs),
+    )
+    .option('--batch-size <n>', 'rows deleted per transaction', int, CLEANUP_INBOX_DEFAULTS.batchSize)
+    .option('--max-batches <n>', 'most batches in this run', int, CLEANUP_INBOX_DEFAULTS.maxBatches)
+    .option('--group <consumer-group>', "only this consumer group's rows")
+    .action(
+      async (opts: {
+        databaseUrl: string;
+        schema: string;
+        retentionMs: number;
+        batchSize: number;
+        maxBatches: number;
+        group?: string;
+      }) => {
+        await withPool(opts.databaseUrl, async (pool) => {
+          const { deleted, more } = await cleanupInbox(pool, {
+            schema: opts.schema,
+            retentionMs: opts.retentionMs,
+            batchSize: opts.batchSize,
+            maxBatches: opts.maxBatches,
+            consumerGroup: opts.group,
+          });
+          console.log(`deleted ${deleted} inbox rows${more ? ' (more remain; run again)' : ''}`);
+        });
+      },
+    );
+}
