@@ -27,6 +27,7 @@ import { notifyChannel } from '../src/outbox/enqueue.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { isRecordError, kafkaErrorType } from './classify-error.js';
 import { crashPoint } from './crash-point.js';
+import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
 import { createKafkajsProducer, type OutboundRecord, type RelayProducer } from './producer.js';
 import * as sql from './sql.js';
 
@@ -201,7 +202,14 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.q = quoteSchema(this.options.schema);
     this.logger = options.logger ?? noopLogger;
     this.ownsPool = !options.pool;
-    this.pool = options.pool ?? new pg.Pool({ connectionString: options.connectionString, max: 3, keepAlive: true });
+    this.pool =
+      options.pool ??
+      new pg.Pool({
+        connectionString: options.connectionString,
+        max: 3,
+        keepAlive: true,
+        application_name: 'outboxkit-relay',
+      });
     this.pool.on('error', (err) => this.logger.warn({ err }, 'idle PostgreSQL connection failed'));
     this.db = {
       query: async <R>(text: string, values?: readonly unknown[]) => {
@@ -330,7 +338,11 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   private async startListener(): Promise<void> {
     const channel = notifyChannel(this.options.schema);
-    const client = new pg.Client({ ...(this.pool.options as pg.ClientConfig), keepAlive: true });
+    const client = new pg.Client({
+      ...(this.pool.options as pg.ClientConfig),
+      keepAlive: true,
+      application_name: 'outboxkit-relay-listener',
+    });
     client.on('notification', () => this.wakeUp());
     client.on('error', (err) => {
       // A dead listener only costs latency: polling continues, and the listener is rebuilt.
@@ -341,6 +353,31 @@ export class Relay extends EventEmitter<RelayEvents> {
     await client.connect();
     await client.query(`LISTEN "${channel}"`);
     this.listener = client;
+  }
+
+  /**
+   * Detects a dead listener (terminated backend, half-open TCP connection) with a bounded
+   * `SELECT 1`, and rebuilds it: without it the relay would silently fall back to polling.
+   */
+  private async checkListener(): Promise<void> {
+    if (!this.options.listen || this.stopping) return;
+    const listener = this.listener;
+    if (listener) {
+      let timer: NodeJS.Timeout | undefined;
+      const alive = await Promise.race([
+        listener.query('SELECT 1').then(
+          () => true,
+          () => false,
+        ),
+        new Promise<boolean>((r) => (timer = setTimeout(() => r(false), Math.max(500, this.options.leaseMs / 3)))),
+      ]);
+      clearTimeout(timer);
+      if (alive) return;
+      this.logger.warn({}, 'LISTEN connection is dead; rebuilding it');
+      this.listener = undefined;
+      void listener.end().catch(() => undefined);
+    }
+    await this.startListener().catch((err: Error) => this.logger.warn({ err }, 'LISTEN reconnect failed'));
   }
 
   private wakeUp(): void {
@@ -378,13 +415,13 @@ export class Relay extends EventEmitter<RelayEvents> {
     const keep = new Set(renewed.map((r) => r.lane));
     for (const lane of this.held.keys()) if (!keep.has(lane)) this.held.delete(lane);
     for (const r of renewed) this.held.set(r.lane, { ...r, validUntil });
-    if (!this.listener && this.options.listen && !this.stopping) {
-      await this.startListener().catch((err: Error) => this.logger.warn({ err }, 'LISTEN reconnect failed'));
-    }
+    await this.checkListener();
     const share = Math.ceil(OUTBOX_LANES / live);
+    let acquired = 0;
     if (this.held.size < share) {
       for (const r of await sql.acquireLanes(this.db, this.q, this.relayId, share - this.held.size, leaseMs)) {
         this.held.set(r.lane, { ...r, validUntil });
+        acquired++;
       }
     } else if (this.held.size > share) {
       const extra = this.heldLanes().slice(share);
@@ -394,7 +431,8 @@ export class Relay extends EventEmitter<RelayEvents> {
       await sql.releaseLanes(this.db, this.q, this.relayId, extra);
     }
     this.emit('relay:lanes', { held: this.heldLanes() });
-    this.wakeUp();
+    // New lanes may hold a backlog that no notification will announce.
+    if (acquired > 0) this.wakeUp();
   }
 
   private currentPass: Promise<unknown> = Promise.resolve();
@@ -466,14 +504,26 @@ export class Relay extends EventEmitter<RelayEvents> {
       this.isolateNext = false;
       return published;
     }
+    const records = sendable.map(toRecord);
+    const chunks = splitByTopicLimit(records, await this.topicLimits(records));
+    let acked = 0;
     try {
       await crashPoint('relay:before-send');
-      await this.producer.send(sendable.map(toRecord));
+      // Chunks go one after another, so a key's order holds across them.
+      for (const chunk of chunks) {
+        await this.producer.send(chunk);
+        acked += chunk.length;
+      }
     } catch (err) {
-      // Every row stays pending. kafkajs may report a record's fault as another error (its
-      // internal retry of a partly written batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the
-      // error's kind is not trusted here: the next pass isolates.
+      // The rows of failed chunks stay pending; those the broker acknowledged are marked. kafkajs
+      // may report a record's fault as another error (its internal retry of a partly written
+      // batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not trusted here: the
+      // next pass isolates.
       this.isolateNext = true;
+      if (acked > 0) {
+        const seqs = sendable.slice(0, acked).map((r) => r.seq);
+        await sql.markPublished(this.db, this.q, this.relayId, seqs, lanes);
+      }
       throw err;
     }
     await crashPoint('relay:after-send');
@@ -488,6 +538,29 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.logger.debug({ count: sendable.length, marked }, 'published');
     return sendable.length;
   }
+
+  /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
+  private async topicLimits(records: readonly OutboundRecord[]): Promise<(topic: string) => number> {
+    const fallback = this.options.maxBatchBytes;
+    if (this.kafka) {
+      const unknown = [...new Set(records.map((r) => r.topic))].filter((t) => !this.maxMessageBytes.has(t));
+      if (unknown.length > 0) {
+        const admin = this.kafka.admin();
+        await admin.connect();
+        try {
+          for (const [topic, bytes] of await readTopicLimits(admin, unknown)) this.maxMessageBytes.set(topic, bytes);
+        } catch (err) {
+          this.logger.warn({ err, topics: unknown }, 'could not read max.message.bytes; using maxBatchBytes');
+        } finally {
+          await admin.disconnect();
+        }
+      }
+    }
+    // Keep 10 % below the topic's limit, and never above maxBatchBytes.
+    return (topic) => Math.min(fallback, Math.floor((this.maxMessageBytes.get(topic) ?? fallback) * 0.9));
+  }
+
+  private readonly maxMessageBytes = new Map<string, number>();
 
   /** Rows whose lane this relay still holds with the token it read them under. */
   private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {

@@ -152,3 +152,70 @@ describe('relay', () => {
     expect(new Set(got).size).toBe(20);
   });
 });
+
+describe('topic limits', () => {
+  it('splits sends below the topic max.message.bytes, so many small events never fail as one large batch', async () => {
+    const [topic] = await createTopics(['relay-limits'], {
+      partitions: 1,
+      configEntries: [{ name: 'max.message.bytes', value: '3000' }],
+    });
+    const relay = await startRelay(db.url);
+    const failures: unknown[] = [];
+    relay.on('relay:failed', (f) => failures.push(f));
+    relay.on('relay:error', (f) => failures.push(f));
+    await inTx((c) =>
+      enqueue(
+        c,
+        Array.from({ length: 60 }, (_, i) => ({
+          topic: topic!,
+          key: `k${i % 4}`,
+          type: 't',
+          payload: 'x'.repeat(200),
+        })),
+      ),
+    );
+    const got = await readTopic(
+      topic!,
+      (m) => m.key,
+      (all) => all.length >= 60,
+    );
+    expect(got).toHaveLength(60);
+    expect(failures).toEqual([]);
+  });
+});
+
+describe('connections terminated under the relay', () => {
+  it('rebuilds a terminated LISTEN connection and recovers its pool (pg_terminate_backend)', async () => {
+    const [topic] = await createTopics(['relay-terminate']);
+    // A poll interval of a minute: only a working listener can deliver events quickly.
+    await startRelay(db.url, { pollIntervalMs: 60_000 });
+    const terminate = async (app: string) => {
+      const { rows } = await db.pool.query<{ n: number }>(
+        `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`,
+        [app],
+      );
+      return rows[0]!.n;
+    };
+    await waitFor(async () => (await terminate('outboxkit-relay-listener')) === 1);
+    await terminate('outboxkit-relay');
+    // Wait for the listener to be back, then one commit must wake the relay at once.
+    await waitFor(async () => {
+      const { rows } = await db.pool.query(
+        `SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'outboxkit-relay-listener' AND query ILIKE 'SELECT 1%'`,
+      );
+      return rows.length === 1;
+    });
+    await inTx((c) => enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 1 }));
+    // Delivered within seconds although the relay polls once a minute: NOTIFY reached it.
+    await waitFor(
+      async () => {
+        const { rows } = await db.pool.query(
+          'SELECT 1 FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NOT NULL',
+          [topic],
+        );
+        return rows.length === 1;
+      },
+      { timeoutMs: 10_000 },
+    );
+  });
+});
