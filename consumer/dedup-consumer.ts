@@ -64,6 +64,8 @@ import {
 export interface DedupConsumer {
   /** The consumer group. */
   readonly groupId: string;
+  /** The consumed topics. */
+  readonly topics: readonly string[];
   /**
    * Checks the inbox table and that every topic and dead-letter topic exists, warns (log and
    * `consumer:retention-warning`) about topics that keep messages at least as long as the inbox
@@ -138,6 +140,7 @@ type State = 'new' | 'starting' | 'running' | 'stopping' | 'stopped';
 
 class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly groupId: string;
+  readonly topics: readonly string[];
   readonly #o: ResolvedDedupConsumerOptions<D>;
   readonly #events: TypedEmitter<DedupConsumerEvents>;
   readonly #consumer: Consumer;
@@ -154,6 +157,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   constructor(options: DedupConsumerOptions<D>) {
     this.#o = resolveDedupConsumerOptions(options);
     this.groupId = this.#o.groupId;
+    this.topics = Object.freeze([...this.#o.topics]);
     this.#events = new TypedEmitter(this.#o.logger);
     const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
     this.#consumer = kafka.consumer({

@@ -39,3 +39,4 @@ export {
   type CleanupInboxOptions,
 } from './inbox-cleanup.js';
 export { InboxUnavailableError, InvalidMessageError } from './errors.js';
+export { consumerMetrics, HANDLER_DURATION_BUCKETS } from './metrics.js';

@@ -1,0 +1,96 @@
+/**
+ * Prometheus metrics of a dedup consumer (prom-client), fed by its typed events. Labels are the
+ * consumer group and the topic: never event ids or keys (unbounded cardinality, and they can
+ * carry business identifiers).
+ */
+import client from 'prom-client';
+import type { DedupConsumer } from './dedup-consumer.js';
+
+const LABELS = ['group', 'topic'] as const;
+
+/** Bucket bounds of the handler latency histogram, in seconds (1 ms to 30 s). */
+export const HANDLER_DURATION_BUCKETS = Object.freeze([
+  0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+]);
+
+type Label = (typeof LABELS)[number];
+
+/** The metric registered under `name`, or a new one: several consumers may share a registry. */
+function counter(registry: client.Registry, name: string, help: string): client.Counter<Label> {
+  const existing = registry.getSingleMetric(name);
+  if (existing) return existing as client.Counter<Label>;
+  return new client.Counter({ name, help, labelNames: LABELS, registers: [registry] });
+}
+
+/**
+ * Registers the consumer's metrics on `registry` and keeps them up to date:
+ *
+ * - `outboxkit_consumer_applied_total`: events whose handler ran and committed.
+ * - `outboxkit_consumer_duplicates_total`: events skipped because the group had applied them.
+ * - `outboxkit_consumer_retries_total`: failed handler runs that will run again.
+ * - `outboxkit_consumer_dead_lettered_total`: messages sent to the dead-letter topic.
+ * - `outboxkit_consumer_errors_total`: failures outside the handler (database down, lock
+ *   timeout on the inbox row), retried without counting as attempts.
+ * - `outboxkit_consumer_handler_duration_seconds`: time to apply one event (inbox claim,
+ *   handler and commit), for applied events.
+ *
+ * Every series is labelled `group` and `topic`, and starts at 0 for each consumed topic.
+ *
+ * @returns a function that stops updating the metrics (they stay registered).
+ */
+export function consumerMetrics(consumer: DedupConsumer, registry: client.Registry): () => void {
+  const applied = counter(
+    registry,
+    'outboxkit_consumer_applied_total',
+    'Events whose handler ran and whose transaction (with the inbox row) committed.',
+  );
+  const duplicates = counter(
+    registry,
+    'outboxkit_consumer_duplicates_total',
+    'Events skipped because the inbox shows the consumer group already applied them.',
+  );
+  const retries = counter(
+    registry,
+    'outboxkit_consumer_retries_total',
+    'Failed handler runs that were rolled back and will run again after a backoff.',
+  );
+  const deadLettered = counter(
+    registry,
+    'outboxkit_consumer_dead_lettered_total',
+    'Messages produced to the dead-letter topic (no usable event id, or the handler kept failing).',
+  );
+  const errors = counter(
+    registry,
+    'outboxkit_consumer_errors_total',
+    'Failures outside the handler (database unreachable, lock timeout on the inbox row, commit); retried.',
+  );
+  const durationName = 'outboxkit_consumer_handler_duration_seconds';
+  const duration =
+    (registry.getSingleMetric(durationName) as client.Histogram<Label> | undefined) ??
+    new client.Histogram({
+      name: durationName,
+      help: 'Time to apply one event (inbox claim, handler, commit) in seconds, for applied events.',
+      labelNames: LABELS,
+      buckets: [...HANDLER_DURATION_BUCKETS],
+      registers: [registry],
+    });
+
+  const group = consumer.groupId;
+  for (const topic of consumer.topics) {
+    for (const c of [applied, duplicates, retries, deadLettered, errors]) c.inc({ group, topic }, 0);
+    duration.zero({ group, topic });
+  }
+  const off = [
+    consumer.on('consumer:applied', ({ event, durationMs }) => {
+      applied.inc({ group, topic: event.topic });
+      duration.observe({ group, topic: event.topic }, durationMs / 1_000);
+    }),
+    consumer.on('consumer:duplicate', ({ event }) => duplicates.inc({ group, topic: event.topic })),
+    consumer.on('consumer:retry', ({ event }) => retries.inc({ group, topic: event.topic })),
+    consumer.on('consumer:dead-lettered', ({ topic }) => deadLettered.inc({ group, topic })),
+    consumer.on('consumer:error', ({ topic }) => errors.inc({ group, topic })),
+  ];
+  return () => {
+    for (const f of off) f();
+  };
+}
