@@ -197,6 +197,13 @@ export async function withPgTransaction<T>(
 ): Promise<T> {
   const client = await pool.connect();
   let destroy: Error | undefined;
+  // A checked-out client has no 'error' listener of the pool's: a backend terminated while the
+  // transaction sits between statements would otherwise emit an unhandled 'error' and crash the
+  // process. Record it instead; the next statement fails and the client is destroyed.
+  const onError = (err: Error) => {
+    destroy ??= err;
+  };
+  client.on('error', onError);
   try {
     await client.query(options.beginSql ?? 'BEGIN');
     try {
@@ -221,6 +228,7 @@ export async function withPgTransaction<T>(
     destroy ??= client.getTransactionStatus() === 'I' ? undefined : (err as Error);
     throw err;
   } finally {
+    client.off('error', onError);
     client.release(destroy ?? false);
   }
 }

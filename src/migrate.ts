@@ -105,6 +105,10 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
   }
   const client = options.client ?? new pg.Client({ connectionString: options.connectionString });
   const owned = !options.client;
+  // Between statements an unheard 'error' (backend terminated) would crash the process; the next
+  // statement fails instead, and migrate() rejects.
+  const onError = (err: Error) => logger.warn({ err }, 'migration connection failed');
+  client.on('error', onError);
   if (owned) await client.connect();
   try {
     const { rows } = await client.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`);
@@ -123,6 +127,7 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
       await client.query(`SELECT pg_advisory_unlock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
     }
   } finally {
+    client.off('error', onError);
     if (owned) await client.end();
   }
 }
