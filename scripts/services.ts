@@ -274,6 +274,64 @@ export async function stopKafka(log: Log = noop): Promise<boolean> {
   return stopped;
 }
 
+/** A throwaway broker for fault-injection tests (see {@link startScratchBroker}). */
+export interface ScratchBroker {
+  brokers: string[];
+  pid: number;
+  /** Kills the broker (SIGKILL by default, like a crash) and waits for the process to exit. */
+  kill(signal?: NodeJS.Signals): Promise<void>;
+  /** Starts it again on the same storage and waits until it answers. */
+  restart(): Promise<void>;
+  /** Stops it for good and deletes its storage. */
+  destroy(): Promise<void>;
+}
+
+/**
+ * Starts a second, private single-node broker on 127.0.0.1:`port` (controller on `port + 1`) with
+ * its own storage under `.services/scratch-<port>`, for tests that kill and restart a broker
+ * without touching the shared one. Uses the jars of the configured Kafka version.
+ */
+export async function startScratchBroker(port: number, log: Log = noop): Promise<ScratchBroker> {
+  const version = resolveKafkaVersion();
+  await checkJava();
+  await resolveKafkaJars(version, log);
+  const home = path.join(SERVICES_DIR, `scratch-${port}`);
+  fs.rmSync(home, { recursive: true, force: true });
+  fs.mkdirSync(home, { recursive: true });
+  const listen = `127.0.0.1:${port}`;
+  const layout = { home, listen, controller: `127.0.0.1:${port + 1}` };
+  const brokers = [listen];
+  const launch = async (): Promise<number> => {
+    const from = logSize(home);
+    const pid = await startBroker(version, log, layout);
+    await waitForBroker(brokers, pid, home, log, from);
+    return pid;
+  };
+  let pid = await launch();
+  const exited = async (p: number) => {
+    const deadline = Date.now() + KAFKA_STOP_MS;
+    while (isAlive(p) && Date.now() < deadline) await sleep(50);
+  };
+  return {
+    brokers,
+    get pid() {
+      return pid;
+    },
+    async kill(signal: NodeJS.Signals = 'SIGKILL') {
+      if (isAlive(pid)) process.kill(pid, signal);
+      await exited(pid);
+    },
+    async restart() {
+      pid = await launch();
+    },
+    async destroy() {
+      if (isAlive(pid)) process.kill(pid, 'SIGKILL');
+      await exited(pid);
+      fs.rmSync(home, { recursive: true, force: true });
+    },
+  };
+}
+
 export interface Services {
   databaseUrl: string;
   kafkaBrokers: string[];
@@ -528,15 +586,20 @@ function jvmLoggingArgs(version: string, home: string): string[] {
   return args;
 }
 
-function serverProperties(version: string, home: string): string {
+function serverProperties(
+  version: string,
+  home: string,
+  listen = LOCAL_BROKER,
+  controller = CONTROLLER_ADDRESS,
+): string {
   const lines = [
     '# Written by scripts/services.ts on every start; edit that file, not this one.',
     '# Single-node KRaft, broker and controller in one process, loopback only.',
     'process.roles=broker,controller',
     'node.id=1',
-    `controller.quorum.voters=1@${CONTROLLER_ADDRESS}`,
-    `listeners=PLAINTEXT://${LOCAL_BROKER},CONTROLLER://${CONTROLLER_ADDRESS}`,
-    `advertised.listeners=PLAINTEXT://${LOCAL_BROKER}`,
+    `controller.quorum.voters=1@${controller}`,
+    `listeners=PLAINTEXT://${listen},CONTROLLER://${controller}`,
+    `advertised.listeners=PLAINTEXT://${listen}`,
     'inter.broker.listener.name=PLAINTEXT',
     'controller.listener.names=CONTROLLER',
     'listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT',
@@ -584,12 +647,20 @@ function serverProperties(version: string, home: string): string {
 }
 
 /** Formats KRaft storage once (cluster id kept across runs), then launches the broker detached. */
-async function startBroker(version: string, log: Log): Promise<number> {
-  const home = kafkaHome(version);
+async function startBroker(
+  version: string,
+  log: Log,
+  layout: { home: string; listen: string; controller: string } = {
+    home: kafkaHome(version),
+    listen: LOCAL_BROKER,
+    controller: CONTROLLER_ADDRESS,
+  },
+): Promise<number> {
+  const home = layout.home;
   const props = path.join(home, 'server.properties');
-  const classpath = path.join(home, 'lib', '*');
+  const classpath = path.join(kafkaHome(version), 'lib', '*');
   fs.mkdirSync(path.join(home, 'logs'), { recursive: true });
-  fs.writeFileSync(props, serverProperties(version, home));
+  fs.writeFileSync(props, serverProperties(version, home, layout.listen, layout.controller));
   const logging = jvmLoggingArgs(version, home);
 
   if (!fs.existsSync(path.join(home, 'data', 'meta.properties'))) {
