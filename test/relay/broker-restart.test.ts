@@ -3,10 +3,9 @@
  * untouched: nothing committed is lost, keys keep the order of their first occurrences.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { PoolClient } from 'pg';
 import { Kafka, logLevel } from 'kafkajs';
 import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
-import { enqueue, HEADER_EVENT_ID } from '../../src/index.js';
+import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { randomName } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
@@ -33,18 +32,6 @@ afterAll(async () => {
   await db?.drop();
 });
 
-async function tx<T>(fn: (c: PoolClient) => Promise<T>): Promise<T> {
-  const c = await db.pool.connect();
-  try {
-    await c.query('BEGIN');
-    const r = await fn(c);
-    await c.query('COMMIT');
-    return r;
-  } finally {
-    c.release();
-  }
-}
-
 describe('broker killed and restarted mid-stream', () => {
   it('publishes every committed event after the broker comes back, keys in order', async () => {
     const topic = randomName('restart');
@@ -59,7 +46,7 @@ describe('broker killed and restarted mid-stream', () => {
     const write = async (from: number, to: number) => {
       for (let i = from; i < to; i++) {
         const key = `k${i % 5}`;
-        const [e] = await tx((c) => enqueue(c, { topic, key, type: 't', payload: i }));
+        const [e] = await withPgTransaction(db.pool, (c) => enqueue(c, { topic, key, type: 't', payload: i }));
         expected.set(key, [...(expected.get(key) ?? []), e!.eventId]);
       }
     };

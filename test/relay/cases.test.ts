@@ -1,8 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { PoolClient } from 'pg';
 import { Kafka, logLevel } from 'kafkajs';
 import { inject } from 'vitest';
-import { createOutbox, enqueue, HEADER_EVENT_ID } from '../../src/index.js';
+import { createOutbox, enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createKafkajsProducer } from '../../relay/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createTopics, readTopic } from '../helpers/kafka.js';
@@ -18,21 +17,6 @@ afterAll(async () => {
   await db.drop();
 });
 
-async function inTx<T>(fn: (c: PoolClient) => Promise<T>): Promise<T> {
-  const c = await db.pool.connect();
-  try {
-    await c.query('BEGIN');
-    const r = await fn(c);
-    await c.query('COMMIT');
-    return r;
-  } catch (err) {
-    await c.query('ROLLBACK');
-    throw err;
-  } finally {
-    c.release();
-  }
-}
-
 async function pending(topic: string): Promise<number> {
   const { rows } = await db.pool.query<{ n: number }>(
     'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NULL',
@@ -44,7 +28,7 @@ async function pending(topic: string): Promise<number> {
 describe('C05 crash between the broker ack and marking the rows', () => {
   it('republishes with the same event id and key after a SIGKILL; nothing is lost', async () => {
     const [topic] = await createTopics(['c05']);
-    const written = await inTx((c) =>
+    const written = await withPgTransaction(db.pool, (c) =>
       enqueue(
         c,
         Array.from({ length: 10 }, (_, i) => ({ topic: topic!, key: `k${i % 3}`, type: 't', payload: i })),
@@ -85,7 +69,7 @@ describe('C06 one poison event', () => {
       { topic: topic!, key: 'p', type: 't', payload: 'p-after' }, // same key as the poison
       { topic: topic!, key: 'd', type: 't', payload: 'd1' },
     ];
-    const written = await inTx((c) => outbox.enqueue(c, events));
+    const written = await withPgTransaction(db.pool, (c) => outbox.enqueue(c, events));
     const poisonId = written[1]!.eventId;
     const relay = await startRelay(db.url, { maxAttempts: 3, retryInitialMs: 20, retryMaxMs: 100 });
     const failures: number[] = [];
@@ -149,7 +133,7 @@ describe('C08 a relay killed while it holds work', () => {
     });
     doomed.proc.kill('SIGKILL');
     await doomed.exited;
-    await inTx((c) =>
+    await withPgTransaction(db.pool, (c) =>
       enqueue(
         c,
         Array.from({ length: 5 }, (_, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: i })),
@@ -221,7 +205,7 @@ describe('C10 payloads that must survive byte for byte', () => {
       { payload: { id: '9007199254740993' }, bytes: '{"id":"9007199254740993"}' },
       { payload: Buffer.from('{"id":9007199254740993}'), bytes: '{"id":9007199254740993}' },
     ];
-    const written = await inTx((c) =>
+    const written = await withPgTransaction(db.pool, (c) =>
       enqueue(
         c,
         cases.map((k, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: k.payload })),
@@ -239,7 +223,9 @@ describe('C10 payloads that must survive byte for byte', () => {
     }
     // The sequence value is a bigint kept as a decimal string, never a lossy JS number.
     await db.pool.query(`SELECT setval(pg_get_serial_sequence('outboxkit.outbox_events', 'seq'), 9007199254740992)`);
-    const [big] = await inTx((c) => enqueue(c, { topic: topic!, key: 'big', type: 't', payload: 1 }));
+    const [big] = await withPgTransaction(db.pool, (c) =>
+      enqueue(c, { topic: topic!, key: 'big', type: 't', payload: 1 }),
+    );
     expect(big!.seq).toBe('9007199254740993');
   });
 });

@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { PoolClient } from 'pg';
-import { enqueue, HEADER_EVENT_ID } from '../../src/index.js';
+import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createTopics, readTopic } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
@@ -14,21 +13,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await db.drop();
 });
-
-async function tx<T>(fn: (c: PoolClient) => Promise<T>): Promise<T> {
-  const c = await db.pool.connect();
-  try {
-    await c.query('BEGIN');
-    const r = await fn(c);
-    await c.query('COMMIT');
-    return r;
-  } catch (err) {
-    await c.query('ROLLBACK');
-    throw err;
-  } finally {
-    c.release();
-  }
-}
 
 describe('three relays, one killed mid-stream', () => {
   it('publishes every event, and each key keeps its order of first occurrences', async () => {
@@ -51,7 +35,7 @@ describe('three relays, one killed mid-stream', () => {
       while (n < 300) {
         const i = n++;
         const key = keys[i % keys.length]!;
-        await tx(async (c) => {
+        await withPgTransaction(db.pool, async (c) => {
           const [e] = await enqueue(c, { topic: topic!, key, type: 'v', payload: i });
           // Versions of a key in commit order: the per-key lock serialises its writers.
           expected.get(key)!.push(e!.eventId);

@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { PoolClient } from 'pg';
-import { enqueue, HEADER_EVENT_ID } from '../../src/index.js';
+import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createTopics, readTopic } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
@@ -17,21 +16,6 @@ afterAll(async () => {
   await db.drop();
 });
 
-async function tx<T>(fn: (c: PoolClient) => Promise<T>): Promise<T> {
-  const c = await db.pool.connect();
-  try {
-    await c.query('BEGIN');
-    const r = await fn(c);
-    await c.query('COMMIT');
-    return r;
-  } catch (err) {
-    await c.query('ROLLBACK');
-    throw err;
-  } finally {
-    c.release();
-  }
-}
-
 describe('per-key commit order', () => {
   it('a second writer of a key waits for the first to commit, so seq follows commit order', async () => {
     const [topic] = await createTopics(['order-lock']);
@@ -39,12 +23,14 @@ describe('per-key commit order', () => {
     await first.query('BEGIN');
     const [a] = await enqueue(first, { topic: topic!, key: 'K', type: 't', payload: 1 });
     let secondDone = false;
-    const second = tx((c) => enqueue(c, { topic: topic!, key: 'K', type: 't', payload: 2 })).then((r) => {
+    const second = withPgTransaction(db.pool, (c) =>
+      enqueue(c, { topic: topic!, key: 'K', type: 't', payload: 2 }),
+    ).then((r) => {
       secondDone = true;
       return r;
     });
     // Another key is not held up.
-    await tx((c) => enqueue(c, { topic: topic!, key: 'other', type: 't', payload: 3 }));
+    await withPgTransaction(db.pool, (c) => enqueue(c, { topic: topic!, key: 'other', type: 't', payload: 3 }));
     await new Promise((r) => setTimeout(r, 300));
     expect(secondDone).toBe(false);
     await first.query('COMMIT');
@@ -71,7 +57,7 @@ describe('per-key commit order', () => {
       const writer = async () => {
         while (next < 200) {
           next++;
-          await tx(async (c) => {
+          await withPgTransaction(db.pool, async (c) => {
             const [e] = await enqueue(c, { topic: topic!, key: 'X', type: 'v', payload: 'x' });
             const { rows } = await c.query<{ v: number }>(`UPDATE agg SET v = v + 1 WHERE id = 'X' RETURNING v`);
             await c.query('INSERT INTO versions VALUES ($1, $2)', [e!.eventId, rows[0]!.v]);
