@@ -113,7 +113,7 @@ describe('C06 one poison event', () => {
     const all = await readTopic(
       topic!,
       (m) => m.value!.toString(),
-      (a) => a.includes('"p-after"'),
+      (a) => new Set(a).size >= 5,
     );
     // At least once: a batch that failed for the poison's sake may have written its other
     // records before the relay isolated the poison, so duplicates may appear; nothing is missing.
