@@ -35,7 +35,10 @@ import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../
 import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
-import type { HandlerResponse, IdempotentResult } from '../idempotency/state-machine.js';
+import { executeLeased, type LeaseContext } from '../idempotency/lease.js';
+import { resolveLeaseOptions, type LeaseOptions } from '../idempotency/lease-options.js';
+import { serveOperation } from '../idempotency/reconcile.js';
+import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
 
 /** Default `maxBodyBytes`: Fastify's default `bodyLimit` (1 MiB). */
@@ -134,16 +137,109 @@ export function idempotentHandler<D extends DatabaseHandle>(
       }
     } catch (err) {
       if (!isProblemError(err)) throw err;
-      const problem = toProblem(err, opts);
-      // A Buffer: Fastify would append "; charset=utf-8" to the content type of a string.
-      return reply
-        .code(problem.status)
-        .headers(problem.headers)
-        .send(Buffer.from(JSON.stringify(problem.body), 'utf8'));
+      return sendProblem(reply, err, opts);
     }
     const { status, headers, body } = result.response;
     return reply.code(status).headers(headers).send(body);
   };
+}
+
+/** Options of {@link leasedHandler}: {@link FastifyIdempotencyOptions} with the lease-mode options. */
+export interface FastifyLeaseOptions<D extends DatabaseHandle>
+  extends Omit<FastifyIdempotencyOptions<D>, 'policy' | 'required'>, LeaseOptions {
+  /**
+   * The caller's deadline for this request, in ms since the epoch (bounds policy `wait`), for
+   * example from a `Request-Timeout` header. @defaultValue none (only `waitTimeoutMs` bounds it)
+   */
+  deadline?(req: FastifyRequest): number | undefined;
+}
+
+/**
+ * Builds a Fastify route handler in **lease mode** (see `executeLeased()`): the claim commits
+ * first, `handler(req, ctx)` runs under a lease with an owner token, and its response is stored
+ * fenced by that token. The key is always required. Same parsing, fingerprinting and problem
+ * responses as {@link idempotentHandler}; answers 202 (policy `async`, or an uncertain outcome)
+ * with the operation's `Location`. Serve that location with {@link operationHandler}.
+ *
+ * @throws {@link InvalidOptionsError} at once on invalid options.
+ */
+export function leasedHandler<D extends DatabaseHandle>(
+  options: FastifyLeaseOptions<D>,
+  handler: (req: FastifyRequest, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
+): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
+  const opts = resolveLeaseOptions(options);
+  const { db, operation } = options;
+  if (typeof operation !== 'string' || operation.length === 0) {
+    throw new InvalidOptionsError('leasedHandler() needs a non-empty operation name.');
+  }
+  if (typeof options.resolveTenant !== 'function') {
+    throw new InvalidOptionsError('leasedHandler() needs resolveTenant(req): the caller scope of each key.');
+  }
+  if (typeof handler !== 'function') throw new InvalidOptionsError('leasedHandler() needs a handler function.');
+  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const semanticHeaders = (options.semanticHeaders ?? []).map((h) => h.toLowerCase());
+
+  return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    let response: IdempotentResponse;
+    try {
+      const key = parseIdempotencyKey(req.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
+      const tenant = await options.resolveTenant(req);
+      if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+      const { fingerprint, body } = fingerprintAndParse({
+        tenant,
+        operation,
+        method: req.method,
+        body: rawBodyOf(req),
+        semanticHeaders: pickHeaders(req, semanticHeaders),
+        maxBodyBytes,
+      });
+      req.body = body;
+      const deadline = options.deadline?.(req);
+      const result = await executeLeased(
+        db,
+        { tenant, operation, key, fingerprint, ...(deadline === undefined ? {} : { deadline }) },
+        (ctx) => handler(req, ctx),
+        opts,
+      );
+      response = result.response;
+    } catch (err) {
+      if (!isProblemError(err)) throw err;
+      return sendProblem(reply, err, opts.base);
+    }
+    return reply.code(response.status).headers(response.headers).send(response.body);
+  };
+}
+
+/**
+ * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
+ * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
+ * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's.
+ */
+export function operationHandler<D extends DatabaseHandle>(options: {
+  db: D;
+  operation: string;
+  schema?: string;
+  resolveTenant(req: FastifyRequest): string | undefined | Promise<string | undefined>;
+}): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
+  return async function operationRoute(req, reply) {
+    const tenant = await options.resolveTenant(req);
+    if (typeof tenant !== 'string' || tenant.length === 0) return sendProblem(reply, new TenantUnresolvedError(), {});
+    const response = await serveOperation(
+      options.db,
+      { tenant, operation: options.operation, operationId: req.params.operationId },
+      options.schema === undefined ? {} : { schema: options.schema },
+    );
+    return reply.code(response.status).headers(response.headers).send(response.body);
+  };
+}
+
+function sendProblem(reply: FastifyReply, err: unknown, opts: { retryAfterSeconds?: number }): FastifyReply {
+  const problem = toProblem(err, opts);
+  // A Buffer: Fastify would append "; charset=utf-8" to the content type of a string.
+  return reply
+    .code(problem.status)
+    .headers(problem.headers)
+    .send(Buffer.from(JSON.stringify(problem.body), 'utf8'));
 }
 
 function rawBodyOf(req: FastifyRequest): FingerprintInput['body'] {

@@ -24,6 +24,7 @@ import {
 import { FINGERPRINT_VERSION, type Fingerprint } from './fingerprint.js';
 import { assertValidKey, redactKey } from './key.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './options.js';
+import { emitOutcome } from './metrics.js';
 import { classifyStoreError } from './pg-errors.js';
 import {
   decideOnExisting,
@@ -83,13 +84,13 @@ class HandlerFailure {
   constructor(readonly error: unknown) {}
 }
 
-function checkRequest(request: IdempotentRequest): KeyScope {
-  if (typeof request !== 'object' || request === null)
-    throw new InvalidOptionsError('executeIdempotent() needs a request.');
+/** Validates a request and returns its scope. @internal */
+export function checkRequest(request: IdempotentRequest, what = 'executeIdempotent()'): KeyScope {
+  if (typeof request !== 'object' || request === null) throw new InvalidOptionsError(`${what} needs a request.`);
   const { tenant, operation, key, fingerprint } = request;
   if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
   if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError('executeIdempotent() needs a non-empty operation name.');
+    throw new InvalidOptionsError(`${what} needs a non-empty operation name.`);
   }
   assertValidKey(key);
   if (
@@ -99,7 +100,7 @@ function checkRequest(request: IdempotentRequest): KeyScope {
     !Buffer.isBuffer(fingerprint.digest) ||
     fingerprint.digest.length !== 32
   ) {
-    throw new InvalidOptionsError('executeIdempotent() needs the fingerprint returned by fingerprintRequest().');
+    throw new InvalidOptionsError(`${what} needs the fingerprint returned by fingerprintRequest().`);
   }
   return { tenant, operation, key };
 }
@@ -183,14 +184,19 @@ export async function executeIdempotent<D extends DatabaseHandle>(
         switch (decision.kind) {
           case 'mismatch':
             opts.logger.warn(log, 'idempotency key reused with a different request');
+            emitOutcome(opts, scope.operation, 'mismatch');
             throw new KeyMismatchError();
           case 'in-progress':
+            emitOutcome(opts, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
             throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
           case 'replay':
             opts.logger.debug(log, 'idempotent response replayed');
+            emitOutcome(opts, scope.operation, 'replayed');
             return { replayed: true, response: decision.response };
         }
       }
+      // Counted at claim time: a later rollback still was a new execution attempt.
+      emitOutcome(opts, scope.operation, claim.generation > 1 ? 'expired' : 'new');
 
       await setClaimSavepoint(q);
       let returned: HandlerResponse;
@@ -233,20 +239,27 @@ export async function executeIdempotent<D extends DatabaseHandle>(
       opts.logger.debug({ ...log, status: err.response.status }, 'idempotent request released (response not stored)');
       return { replayed: false, response: err.response };
     }
-    throw translateError(err, opts, log);
+    throw translateError(err, opts, log, scope.operation);
   }
 }
 
 /** Maps what escaped the transaction to what the caller sees; see {@link executeIdempotent}. */
-function translateError(err: unknown, opts: ResolvedIdempotencyOptions, log: Record<string, unknown>): unknown {
+function translateError(
+  err: unknown,
+  opts: ResolvedIdempotencyOptions,
+  log: Record<string, unknown>,
+  operation?: string,
+): unknown {
   if (err instanceof HandlerFailure) return err.error;
   if (isOutboxkitError(err)) return err;
   switch (classifyStoreError(err)) {
     case 'lock-timeout':
     case 'serialization':
+      if (operation !== undefined) emitOutcome(opts, operation, 'in_progress');
       opts.logger.debug(log, 'idempotency key in progress');
       return new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds, cause: err });
     case 'unavailable':
+      if (operation !== undefined) emitOutcome(opts, operation, 'store_error');
       opts.logger.warn({ ...log, err }, 'idempotency store unavailable');
       return new StoreUnavailableError(undefined, { retryAfterSeconds: opts.retryAfterSeconds, cause: err });
     case 'other':

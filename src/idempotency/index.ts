@@ -1,5 +1,6 @@
 /**
- * The idempotency layer's public API (one-transaction mode). Internals (SQL, pure transitions,
+ * The idempotency layer's public API: one-transaction mode (`executeIdempotent`) and lease mode
+ * (`executeLeased`), side by side in src/idempotency/lease.ts. Internals (SQL, pure transitions,
  * error classification) are imported from their modules by adapters, not re-exported here.
  */
 export {
@@ -26,13 +27,42 @@ export {
 export {
   REPLAYED_HEADER,
   RETRIABLE_CLIENT_STATUSES,
+  outcomeOfResponse,
   outcomeOfStatus,
+  reject,
   type HandlerResponse,
+  type RejectOptions,
+  type Rejection,
   type IdempotentResponse,
   type IdempotentResult,
   type ResponseOutcome,
 } from './state-machine.js';
-export { executeIdempotent, type IdempotentRequest } from './execute.js';
+export { executeIdempotent, type ExecutionContext, type IdempotentRequest } from './execute.js';
+export { executeLeased, type LeaseContext, type LeasedResult, type UncertainOutcome } from './lease.js';
+export {
+  LEASE_DEFAULTS,
+  resolveLeaseOptions,
+  type LeaseOptions,
+  type LeasePolicy,
+  type ResolvedLeaseOptions,
+} from './lease-options.js';
+export { leaseChannel, operationIdOf, type UncertainRecord } from './lease-store.js';
+export {
+  reconcileUncertain,
+  serveOperation,
+  type Reconciliation,
+  type ReconcileOptions,
+  type ReconcileResult,
+  type ServeOperationOptions,
+} from './reconcile.js';
+export {
+  IDEMPOTENCY_OUTCOMES,
+  REQUESTS_TOTAL,
+  idempotencyGauges,
+  type GaugeOptions,
+  type IdempotencyOutcome,
+  type IdempotencyOutcomeEvent,
+} from './metrics.js';
 export { CLEANUP_DEFAULTS, cleanupExpiredKeys, type CleanupOptions } from './cleanup.js';
 export {
   PROBLEM_CONTENT_TYPE,

@@ -5,6 +5,8 @@ import { InvalidOptionsError } from '../errors.js';
 import { noopLogger, type Logger } from '../logger.js';
 import { DEFAULT_SCHEMA } from '../schema.js';
 import { quoteSchema } from '../schema-name.js';
+import type { Registry } from 'prom-client';
+import { outcomeCounter, type IdempotencyOutcomeEvent, type OutcomeSinks } from './metrics.js';
 
 /** What a duplicate gets while the first request with its key is still running. */
 export type ConcurrencyPolicy = 'reject' | 'wait';
@@ -53,10 +55,22 @@ export interface IdempotencyOptions {
   retryAfterSeconds?: number;
   /** Logger; keys are only ever logged redacted. @defaultValue a no-op logger */
   logger?: Logger;
+  /**
+   * A prom-client registry: every request increments
+   * `outboxkit_idempotency_requests_total{operation,outcome}` in it (outcomes: new, replayed,
+   * in_progress, mismatch, takeover, expired, uncertain, store_error). Never labelled by key or
+   * tenant. See also `idempotencyGauges()`. @defaultValue none
+   */
+  registry?: Registry;
+  /**
+   * Called once per request with its outcome, for any other metrics system. Must not throw (an
+   * exception is ignored). @defaultValue none
+   */
+  onOutcome?: (event: IdempotencyOutcomeEvent) => void;
 }
 
 /** {@link IdempotencyOptions} with every default applied, validated and frozen. */
-export interface ResolvedIdempotencyOptions {
+export interface ResolvedIdempotencyOptions extends OutcomeSinks {
   readonly schema: string;
   /** `schema` quoted, ready for SQL. */
   readonly quotedSchema: string;
@@ -159,6 +173,12 @@ export function resolveIdempotencyOptions(
     replay.add(lower);
   }
   const logger = o.logger ?? IDEMPOTENCY_DEFAULTS.logger;
+  if (o.onOutcome !== undefined && typeof o.onOutcome !== 'function') {
+    throw new InvalidOptionsError('onOutcome must be a function ({ operation, outcome }) => void.');
+  }
+  if (o.registry !== undefined && typeof (o.registry as { getSingleMetric?: unknown }).getSingleMetric !== 'function') {
+    throw new InvalidOptionsError('registry must be a prom-client Registry.');
+  }
   const resolved: ResolvedIdempotencyOptions = Object.freeze({
     schema,
     quotedSchema,
@@ -188,6 +208,8 @@ export function resolveIdempotencyOptions(
       's',
     ),
     logger,
+    ...(o.registry ? { outcomeCounter: outcomeCounter(o.registry) } : {}),
+    ...(o.onOutcome ? { onOutcome: o.onOutcome } : {}),
   });
   resolvedOptions.add(resolved);
   return resolved;

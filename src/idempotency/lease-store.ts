@@ -1,0 +1,404 @@
+/**
+ * The SQL of lease mode: one named function per statement, each with the reason for its
+ * concurrency choice. Each runs in its own short transaction (or, for {@link fenceLease}, in the
+ * caller's), never across the handler. Times are taken from the database clock, never from the
+ * Node.js process: leases stay consistent across hosts whose clocks drift.
+ *
+ * Every state change that a waiting duplicate cares about (completed, failed, uncertain,
+ * released, reconciled) sends `NOTIFY` on the schema's channel ({@link leaseChannel}) with the
+ * record's {@link operationIdOf}, delivered at commit.
+ */
+import { createHash } from 'node:crypto';
+import type { Queryable } from '../database.js';
+import type { IdempotencyState } from '../schema.js';
+import type { Fingerprint } from './fingerprint.js';
+import type { StoredRecord } from './state-machine.js';
+import type { Completion, KeyScope } from './store.js';
+
+/** The LISTEN/NOTIFY channel of lease mode in `schema` (unquoted name): `<schema>_idempotency`. */
+export function leaseChannel(schema: string): string {
+  return `${schema}_idempotency`;
+}
+
+/**
+ * The public, opaque id of a record: hex SHA-256 of the key. It names the operation resource
+ * (policy `async`) and the NOTIFY payload without revealing the key; the tenant and the operation
+ * are part of every lookup, so another tenant can never read the record through it.
+ */
+export function operationIdOf(key: string): string {
+  return createHash('sha256').update(key, 'utf8').digest('hex');
+}
+
+/** A lease claimed (or taken over) by this execution. */
+export interface LeaseClaim {
+  ownerToken: string;
+  generation: number;
+  /** `processing` when an expired lease was taken over, a terminal state when an expired record was reused. */
+  previousState: IdempotencyState | null;
+}
+
+/**
+ * Claims the key in one atomic statement and commits it (lease mode): inserts a `processing`
+ * record with `lease_expires_at = now() + leaseMs`, or takes over
+ * - a `processing` record whose lease has expired **and whose fingerprint is the same** (a retry
+ *   of the same request after its owner died or stalled): new owner token, generation + 1;
+ * - a terminal record past its retention (a new execution).
+ * Returns `undefined` when a live record exists.
+ *
+ * - INSERT ... ON CONFLICT is the concurrency primitive, as in one-transaction mode: of two
+ *   concurrent takeovers, the second sees the first's new lease and does not take over.
+ * - An `uncertain` record is never taken over, nor a processing one without a lease (one-
+ *   transaction mode): elapsed time alone never hands an execution to someone else unless the
+ *   record was leased, and never deletes it.
+ * - `prev` reads the state before the statement, for the caller's `takeover`/`expired` metric only.
+ */
+export async function claimLease(
+  db: Queryable,
+  table: string,
+  scope: KeyScope,
+  fingerprint: Fingerprint,
+  ownerToken: string,
+  leaseMs: number,
+  retentionMs: number,
+): Promise<LeaseClaim | undefined> {
+  const { rows } = await db.query<{ generation: number; previous_state: IdempotencyState | null }>(
+    `WITH prev AS (SELECT state FROM ${table} WHERE tenant = $1 AND operation = $2 AND key = $3),
+     claim AS (
+       INSERT INTO ${table} AS k
+              (tenant, operation, key, fingerprint, fingerprint_version, state, owner_token, generation,
+               lease_expires_at, expires_at)
+       VALUES ($1, $2, $3, $4::bytea, $5::smallint, 'processing', $6::uuid, 1,
+               clock_timestamp() + $7::bigint * interval '1 millisecond',
+               clock_timestamp() + $8::bigint * interval '1 millisecond')
+       ON CONFLICT (tenant, operation, key) DO UPDATE
+          SET fingerprint = EXCLUDED.fingerprint,
+              fingerprint_version = EXCLUDED.fingerprint_version,
+              state = 'processing',
+              owner_token = EXCLUDED.owner_token,
+              generation = k.generation + 1,
+              lease_expires_at = EXCLUDED.lease_expires_at,
+              response_status = NULL,
+              response_headers = NULL,
+              response_body = NULL,
+              created_at = CASE WHEN k.state = 'processing' THEN k.created_at ELSE clock_timestamp() END,
+              updated_at = clock_timestamp(),
+              completed_at = NULL,
+              expires_at = EXCLUDED.expires_at
+        WHERE (k.state IN ('completed', 'failed') AND k.expires_at <= clock_timestamp())
+           OR (k.state = 'processing' AND k.lease_expires_at <= clock_timestamp()
+               AND k.fingerprint = EXCLUDED.fingerprint AND k.fingerprint_version = EXCLUDED.fingerprint_version)
+       RETURNING k.generation)
+     SELECT claim.generation, (SELECT state FROM prev) AS previous_state FROM claim`,
+    [
+      scope.tenant,
+      scope.operation,
+      scope.key,
+      fingerprint.digest,
+      fingerprint.version,
+      ownerToken,
+      leaseMs,
+      retentionMs,
+    ],
+  );
+  const row = rows[0];
+  return row === undefined ? undefined : { ownerToken, generation: row.generation, previousState: row.previous_state };
+}
+
+/** A record as lease mode reads it: the stored response plus its lease. */
+export interface LeasedRecord extends StoredRecord {
+  generation: number;
+  ownerToken: string | null;
+  /** Milliseconds left on the lease by the database clock (0 when expired or none). */
+  leaseRemainingMs: number;
+  /** Age of the record (since its claim), in milliseconds. */
+  ageMs: number;
+}
+
+interface LeasedRow {
+  state: IdempotencyState;
+  fingerprint: Buffer;
+  fingerprint_version: number;
+  response_status: number | null;
+  response_headers: Record<string, string> | null;
+  response_body: Buffer | null;
+  generation: number;
+  owner_token: string | null;
+  lease_remaining_ms: number;
+  age_ms: number;
+}
+
+const LEASED_COLUMNS = `state, fingerprint, fingerprint_version, response_status, response_headers, response_body,
+       generation, owner_token::text AS owner_token,
+       COALESCE(GREATEST(0, extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000), 0)::float8 AS lease_remaining_ms,
+       (extract(epoch FROM clock_timestamp() - created_at) * 1000)::float8 AS age_ms`;
+
+function toLeased(r: LeasedRow): LeasedRecord {
+  return {
+    state: r.state,
+    fingerprint: r.fingerprint,
+    fingerprintVersion: r.fingerprint_version,
+    responseStatus: r.response_status,
+    responseHeaders: r.response_headers,
+    responseBody: r.response_body,
+    generation: r.generation,
+    ownerToken: r.owner_token,
+    leaseRemainingMs: r.lease_remaining_ms,
+    ageMs: r.age_ms,
+  };
+}
+
+/** Reads the record that {@link claimLease} could not take (plain read: the claim committed or not). */
+export async function readLeasedRecord(
+  db: Queryable,
+  table: string,
+  scope: KeyScope,
+): Promise<LeasedRecord | undefined> {
+  const { rows } = await db.query<LeasedRow>(
+    `SELECT ${LEASED_COLUMNS} FROM ${table} WHERE tenant = $1 AND operation = $2 AND key = $3`,
+    [scope.tenant, scope.operation, scope.key],
+  );
+  return rows[0] === undefined ? undefined : toLeased(rows[0]);
+}
+
+/**
+ * Reads a record by its public {@link operationIdOf}, within one tenant and operation (the
+ * operation resource of policy `async`). The primary key's (tenant, operation) prefix bounds the
+ * scan to that caller's records of that operation.
+ */
+export async function readRecordByOperationId(
+  db: Queryable,
+  table: string,
+  tenant: string,
+  operation: string,
+  operationId: string,
+): Promise<LeasedRecord | undefined> {
+  const { rows } = await db.query<LeasedRow>(
+    `SELECT ${LEASED_COLUMNS} FROM ${table}
+      WHERE tenant = $1 AND operation = $2 AND encode(sha256(convert_to(key, 'UTF8')), 'hex') = $3`,
+    [tenant, operation, operationId],
+  );
+  return rows[0] === undefined ? undefined : toLeased(rows[0]);
+}
+
+/**
+ * Extends the lease to `now() + leaseMs` (database clock). Fenced by the owner token: after a
+ * takeover it updates zero rows. A renewal after expiry succeeds while nobody has taken over.
+ * @returns whether this execution still owns the record.
+ */
+export async function renewLease(
+  db: Queryable,
+  table: string,
+  scope: KeyScope,
+  ownerToken: string,
+  leaseMs: number,
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `UPDATE ${table}
+        SET lease_expires_at = clock_timestamp() + $5::bigint * interval '1 millisecond', updated_at = clock_timestamp()
+      WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid`,
+    [scope.tenant, scope.operation, scope.key, ownerToken, leaseMs],
+  );
+  return rowCount === 1;
+}
+
+/**
+ * Locks the record for the rest of the caller's transaction if this execution still owns it
+ * (`FOR UPDATE`): a takeover then waits until that transaction ends, so writes made in it can
+ * never interleave with a new owner's. Runs in the caller's transaction.
+ * @returns whether this execution still owns the record.
+ */
+export async function fenceLease(db: Queryable, table: string, scope: KeyScope, ownerToken: string): Promise<boolean> {
+  const { rows } = await db.query(
+    `SELECT 1 FROM ${table}
+      WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
+        FOR UPDATE`,
+    [scope.tenant, scope.operation, scope.key, ownerToken],
+  );
+  return rows.length === 1;
+}
+
+/**
+ * Stores the result of a leased execution (`completed` or `failed`), clears the lease and
+ * notifies waiters. Fenced by the owner token: a stale owner (after a takeover) updates zero rows,
+ * whatever the clock says. Retention counts from completion.
+ * @returns whether the record was updated (false: ownership lost).
+ */
+export async function finishLease(
+  db: Queryable,
+  table: string,
+  channel: string,
+  scope: KeyScope,
+  ownerToken: string,
+  completion: Completion,
+  retentionMs: number,
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `WITH done AS (
+       UPDATE ${table}
+          SET state = $5, response_status = $6::smallint, response_headers = $7::jsonb, response_body = $8::bytea,
+              lease_expires_at = NULL, completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+              expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
+        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
+        RETURNING 1)
+     SELECT pg_notify($10, $11) FROM done`,
+    [
+      scope.tenant,
+      scope.operation,
+      scope.key,
+      ownerToken,
+      completion.state,
+      completion.status,
+      JSON.stringify(completion.headers),
+      completion.body,
+      retentionMs,
+      channel,
+      operationIdOf(scope.key),
+    ],
+  );
+  return rowCount === 1;
+}
+
+/**
+ * Marks the record `uncertain`: an external effect's outcome is unknown. The lease is cleared
+ * (nobody may take it over by time) and the owner token is kept: the reconciliation fences on it.
+ * The reason is kept in `response_body` (UTF-8) until the record is resolved.
+ */
+export async function markUncertain(
+  db: Queryable,
+  table: string,
+  channel: string,
+  scope: KeyScope,
+  ownerToken: string,
+  reason: string,
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `WITH done AS (
+       UPDATE ${table}
+          SET state = 'uncertain', lease_expires_at = NULL, response_status = NULL, response_headers = NULL,
+              response_body = convert_to($5, 'UTF8'), updated_at = clock_timestamp()
+        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
+        RETURNING 1)
+     SELECT pg_notify($6, $7) FROM done`,
+    [scope.tenant, scope.operation, scope.key, ownerToken, reason, channel, operationIdOf(scope.key)],
+  );
+  return rowCount === 1;
+}
+
+/**
+ * Deletes the record of an execution that failed before any effect (the key is free again). Only
+ * its owner can: a stale owner's release deletes nothing. This is the only delete of a
+ * `processing` record, and it is an owner's decision, never a timeout's.
+ */
+export async function releaseLease(
+  db: Queryable,
+  table: string,
+  channel: string,
+  scope: KeyScope,
+  ownerToken: string,
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `WITH gone AS (
+       DELETE FROM ${table}
+        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
+        RETURNING 1)
+     SELECT pg_notify($5, $6) FROM gone`,
+    [scope.tenant, scope.operation, scope.key, ownerToken, channel, operationIdOf(scope.key)],
+  );
+  return rowCount === 1;
+}
+
+/** An `uncertain` record handed to a reconciliation hook. */
+export interface UncertainRecord {
+  tenant: string;
+  operation: string;
+  /** The idempotency key (for the hook's lookup downstream; never log it in full). */
+  key: string;
+  operationId: string;
+  /** The owner token of the execution whose outcome is unknown (what it may have sent downstream). */
+  ownerToken: string;
+  generation: number;
+  /** What the handler said when it reported the outcome unknown. */
+  reason: string;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+/**
+ * Lists up to `limit` uncertain records of `operation`, oldest first. No lock: the hook may call
+ * slow external systems; {@link resolveUncertain} fences on the owner token instead.
+ */
+export async function listUncertain(
+  db: Queryable,
+  table: string,
+  operation: string,
+  limit: number,
+): Promise<UncertainRecord[]> {
+  const { rows } = await db.query<{
+    tenant: string;
+    operation: string;
+    key: string;
+    owner_token: string;
+    generation: number;
+    reason: string | null;
+    created_at: Date;
+    updated_at: Date;
+  }>(
+    `SELECT tenant, operation, key, owner_token::text AS owner_token, generation,
+            convert_from(response_body, 'UTF8') AS reason, created_at, updated_at
+       FROM ${table}
+      WHERE operation = $1 AND state = 'uncertain'
+      ORDER BY updated_at
+      LIMIT $2`,
+    [operation, limit],
+  );
+  return rows.map((r) => ({
+    tenant: r.tenant,
+    operation: r.operation,
+    key: r.key,
+    operationId: operationIdOf(r.key),
+    ownerToken: r.owner_token,
+    generation: r.generation,
+    reason: r.reason ?? '',
+    createdAt: r.created_at,
+    updatedAt: r.updated_at,
+  }));
+}
+
+/**
+ * Resolves an uncertain record to `completed` or `failed` with the reconciled response. Fenced by
+ * state and owner token: two reconcilers never both resolve it (the second updates zero rows).
+ */
+export async function resolveUncertain(
+  db: Queryable,
+  table: string,
+  channel: string,
+  scope: KeyScope,
+  ownerToken: string,
+  completion: Completion,
+  retentionMs: number,
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `WITH done AS (
+       UPDATE ${table}
+          SET state = $5, response_status = $6::smallint, response_headers = $7::jsonb, response_body = $8::bytea,
+              completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+              expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
+        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'uncertain' AND owner_token = $4::uuid
+        RETURNING 1)
+     SELECT pg_notify($10, $11) FROM done`,
+    [
+      scope.tenant,
+      scope.operation,
+      scope.key,
+      ownerToken,
+      completion.state,
+      completion.status,
+      JSON.stringify(completion.headers),
+      completion.body,
+      retentionMs,
+      channel,
+      operationIdOf(scope.key),
+    ],
+  );
+  return rowCount === 1;
+}

@@ -1,0 +1,395 @@
+/**
+ * `executeLeased()`: lease mode, for operations that outlive one transaction (an external payment
+ * call, a long job). Side by side with one-transaction mode (`executeIdempotent()`):
+ *
+ * | | one-transaction mode (default) | lease mode |
+ * | --- | --- | --- |
+ * | claim | uncommitted, inside the request's transaction | committed first, with an owner token, a generation and a lease (database clock) |
+ * | business writes | in the same transaction (G2) | in fenced transactions `ctx.transaction(fn)`, committed as they go |
+ * | crash | everything rolls back; the retry executes | the record stays `processing`; 409 while the lease is live; after it, a retry takes over (new token, generation + 1) |
+ * | stale owner | cannot exist | its completion, renewal and fenced writes change nothing and raise {@link LeaseLostError} |
+ * | duplicate while running | row lock: `reject` (409 after `lockTimeoutMs`) or `wait` | `reject` (409 + Retry-After), `wait` (LISTEN/NOTIFY + bounded poll, up to the deadline), `async` (202 + Location) |
+ * | error | rolls back, key released | before any effect: released; after an effect: stored as `failed` (500) and replayed |
+ * | unknown external outcome | — | `return ctx.uncertain(reason)`: record `uncertain` (never failed, never released) until {@link reconcileUncertain} resolves it |
+ * | stored rejection | rolled back to a savepoint after the claim | stored as `failed`; writes already committed by `ctx.transaction` stay |
+ *
+ * Elapsed time alone never deletes a processing record, nor hands an uncertain one to anyone.
+ */
+import { randomUUID } from 'node:crypto';
+import {
+  joinTransaction,
+  runTransaction,
+  type DatabaseHandle,
+  type TransactionHandle,
+  type TransactionOf,
+} from '../database.js';
+import { isOutboxkitError } from '../errors.js';
+import { KeyInProgressError, KeyMismatchError, LeaseLostError, StoreUnavailableError } from './errors.js';
+import { checkRequest, type IdempotentRequest } from './execute.js';
+import { redactKey } from './key.js';
+import {
+  claimLease,
+  fenceLease,
+  finishLease,
+  markUncertain,
+  operationIdOf,
+  readLeasedRecord,
+  releaseLease,
+  renewLease,
+  type LeaseClaim,
+  type LeasedRecord,
+} from './lease-store.js';
+import { subscribe, type Subscription } from './lease-listener.js';
+import { resolveLeaseOptions, type LeaseOptions, type ResolvedLeaseOptions } from './lease-options.js';
+import { emitOutcome } from './metrics.js';
+import { classifyStoreError } from './pg-errors.js';
+import {
+  decideOnExisting,
+  headersToStore,
+  normaliseResponse,
+  outcomeOfResponse,
+  reject,
+  type HandlerResponse,
+  type IdempotentResponse,
+  type IdempotentResult,
+} from './state-machine.js';
+import { idempotencyTable, setClaimLockTimeout, type KeyScope } from './store.js';
+
+const UNCERTAIN = Symbol.for('outboxkit.uncertain');
+
+/** The marker `ctx.uncertain(reason)` returns: the handler returns it as its response. */
+export interface UncertainOutcome extends HandlerResponse {
+  readonly [UNCERTAIN]: { readonly reason: string };
+}
+
+/** What a leased handler receives. */
+export interface LeaseContext<D extends DatabaseHandle> {
+  /** This execution's owner token (fencing): send it downstream as the external idempotency key. */
+  readonly ownerToken: string;
+  /** 1 for the first execution, + 1 per takeover. */
+  readonly generation: number;
+  /** The record's public id (operation resource, NOTIFY payload); never the key. */
+  readonly operationId: string;
+  /**
+   * Extends the lease by `leaseMs` from now (database clock).
+   * @throws {@link LeaseLostError} when another execution has taken over.
+   */
+  renew(): Promise<void>;
+  /**
+   * Declares that an effect may have happened (call it before an external call): from then on, an
+   * error marks the record `failed` instead of releasing the key. `transaction()` declares it too.
+   */
+  effect(): void;
+  /**
+   * Runs `fn` in a new transaction of `db` that first locks the record under this owner token, so
+   * that its writes commit only while this execution owns the key (a takeover waits for it).
+   * @throws {@link LeaseLostError} (nothing written) when another execution has taken over.
+   */
+  transaction<T>(fn: (tx: TransactionOf<D>) => Promise<T>): Promise<T>;
+  /** A business rejection (4xx) to return; stored as `failed` unless `{ store: false }` and no effect yet. */
+  reject: typeof reject;
+  /**
+   * The outcome of an external effect is unknown (a payment call timed out): `return
+   * ctx.uncertain('payment provider timeout')`. The record becomes `uncertain`; retries get 409
+   * (or 202) until {@link reconcileUncertain} resolves it. The reason is stored; keep keys and
+   * personal data out of it.
+   */
+  uncertain(reason: string): UncertainOutcome;
+}
+
+/** The outcome of {@link executeLeased}. */
+export interface LeasedResult extends IdempotentResult {
+  /**
+   * - `executed`: this request ran the handler and stored its result;
+   * - `replayed`: a stored result;
+   * - `released`: the handler failed before any effect, nothing stored, the key is free;
+   * - `accepted`: 202 (policy `async`, or this request's outcome is uncertain).
+   */
+  outcome: 'executed' | 'replayed' | 'released' | 'accepted';
+}
+
+function notOwner(scope: KeyScope, what: string): LeaseLostError {
+  return new LeaseLostError(
+    `The lease on ${redactKey(scope.key)} of ${scope.operation} was taken over by another execution; ${what}. Do not report this execution's result.`,
+  );
+}
+
+function accepted(
+  opts: ResolvedLeaseOptions,
+  operationId: string,
+  state: string,
+  retryAfter: number,
+): IdempotentResponse {
+  const headers: Record<string, string> = {
+    'content-type': 'application/json',
+    'retry-after': String(retryAfter),
+    'cache-control': 'no-store',
+  };
+  if (opts.operationLocation) headers.location = opts.operationLocation(operationId);
+  return { status: 202, headers, body: Buffer.from(JSON.stringify({ operationId, state }), 'utf8') };
+}
+
+function retryAfterOf(record: LeasedRecord, opts: ResolvedLeaseOptions): number {
+  if (record.state !== 'processing') return opts.base.retryAfterSeconds;
+  return Math.max(opts.base.retryAfterSeconds, Math.ceil(record.leaseRemainingMs / 1000));
+}
+
+function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause?: unknown): KeyInProgressError {
+  const message =
+    record.state === 'uncertain'
+      ? 'The outcome of the request with this idempotency key is being reconciled (an external effect is uncertain); retry the identical request after the Retry-After delay.'
+      : undefined;
+  return new KeyInProgressError(message, { retryAfterSeconds: retryAfterOf(record, opts), cause });
+}
+
+/**
+ * Runs `handler` at most once at a time per (tenant, operation, key) under a committed lease, and
+ * returns a stable response to every retry. See the table at the top of this module for how it
+ * differs from `executeIdempotent()`.
+ *
+ * Flow:
+ * 1. One short transaction claims the key (INSERT ... ON CONFLICT): a new key, an expired
+ *    terminal record, or — takeover — a `processing` record of the same fingerprint whose lease has
+ *    expired (new owner token, generation + 1). It commits before the handler runs.
+ * 2. Otherwise the committed record decides: a different fingerprint → 422; completed/failed →
+ *    replay; `processing` (live lease) or `uncertain` → the policy (`reject` 409, `wait`, `async`
+ *    202).
+ * 3. `handler(ctx)` runs outside any transaction; its local writes go through the fenced
+ *    `ctx.transaction()`; it may `ctx.renew()` the lease.
+ * 4. Its response is stored with a statement fenced by the owner token (`completed` for 2xx/3xx,
+ *    `failed` for a 4xx, `uncertain` for `ctx.uncertain()`), or the record is released (an error
+ *    or a 5xx/408/409/425/429 before any effect). After an effect, an error or such a status is
+ *    stored as `failed`, never released. A stale owner stores nothing: {@link LeaseLostError}.
+ *
+ * @param db - a `pg.Pool` or a drizzle database (LISTEN/NOTIFY wake-ups need a pg pool behind it;
+ *   otherwise `wait` polls).
+ * @param request - tenant, operation, key, fingerprint, and optionally the caller's `deadline`
+ *   (ms since the epoch) that bounds `wait`.
+ * @throws {@link KeyMismatchError} (422), {@link KeyInProgressError} (409 + Retry-After),
+ *   {@link StoreUnavailableError} (503), {@link LeaseLostError} (a stale owner), and the handler's
+ *   own error when it failed before any effect (after the release).
+ */
+export async function executeLeased<D extends DatabaseHandle>(
+  db: D,
+  request: IdempotentRequest & { deadline?: number },
+  handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
+  options?: LeaseOptions | ResolvedLeaseOptions,
+): Promise<LeasedResult> {
+  const opts = resolveLeaseOptions(options);
+  const base = opts.base;
+  const scope = checkRequest(request, 'executeLeased()');
+  const table = idempotencyTable(base.quotedSchema);
+  const operationId = operationIdOf(scope.key);
+  const log = { operation: scope.operation, key: redactKey(scope.key) };
+  const waitUntil = Math.min(Date.now() + base.waitTimeoutMs, request.deadline ?? Number.POSITIVE_INFINITY);
+  let subscription: Subscription | undefined;
+  try {
+    for (;;) {
+      const ownerToken = randomUUID();
+      let attempt: { claim: LeaseClaim } | { record: LeasedRecord | undefined };
+      try {
+        attempt = await runTransaction(db, async (tx) => {
+          const q = joinTransaction(tx as TransactionHandle, 'executeLeased()');
+          // The claim transaction is short, so a lock wait is short too; bound it anyway.
+          await setClaimLockTimeout(q, base.lockTimeoutMs);
+          const claim = await claimLease(
+            q,
+            table,
+            scope,
+            request.fingerprint,
+            ownerToken,
+            opts.leaseMs,
+            base.retentionMs,
+          );
+          if (claim) return { claim };
+          return { record: await readLeasedRecord(q, table, scope) };
+        });
+      } catch (err) {
+        throw translate(err, opts, log, 'new');
+      }
+
+      if ('claim' in attempt) {
+        const { claim } = attempt;
+        if (claim.previousState === 'processing') {
+          emitOutcome(base, scope.operation, 'takeover');
+          base.logger.warn({ ...log, generation: claim.generation }, 'idempotency lease taken over after expiry');
+        } else {
+          emitOutcome(base, scope.operation, claim.previousState === null ? 'new' : 'expired');
+        }
+        return await runOwned(db, scope, claim, operationId, handler, opts, log, table);
+      }
+
+      const record = attempt.record;
+      if (record === undefined) continue; // released between the claim and the read: claim again
+      const decision = decideOnExisting(record, request.fingerprint);
+      if (decision.kind === 'mismatch') {
+        emitOutcome(base, scope.operation, 'mismatch');
+        throw new KeyMismatchError();
+      }
+      if (decision.kind === 'replay') {
+        emitOutcome(base, scope.operation, 'replayed');
+        return { replayed: true, outcome: 'replayed', response: decision.response };
+      }
+      // processing (live lease) or uncertain
+      const remaining = waitUntil - Date.now();
+      if (opts.policy === 'async') {
+        emitOutcome(base, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
+        return {
+          replayed: false,
+          outcome: 'accepted',
+          response: accepted(opts, operationId, record.state, retryAfterOf(record, opts)),
+        };
+      }
+      if (opts.policy === 'reject' || remaining <= 0) {
+        emitOutcome(base, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
+        throw inProgressError(record, opts);
+      }
+      subscription ??= await subscribe(db, opts.channel, operationId, base.logger);
+      // Wake on a notification, at the latest at the next poll, at the lease's expiry (to take
+      // over), or at the deadline.
+      const leaseWake = record.state === 'processing' ? record.leaseRemainingMs + 5 : Number.POSITIVE_INFINITY;
+      await subscription.next(Math.max(1, Math.min(opts.pollIntervalMs, remaining, leaseWake)));
+    }
+  } finally {
+    await subscription?.close();
+  }
+}
+
+async function runOwned<D extends DatabaseHandle>(
+  db: D,
+  scope: KeyScope,
+  claim: LeaseClaim,
+  operationId: string,
+  handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
+  opts: ResolvedLeaseOptions,
+  log: Record<string, unknown>,
+  table: string,
+): Promise<LeasedResult> {
+  const base = opts.base;
+  const { ownerToken } = claim;
+  let effects = false;
+  const inTx = <T>(fn: (q: ReturnType<typeof joinTransaction>) => Promise<T>): Promise<T> =>
+    runTransaction(db, (tx) => fn(joinTransaction(tx as TransactionHandle, 'executeLeased()')));
+  const ctx: LeaseContext<D> = {
+    ownerToken,
+    generation: claim.generation,
+    operationId,
+    async renew() {
+      if (!(await inTx((q) => renewLease(q, table, scope, ownerToken, opts.leaseMs)))) {
+        throw notOwner(scope, 'the lease was not renewed');
+      }
+    },
+    effect() {
+      effects = true;
+    },
+    async transaction<T>(fn: (tx: TransactionOf<D>) => Promise<T>): Promise<T> {
+      effects = true;
+      return runTransaction(db, async (tx) => {
+        const q = joinTransaction(tx as TransactionHandle, 'ctx.transaction()');
+        if (!(await fenceLease(q, table, scope, ownerToken))) throw notOwner(scope, 'nothing was written');
+        return fn(tx);
+      });
+    },
+    reject,
+    uncertain(reason: string): UncertainOutcome {
+      const text = typeof reason === 'string' && reason.length > 0 ? reason.slice(0, 1_000) : 'outcome unknown';
+      return Object.assign({ status: 202, body: { state: 'uncertain' } } as HandlerResponse, {
+        [UNCERTAIN]: Object.freeze({ reason: text }),
+      });
+    },
+  };
+
+  let returned: HandlerResponse;
+  try {
+    returned = await handler(ctx);
+  } catch (err) {
+    if (isOutboxkitError(err, 'OUTBOXKIT_LEASE_LOST')) throw err;
+    if (!effects) {
+      const released = await inTx((q) => releaseLease(q, table, opts.channel, scope, ownerToken)).catch(() => false);
+      base.logger.debug({ ...log, released }, 'leased handler failed before any effect: key released');
+      throw err;
+    }
+    base.logger.error({ ...log, err }, 'leased handler failed after an effect: stored as failed');
+    const response = normaliseResponse({
+      status: 500,
+      headers: { 'content-type': 'application/problem+json' },
+      body: {
+        type: 'https://outboxkit.dev/problems/internal',
+        title: 'Internal error',
+        status: 500,
+        detail: 'The request failed after it had started its effects; it is not executed again for this key.',
+        code: 'OUTBOXKIT_INTERNAL',
+      },
+    });
+    return store(response, 'failed');
+  }
+
+  const marker = (returned as Partial<UncertainOutcome>)[UNCERTAIN];
+  if (marker !== undefined) {
+    const ok = await inTx((q) => markUncertain(q, table, opts.channel, scope, ownerToken, marker.reason));
+    if (!ok) throw notOwner(scope, 'the uncertain outcome was not recorded');
+    emitOutcome(base, scope.operation, 'uncertain');
+    base.logger.warn({ ...log, reason: marker.reason }, 'leased execution outcome uncertain: awaiting reconciliation');
+    return {
+      replayed: false,
+      outcome: 'accepted',
+      response: accepted(opts, operationId, 'uncertain', base.retryAfterSeconds),
+    };
+  }
+  const response = normaliseResponse(returned);
+  const outcome = outcomeOfResponse(returned);
+  if (outcome === 'release' && !effects) {
+    const ok = await inTx((q) => releaseLease(q, table, opts.channel, scope, ownerToken));
+    if (!ok) throw notOwner(scope, 'the key was not released');
+    return { replayed: false, outcome: 'released', response };
+  }
+  return store(response, outcome === 'completed' ? 'completed' : 'failed');
+
+  async function store(response: IdempotentResponse, state: 'completed' | 'failed'): Promise<LeasedResult> {
+    let ok: boolean;
+    try {
+      ok = await inTx((q) =>
+        finishLease(
+          q,
+          table,
+          opts.channel,
+          scope,
+          ownerToken,
+          {
+            state,
+            status: response.status,
+            headers: headersToStore(response.headers, base.replayHeaders),
+            body: response.body,
+          },
+          base.retentionMs,
+        ),
+      );
+    } catch (err) {
+      throw translate(err, opts, log, undefined);
+    }
+    if (!ok) throw notOwner(scope, 'its result was not stored');
+    base.logger.debug({ ...log, status: response.status, generation: claim.generation }, 'leased request executed');
+    return { replayed: false, outcome: 'executed', response };
+  }
+}
+
+function translate(
+  err: unknown,
+  opts: ResolvedLeaseOptions,
+  log: Record<string, unknown>,
+  operationOutcome: 'new' | undefined,
+): unknown {
+  if (isOutboxkitError(err)) return err;
+  const retryAfterSeconds = opts.base.retryAfterSeconds;
+  switch (classifyStoreError(err)) {
+    case 'lock-timeout':
+    case 'serialization':
+      return new KeyInProgressError(undefined, { retryAfterSeconds, cause: err });
+    case 'unavailable':
+      if (operationOutcome !== undefined) emitOutcome(opts.base, String(log.operation), 'store_error');
+      opts.base.logger.warn({ ...log, err }, 'idempotency store unavailable');
+      return new StoreUnavailableError(undefined, { retryAfterSeconds, cause: err });
+    case 'other':
+      return err;
+  }
+}

@@ -1,0 +1,188 @@
+/**
+ * Metrics of the idempotency layer: an outcome counter fed by every request, through a
+ * prom-client `Registry` and/or a plain callback, and gauges computed from the table at scrape
+ * time ({@link idempotencyGauges}).
+ *
+ * Labels are the operation and the outcome only: never the key nor the tenant (unbounded
+ * cardinality, and keys are not to be exposed).
+ */
+import { Counter, Gauge, type Registry } from 'prom-client';
+import { runTransaction, joinTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
+import { DEFAULT_SCHEMA } from '../schema.js';
+import { quoteSchema } from '../schema-name.js';
+import { idempotencyTable } from './store.js';
+
+/**
+ * What became of one idempotent request:
+ * - `new`: claimed a new key and ran the handler;
+ * - `replayed`: got a stored result;
+ * - `in_progress`: got 409/202 (or waited in vain) because another execution holds the key;
+ * - `mismatch`: same key, different fingerprint (422);
+ * - `takeover`: lease mode, took over an expired lease (the previous owner died or stalled);
+ * - `expired`: reused a key whose record was past its retention (a new execution);
+ * - `uncertain`: the outcome is unknown (reported by the handler, or met by a retry);
+ * - `store_error`: the store was unavailable (503).
+ */
+export const IDEMPOTENCY_OUTCOMES = [
+  'new',
+  'replayed',
+  'in_progress',
+  'mismatch',
+  'takeover',
+  'expired',
+  'uncertain',
+  'store_error',
+] as const;
+export type IdempotencyOutcome = (typeof IDEMPOTENCY_OUTCOMES)[number];
+
+/** The event passed to `onOutcome`. */
+export interface IdempotencyOutcomeEvent {
+  operation: string;
+  outcome: IdempotencyOutcome;
+}
+
+/** The counter's name. */
+export const REQUESTS_TOTAL = 'outboxkit_idempotency_requests_total';
+
+/** The part of the resolved options that {@link emitOutcome} reads. */
+export interface OutcomeSinks {
+  readonly outcomeCounter?: Counter<'operation' | 'outcome'>;
+  readonly onOutcome?: (event: IdempotencyOutcomeEvent) => void;
+}
+
+/**
+ * The counter `outboxkit_idempotency_requests_total{operation,outcome}` of `registry`, created on
+ * first use and shared by every route that passes the same registry.
+ */
+export function outcomeCounter(registry: Registry): Counter<'operation' | 'outcome'> {
+  const existing = registry.getSingleMetric(REQUESTS_TOTAL);
+  if (existing) return existing as Counter<'operation' | 'outcome'>;
+  return new Counter({
+    name: REQUESTS_TOTAL,
+    help: 'Idempotent requests by operation and outcome (new, replayed, in_progress, mismatch, takeover, expired, uncertain, store_error).',
+    labelNames: ['operation', 'outcome'],
+    registers: [registry],
+  });
+}
+
+/** Counts one outcome. A throwing `onOutcome` never fails the request. */
+export function emitOutcome(sinks: OutcomeSinks, operation: string, outcome: IdempotencyOutcome): void {
+  sinks.outcomeCounter?.inc({ operation, outcome });
+  if (sinks.onOutcome) {
+    try {
+      sinks.onOutcome({ operation, outcome });
+    } catch {
+      // metrics must never change a request's outcome
+    }
+  }
+}
+
+/** Options of {@link idempotencyGauges}. */
+export interface GaugeOptions {
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+}
+
+/**
+ * Registers gauges computed by one query at scrape time (no timer, nothing cached):
+ * - `outboxkit_idempotency_records{state}`: number of records by state;
+ * - `outboxkit_idempotency_processing_age_seconds`: age of the oldest `processing` record (alert
+ *   on it: an old processing record is a stuck execution; outboxkit never deletes it);
+ * - `outboxkit_idempotency_uncertain_age_seconds`: age of the oldest `uncertain` record
+ *   (reconciliation lag);
+ * - `outboxkit_idempotency_oldest_unexpired_seconds`: age of the oldest terminal record not yet
+ *   past its retention (how far back replays reach);
+ * - `outboxkit_idempotency_cleanup_lag_seconds`: how long the oldest expired terminal record has
+ *   waited for `cleanupExpiredKeys()`.
+ *
+ * @param db - a `pg.Pool` or a drizzle database (one short read-only transaction per scrape).
+ */
+export function idempotencyGauges(db: DatabaseHandle, registry: Registry, options: GaugeOptions = {}): void {
+  const table = idempotencyTable(quoteSchema(options.schema ?? DEFAULT_SCHEMA));
+  let pending: Promise<Snapshot> | undefined;
+  // One query serves every gauge of a scrape.
+  const snapshot = (): Promise<Snapshot> => {
+    pending ??= readSnapshot(db, table).finally(() => {
+      setImmediate(() => (pending = undefined));
+    });
+    return pending;
+  };
+  new Gauge({
+    name: 'outboxkit_idempotency_records',
+    help: 'Idempotency records by state.',
+    labelNames: ['state'],
+    registers: [registry],
+    async collect() {
+      const s = await snapshot();
+      this.reset();
+      for (const state of ['processing', 'completed', 'failed', 'uncertain']) this.set({ state }, s.counts[state] ?? 0);
+    },
+  });
+  const ageGauge = (name: string, help: string, pick: (s: Snapshot) => number) =>
+    new Gauge({
+      name,
+      help,
+      registers: [registry],
+      async collect() {
+        this.set(pick(await snapshot()));
+      },
+    });
+  ageGauge(
+    'outboxkit_idempotency_processing_age_seconds',
+    'Age of the oldest processing idempotency record (0 when none).',
+    (s) => s.processingAge,
+  );
+  ageGauge(
+    'outboxkit_idempotency_uncertain_age_seconds',
+    'Age of the oldest uncertain idempotency record awaiting reconciliation (0 when none).',
+    (s) => s.uncertainAge,
+  );
+  ageGauge(
+    'outboxkit_idempotency_oldest_unexpired_seconds',
+    'Age of the oldest completed/failed idempotency record still within its retention (0 when none).',
+    (s) => s.oldestUnexpired,
+  );
+  ageGauge(
+    'outboxkit_idempotency_cleanup_lag_seconds',
+    'Time the oldest expired completed/failed record has waited for cleanup (0 when none).',
+    (s) => s.cleanupLag,
+  );
+}
+
+interface Snapshot {
+  counts: Record<string, number>;
+  processingAge: number;
+  uncertainAge: number;
+  oldestUnexpired: number;
+  cleanupLag: number;
+}
+
+async function readSnapshot(db: DatabaseHandle, table: string): Promise<Snapshot> {
+  return runTransaction(db, async (tx) => {
+    const q = joinTransaction(tx as TransactionHandle, 'idempotencyGauges()');
+    const { rows } = await q.query<{
+      state: string;
+      n: number;
+      oldest_created: number | null;
+      oldest_unexpired: number | null;
+      cleanup_lag: number | null;
+    }>(
+      `SELECT state, count(*)::int AS n,
+              extract(epoch FROM clock_timestamp() - min(created_at))::float8 AS oldest_created,
+              extract(epoch FROM clock_timestamp() - min(completed_at) FILTER (WHERE expires_at > clock_timestamp()))::float8 AS oldest_unexpired,
+              extract(epoch FROM clock_timestamp() - min(expires_at) FILTER (WHERE expires_at <= clock_timestamp()))::float8 AS cleanup_lag
+         FROM ${table} GROUP BY state`,
+    );
+    const s: Snapshot = { counts: {}, processingAge: 0, uncertainAge: 0, oldestUnexpired: 0, cleanupLag: 0 };
+    for (const r of rows) {
+      s.counts[r.state] = r.n;
+      if (r.state === 'processing') s.processingAge = r.oldest_created ?? 0;
+      if (r.state === 'uncertain') s.uncertainAge = r.oldest_created ?? 0;
+      if (r.state === 'completed' || r.state === 'failed') {
+        s.oldestUnexpired = Math.max(s.oldestUnexpired, r.oldest_unexpired ?? 0);
+        s.cleanupLag = Math.max(s.cleanupLag, r.cleanup_lag ?? 0);
+      }
+    }
+    return s;
+  });
+}
