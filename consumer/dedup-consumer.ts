@@ -43,8 +43,16 @@ import type {
   Message,
   Producer,
 } from 'kafkajs';
-import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';
-import { LifecycleError, TopicMissingError } from '../src/errors.js';
+import type pg from 'pg';
+import {
+  joinTransaction,
+  runTransaction,
+  withPgTransaction,
+  type DatabaseHandle,
+  type TransactionHandle,
+  type TransactionOf,
+} from '../src/database.js';
+import { isOutboxkitError, LifecycleError, TopicMissingError } from '../src/errors.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../relay/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
@@ -563,17 +571,28 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * One run: inbox claim, handler, commit, all in one transaction (runTransaction rolls back on
-   * any error and never returns a client left in a failed transaction to the pool — case C24).
+   * One run: inbox claim, handler, commit, all in one transaction (the transaction helpers roll
+   * back on any error and never return a client left in a failed transaction to the pool — case
+   * C24).
    *
-   * @throws {@link HandlerFailure} wrapping what the handler threw; anything else is the
-   *   consumer's own statements (connection, lock timeout on the inbox row, commit).
+   * With a `pg.Pool` the transaction costs the handler's statements plus three round trips:
+   * `BEGIN; SET LOCAL lock_timeout` (one simple-protocol query), the inbox claim, and COMMIT.
+   * A handler that swallowed a failed statement is caught by COMMIT itself: PostgreSQL answers
+   * the COMMIT of an aborted transaction with ROLLBACK, which `withPgTransaction` turns into an
+   * error. A drizzle database gives no such answer, so there a `SELECT 1` after the handler
+   * proves the transaction still works (SQLSTATE 25P02 otherwise).
+   *
+   * @throws {@link HandlerFailure} wrapping what the handler threw (or the swallowed failure);
+   *   anything else is the consumer's own statements (connection, lock timeout on the inbox row,
+   *   commit).
    */
   async #applyOnce(event: ConsumedEvent, signal: AbortSignal, attempt: number): Promise<'applied' | 'duplicate'> {
     const { database, handler, schemaSql, groupId, lockTimeoutMs, hooks } = this.#o;
-    const outcome = await runTransaction(database, async (tx) => {
+    const pool = isPgPool(database);
+    let handlerReturned = false;
+    const body = async (tx: TransactionOf<D>): Promise<'applied' | 'duplicate'> => {
       const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-      await setTransactionLockTimeout(q, lockTimeoutMs);
+      if (!pool) await setTransactionLockTimeout(q, lockTimeoutMs);
       const claimed = await claimInboxRow(q, schemaSql, {
         groupId,
         eventId: event.id,
@@ -581,25 +600,36 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         partition: event.partition,
         offset: event.offset,
       });
-      if (!claimed) return 'duplicate' as const;
+      if (!claimed) return 'duplicate';
       try {
         await handler({ tx, event, signal, attempt });
       } catch (err) {
         throw new HandlerFailure(err);
       }
-      try {
-        await assertTransactionUsable(q);
-      } catch (err) {
-        throw new HandlerFailure(
-          new Error(
-            'The handler returned normally, but its transaction had failed (a failed statement was caught and ignored); ' +
-              'its effects were rolled back. Let statement errors propagate out of the handler.',
-            { cause: err },
-          ),
-        );
+      if (!pool) {
+        try {
+          await assertTransactionUsable(q);
+        } catch (err) {
+          throw swallowedFailure(err);
+        }
       }
-      return 'applied' as const;
-    });
+      handlerReturned = true;
+      return 'applied';
+    };
+    let outcome: 'applied' | 'duplicate';
+    try {
+      outcome = pool
+        ? await withPgTransaction(database, body as (c: pg.PoolClient) => Promise<'applied' | 'duplicate'>, {
+            // lockTimeoutMs is a validated integer: safe to inline. SET LOCAL ends with the
+            // transaction and never leaks into the pooled session.
+            beginSql: `BEGIN; SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`,
+          })
+        : await runTransaction(database, body);
+    } catch (err) {
+      // After the handler returned, the only NotInTransactionError is COMMIT answered with ROLLBACK.
+      if (handlerReturned && isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')) throw swallowedFailure(err);
+      throw err;
+    }
     await hooks.afterCommit?.(event, outcome);
     // Test-only (OUTBOXKIT_CRASH_POINT=consumer:after-commit): SIGKILL between the committed
     // transaction and the offset, the window in which Kafka redelivers an applied event.
@@ -654,6 +684,27 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#sendChain = sent.catch(() => {});
     return sent.then(() => {});
   }
+}
+
+/** The handler returned normally although one of its statements had failed and aborted the transaction. */
+function swallowedFailure(cause: unknown): HandlerFailure {
+  return new HandlerFailure(
+    new Error(
+      'The handler returned normally, but its transaction had failed (a failed statement was caught and ignored); ' +
+        'its effects were rolled back. Let statement errors propagate out of the handler.',
+      { cause },
+    ),
+  );
+}
+
+/** A `pg.Pool` (or a pool shaped like it), as opposed to a drizzle database. */
+function isPgPool(database: unknown): database is pg.Pool {
+  return (
+    typeof database === 'object' &&
+    database !== null &&
+    'totalCount' in database &&
+    typeof (database as { connect?: unknown }).connect === 'function'
+  );
 }
 
 function partitionKey(topic: string, partition: number): string {

@@ -1,0 +1,249 @@
+/**
+ * B4 · the dedup consumer's cost (`npm run bench -- consumer`).
+ *
+ * N events (BENCH_CONSUMER_EVENTS, default 200,000) on a 3-partition topic; every handler writes
+ * one row. Three consumers read all of them, each in a fresh consumer group:
+ * - baseline: a plain kafkajs `eachBatch` consumer that runs BEGIN; INSERT; COMMIT per message
+ *   (resolveOffset and heartbeat per message, auto-commit), i.e. the same handler transaction
+ *   without the inbox row;
+ * - dedup: the dedup consumer with the same handler (inbox claim in the same transaction);
+ * - duplicates: the dedup consumer of the same group again after its offsets were deleted, so
+ *   every event is a duplicate (inbox hit, handler skipped).
+ * Both sides use the same partition concurrency (3), pool size and fetch settings. Throughput is
+ * timed from the first to the last processed message (group join and fetch start-up excluded).
+ * BENCH_CONSUMER_ROUNDS (default 2) repeats the three, alternating the order of baseline and
+ * dedup; the median ratio of the rounds is reported.
+ */
+import { randomBytes } from 'node:crypto';
+import { Kafka, logLevel, type Consumer } from 'kafkajs';
+import pg from 'pg';
+import { v7 as uuidv7 } from 'uuid';
+import { createDedupConsumer, type DedupConsumer } from '../consumer/index.js';
+import { ensureServices } from '../scripts/services.js';
+import { migrate } from '../src/migrate.js';
+import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
+
+const EVENTS = Number(process.env.BENCH_CONSUMER_EVENTS ?? 200_000);
+const ROUNDS = Number(process.env.BENCH_CONSUMER_ROUNDS ?? 2);
+const PARTITIONS = 3;
+const CONCURRENCY = 3;
+const POOL_SIZE = 4;
+const PRODUCE_BATCH = 2_000;
+/** One progress clock for a run: first and last processed message. */
+interface Clock {
+  count: number;
+  first: number;
+  last: number;
+  done: Promise<void>;
+  tick(): void;
+}
+
+function clock(total: number): Clock {
+  let resolve!: () => void;
+  const c: Clock = {
+    count: 0,
+    first: 0,
+    last: 0,
+    done: new Promise<void>((r) => (resolve = r)),
+    tick() {
+      const now = performance.now();
+      if (c.count === 0) c.first = now;
+      c.count += 1;
+      c.last = now;
+      if (c.count === total) resolve();
+    },
+  };
+  return c;
+}
+
+function rate(c: Clock): number {
+  return (c.count - 1) / ((c.last - c.first) / 1_000);
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const RUN_TIMEOUT_MS = 20 * 60_000;
+
+export async function run(): Promise<string> {
+  const services = await ensureServices();
+  const dbName = `outboxkit_bench_consumer_${randomBytes(4).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: services.databaseUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${dbName}`);
+  await admin.end();
+  const url = new URL(services.databaseUrl);
+  url.pathname = `/${dbName}`;
+  await migrate({ connectionString: url.toString() });
+  const pool = new pg.Pool({ connectionString: url.toString(), max: POOL_SIZE });
+  const kafka = new Kafka({ clientId: 'outboxkit-bench', brokers: services.kafkaBrokers, logLevel: logLevel.NOTHING });
+  const kadmin = kafka.admin();
+  await kadmin.connect();
+  const topic = `bench-consumer-${randomBytes(4).toString('hex')}`;
+  const rows: { round: number; baseline: number; dedup: number; duplicates: number }[] = [];
+  try {
+    await pool.query('CREATE TABLE bench_effects (event_id uuid NOT NULL, payload text NOT NULL)');
+    await kadmin.createTopics({
+      waitForLeaders: true,
+      topics: [
+        { topic, numPartitions: PARTITIONS, replicationFactor: 1 },
+        { topic: `${topic}.dlq`, numPartitions: 1, replicationFactor: 1 },
+      ],
+    });
+    const producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1 });
+    await producer.connect();
+    const producedAt = performance.now();
+    for (let i = 0; i < EVENTS; i += PRODUCE_BATCH) {
+      const n = Math.min(PRODUCE_BATCH, EVENTS - i);
+      await producer.send({
+        topic,
+        acks: -1,
+        messages: Array.from({ length: n }, (_, j) => ({
+          key: `order-${(i + j) % 10_000}`,
+          value: JSON.stringify({ orderId: `order-${(i + j) % 10_000}`, amount: i + j }),
+          headers: { [HEADER_EVENT_ID]: uuidv7(), [HEADER_EVENT_TYPE]: 'order.created' },
+        })),
+      });
+    }
+    await producer.disconnect();
+    const produceSeconds = (performance.now() - producedAt) / 1_000;
+
+    const handlerSql = 'INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)';
+
+    async function baseline(): Promise<number> {
+      const c = clock(EVENTS);
+      const consumer: Consumer = kafka.consumer({
+        groupId: `bench-baseline-${randomBytes(4).toString('hex')}`,
+        sessionTimeout: 30_000,
+        heartbeatInterval: 3_000,
+        maxWaitTimeInMs: 5_000,
+      });
+      await consumer.connect();
+      await consumer.subscribe({ topics: [topic], fromBeginning: true });
+      await consumer.run({
+        eachBatchAutoResolve: false,
+        autoCommit: true,
+        autoCommitInterval: 5_000,
+        partitionsConsumedConcurrently: CONCURRENCY,
+        eachBatch: async ({ batch, resolveOffset, heartbeat, isRunning, isStale }) => {
+          for (const message of batch.messages) {
+            if (!isRunning() || isStale()) return;
+            const client = await pool.connect();
+            try {
+              await client.query('BEGIN');
+              await client.query(handlerSql, [
+                message.headers![HEADER_EVENT_ID]!.toString(),
+                message.value!.toString(),
+              ]);
+              await client.query('COMMIT');
+            } finally {
+              client.release();
+            }
+            resolveOffset(message.offset);
+            c.tick();
+            await heartbeat();
+          }
+        },
+      });
+      try {
+        await withTimeout(c.done, RUN_TIMEOUT_MS, 'baseline');
+      } finally {
+        await consumer.disconnect();
+      }
+      return rate(c);
+    }
+
+    async function dedup(groupId: string, expect: 'applied' | 'duplicate'): Promise<number> {
+      const c = clock(EVENTS);
+      const consumer: DedupConsumer = createDedupConsumer({
+        kafka,
+        groupId,
+        topics: [topic],
+        database: pool,
+        fromBeginning: true,
+        partitionsConsumedConcurrently: CONCURRENCY,
+        handler: async ({ tx, event }) => {
+          await tx.query(handlerSql, [event.id, event.value!.toString()]);
+        },
+      });
+      let unexpected = 0;
+      consumer.on(expect === 'applied' ? 'consumer:applied' : 'consumer:duplicate', () => c.tick());
+      consumer.on(expect === 'applied' ? 'consumer:duplicate' : 'consumer:applied', () => unexpected++);
+      consumer.on('consumer:dead-lettered', () => unexpected++);
+      await consumer.start();
+      try {
+        await withTimeout(c.done, RUN_TIMEOUT_MS, `dedup (${expect})`);
+      } finally {
+        await consumer.stop();
+      }
+      if (unexpected > 0) throw new Error(`dedup run (${expect}): ${unexpected} unexpected outcomes`);
+      return rate(c);
+    }
+
+    for (let round = 1; round <= ROUNDS; round++) {
+      await pool.query('TRUNCATE bench_effects');
+      await pool.query('TRUNCATE outboxkit.inbox');
+      await pool.query('CHECKPOINT');
+      const groupId = `bench-dedup-${randomBytes(4).toString('hex')}`;
+      let b: number;
+      let d: number;
+      // Alternate which side goes first, so neither always runs on a warmer (or more tired) machine.
+      if (round % 2 === 1) {
+        b = await baseline();
+        await pool.query('TRUNCATE bench_effects');
+        d = await dedup(groupId, 'applied');
+      } else {
+        d = await dedup(groupId, 'applied');
+        await pool.query('TRUNCATE bench_effects');
+        b = await baseline();
+      }
+      const { rows: count } = await pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.inbox');
+      if (count[0]!.n !== EVENTS) throw new Error(`inbox holds ${count[0]!.n} rows, expected ${EVENTS}`);
+      // Reset the group's offsets: the same group reads everything again, all duplicates.
+      await kadmin.deleteGroups([groupId]);
+      const dup = await dedup(groupId, 'duplicate');
+      rows.push({ round, baseline: b, dedup: d, duplicates: dup });
+      console.error(
+        `round ${round}: baseline ${b.toFixed(0)}/s, dedup ${d.toFixed(0)}/s, duplicates ${dup.toFixed(0)}/s`,
+      );
+    }
+
+    const dedupRatios = rows.map((r) => r.dedup / r.baseline);
+    const dupRatios = rows.map((r) => r.duplicates / r.baseline);
+    const lines = [
+      `${EVENTS.toLocaleString('en-US')} events, ${PARTITIONS} partitions, ${CONCURRENCY} partitions consumed concurrently, pool of ${POOL_SIZE}; ` +
+        `produced in ${produceSeconds.toFixed(1)} s; ${ROUNDS} round(s).`,
+      '',
+      '| measure | baseline | ratio (median) | rounds | candidate msg/s (median) | baseline msg/s (median) | target |',
+      '| --- | --- | --- | --- | --- | --- | --- |',
+      `| B4 dedup consumer, new events | plain eachBatch, BEGIN; INSERT; COMMIT | **${median(dedupRatios).toFixed(3)}** | ${dedupRatios.map((x) => x.toFixed(2)).join(' ')} | ${median(rows.map((r) => r.dedup)).toFixed(0)} | ${median(rows.map((r) => r.baseline)).toFixed(0)} | ≥ 0.85 |`,
+      `| B4 dedup consumer, all duplicates | plain eachBatch, BEGIN; INSERT; COMMIT | **${median(dupRatios).toFixed(3)}** | ${dupRatios.map((x) => x.toFixed(2)).join(' ')} | ${median(rows.map((r) => r.duplicates)).toFixed(0)} | ${median(rows.map((r) => r.baseline)).toFixed(0)} | ≥ 1.0 |`,
+    ];
+    return lines.join('\n');
+  } finally {
+    await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => {});
+    await kadmin.disconnect();
+    await pool.end();
+    const c = new pg.Client({ connectionString: services.databaseUrl });
+    await c.connect();
+    await c.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
+    await c.end();
+  }
+}
