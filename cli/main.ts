@@ -7,6 +7,7 @@ import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
 import { registerDlq } from './commands/dlq.js';
 import { registerInbox } from './commands/inbox.js';
+import { registerKeys } from './commands/keys.js';
 import { registerLanes } from './commands/lanes.js';
 import { registerMigrate } from './commands/migrate.js';
 import { registerParked } from './commands/parked.js';
@@ -24,6 +25,7 @@ registerStatus(program);
 registerLanes(program);
 registerParked(program);
 registerTopics(program);
+registerKeys(program);
 registerDlq(program);
 registerInbox(program);
 

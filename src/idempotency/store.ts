@@ -245,3 +245,75 @@ export async function deleteExpiredKeys(db: Queryable, table: string, limit: num
   );
   return rowCount;
 }
+
+/** A record as the operator listing shows it: never the full key. */
+export interface KeyListing {
+  tenant: string;
+  operation: string;
+  /** The key redacted by `redactKey()`. */
+  key: string;
+  /** The public `operationIdOf(key)`, to find the record again without the key. */
+  operationId: string;
+  state: IdempotencyState;
+  generation: number;
+  responseStatus: number | null;
+  createdAt: Date;
+  updatedAt: Date;
+  leaseExpiresAt: Date | null;
+  expiresAt: Date;
+  ageSeconds: number;
+}
+
+/** Filters of {@link listKeys}. */
+export interface KeyFilter {
+  state: IdempotencyState;
+  tenant?: string | undefined;
+  operation?: string | undefined;
+  limit: number;
+}
+
+/**
+ * Lists records of one state, oldest first (the stuck ones an operator looks for). The primary
+ * key serves the tenant/operation filters; a full scan otherwise, bounded by `limit`. Returns full
+ * keys: the caller redacts them before printing.
+ */
+export async function listKeys(
+  db: Queryable,
+  table: string,
+  filter: KeyFilter,
+): Promise<(Omit<KeyListing, 'key' | 'operationId'> & { fullKey: string })[]> {
+  const { rows } = await db.query<{
+    tenant: string;
+    operation: string;
+    key: string;
+    state: IdempotencyState;
+    generation: number;
+    response_status: number | null;
+    created_at: Date;
+    updated_at: Date;
+    lease_expires_at: Date | null;
+    expires_at: Date;
+    age_seconds: number;
+  }>(
+    `SELECT tenant, operation, key, state, generation, response_status, created_at, updated_at, lease_expires_at,
+            expires_at, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_seconds
+       FROM ${table}
+      WHERE state = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR operation = $3)
+      ORDER BY created_at
+      LIMIT $4`,
+    [filter.state, filter.tenant ?? null, filter.operation ?? null, filter.limit],
+  );
+  return rows.map((r) => ({
+    tenant: r.tenant,
+    operation: r.operation,
+    fullKey: r.key,
+    state: r.state,
+    generation: r.generation,
+    responseStatus: r.response_status,
+    createdAt: r.created_at,
+    updatedAt: r.updated_at,
+    leaseExpiresAt: r.lease_expires_at,
+    expiresAt: r.expires_at,
+    ageSeconds: r.age_seconds,
+  }));
+}
