@@ -31,7 +31,7 @@ import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
 import { BodyInvalidError, TenantUnresolvedError } from '../idempotency/errors.js';
-import { executeIdempotent, executeWithoutKey } from '../idempotency/execute.js';
+import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
 import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
@@ -78,6 +78,11 @@ export interface ExpressIdempotencyOptions<D extends DatabaseHandle> extends Ide
  *    `Idempotent-Replayed: true` on a replay; outboxkit's errors become RFC 9457 problems (409 and
  *    503 with `Retry-After`, 422 on a key reused with another body).
  *
+ * The handler gets the request, the transaction and `ctx` (`return ctx.reject(422, problem)` ends
+ * it with a stored business rejection, its writes rolled back to the claim's savepoint). This is
+ * the one-transaction mode; the lease mode (`leasedHandler` of the Fastify adapter) has no Express
+ * counterpart yet.
+ *
  * The body must reach it as raw bytes: put `express.raw({ type: 'application/json' })` before it
  * on the route. A body that a JSON parser (`express.json()`) already parsed is refused with an
  * {@link InvalidOptionsError} (passed to `next`): its fingerprint would not cover the bytes sent.
@@ -90,7 +95,7 @@ export interface ExpressIdempotencyOptions<D extends DatabaseHandle> extends Ide
  */
 export function idempotentHandler<D extends DatabaseHandle>(
   options: ExpressIdempotencyOptions<D>,
-  handler: (req: Request, tx: TransactionOf<D>) => Promise<HandlerResponse>,
+  handler: (req: Request, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): RequestHandler {
   const opts = resolveIdempotencyOptions(options);
   const { db, operation } = options;
@@ -116,7 +121,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
       if (key === undefined) {
         const parsed = parseJsonBody(raw, maxBodyBytes);
         req.body = parsed.present ? parsed.value : undefined;
-        result = await executeWithoutKey(db, (tx) => handler(req, tx), opts);
+        result = await executeWithoutKey(db, (tx, ctx) => handler(req, tx, ctx), opts);
       } else {
         const tenant = await options.resolveTenant(req);
         if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
@@ -129,7 +134,12 @@ export function idempotentHandler<D extends DatabaseHandle>(
           maxBodyBytes,
         });
         req.body = body;
-        result = await executeIdempotent(db, { tenant, operation, key, fingerprint }, (tx) => handler(req, tx), opts);
+        result = await executeIdempotent(
+          db,
+          { tenant, operation, key, fingerprint },
+          (tx, ctx) => handler(req, tx, ctx),
+          opts,
+        );
       }
     } catch (err) {
       if (!isProblemError(err)) return next(err);

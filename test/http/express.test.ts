@@ -10,6 +10,7 @@ import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { joinTransaction, type TransactionHandle } from '../../src/database.js';
 import { idempotentHandler, type ExpressIdempotencyOptions } from '../../src/http/express.js';
+import type { ExecutionContext } from '../../src/idempotency/execute.js';
 import type { HandlerResponse } from '../../src/idempotency/state-machine.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { waitFor } from '../helpers/wait-for.js';
@@ -51,6 +52,7 @@ interface ExpressApp {
 interface Ctx {
   call: number;
   req: Request;
+  exec: ExecutionContext;
   insertOrder(): Promise<string>;
 }
 
@@ -86,7 +88,7 @@ async function startExpress(
           return typeof t === 'string' ? t : undefined;
         },
       },
-      async (req, tx) => {
+      async (req, tx, exec) => {
         calls.total++;
         const call = calls.total;
         const insertOrder = async (): Promise<string> => {
@@ -97,7 +99,7 @@ async function startExpress(
           );
           return rows[0]!.id;
         };
-        return behaviour({ call, req, insertOrder });
+        return behaviour({ call, req, exec, insertOrder });
       },
     ),
   );
@@ -245,6 +247,27 @@ describe('Express adapter: the HTTP contract over real HTTP', () => {
     );
     expect(app.calls.total).toBe(0);
     expect(await countRecords(db.pool)).toBe(0);
+    await app.close();
+  });
+
+  it('ctx.reject(): a stored business rejection is replayed; the writes before it are rolled back', async () => {
+    const app = await startExpress({
+      pool: db.pool,
+      behaviour: async (ctx) => {
+        await ctx.insertOrder(); // undone: rolled back to the claim's savepoint
+        return ctx.exec.reject(422, { title: 'Out of stock' });
+      },
+    });
+    const key = randomUUID();
+    const first = await post(app, '/orders', { key });
+    expect(first.status).toBe(422);
+    const replay = await post(app, '/orders', { key });
+    expect(replay.status).toBe(422);
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect(replay.bytes.equals(first.bytes)).toBe(true);
+    expect(app.calls.total).toBe(1);
+    expect(await countOrders(db.pool)).toBe(0);
+    expect((await readRecords(db.pool, key))[0]).toMatchObject({ state: 'failed', response_status: 422 });
     await app.close();
   });
 
