@@ -19,8 +19,7 @@ import { Kafka, logLevel, type Consumer } from 'kafkajs';
 import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
 import { createDedupConsumer, type DedupConsumer } from '../consumer/index.js';
-import { ensureServices } from '../scripts/services.js';
-import { migrate } from '../src/migrate.js';
+import { benchDatabase } from './support.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 
 const EVENTS = Number(process.env.BENCH_CONSUMER_EVENTS ?? 200_000);
@@ -83,17 +82,9 @@ async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<
 const RUN_TIMEOUT_MS = 20 * 60_000;
 
 export async function run(): Promise<string> {
-  const services = await ensureServices();
-  const dbName = `outboxkit_bench_consumer_${randomBytes(4).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: services.databaseUrl });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${dbName}`);
-  await admin.end();
-  const url = new URL(services.databaseUrl);
-  url.pathname = `/${dbName}`;
-  await migrate({ connectionString: url.toString() });
-  const pool = new pg.Pool({ connectionString: url.toString(), max: POOL_SIZE });
-  const kafka = new Kafka({ clientId: 'outboxkit-bench', brokers: services.kafkaBrokers, logLevel: logLevel.NOTHING });
+  const db = await benchDatabase();
+  const pool = new pg.Pool({ connectionString: db.url, max: POOL_SIZE });
+  const kafka = new Kafka({ clientId: 'outboxkit-bench', brokers: db.brokers, logLevel: logLevel.NOTHING });
   const kadmin = kafka.admin();
   await kadmin.connect();
   const topic = `bench-consumer-${randomBytes(4).toString('hex')}`;
@@ -241,9 +232,6 @@ export async function run(): Promise<string> {
     await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => {});
     await kadmin.disconnect();
     await pool.end();
-    const c = new pg.Client({ connectionString: services.databaseUrl });
-    await c.connect();
-    await c.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
-    await c.end();
+    await db.drop();
   }
 }

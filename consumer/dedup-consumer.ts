@@ -54,7 +54,7 @@ import {
 } from '../src/database.js';
 import { isOutboxkitError, LifecycleError, TopicMissingError } from '../src/errors.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
-import { crashPoint } from '../relay/crash-point.js';
+import { crashPoint } from '../src/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf } from './dead-letter.js';
@@ -101,7 +101,7 @@ export interface DedupConsumer {
 }
 
 /**
- * Test-only crash point (see relay/crash-point.ts): with `OUTBOXKIT_CRASH_POINT=consumer:after-commit`
+ * Test-only crash point (see src/crash-point.ts): with `OUTBOXKIT_CRASH_POINT=consumer:after-commit`
  * (and optionally `OUTBOXKIT_CRASH_AFTER=N`), the process kills itself with SIGKILL after the Nth
  * handler transaction commits (applied or duplicate) and before its offset is resolved. Crash
  * tests use it; never set it in production.

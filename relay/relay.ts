@@ -26,7 +26,7 @@ import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { notifyChannel } from '../src/outbox/enqueue.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { isRecordError, kafkaErrorType } from './classify-error.js';
-import { crashPoint } from './crash-point.js';
+import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
 import { createKafkajsProducer, type OutboundRecord, type RelayProducer } from './producer.js';
 import * as sql from './sql.js';

@@ -5,7 +5,8 @@
  * chaos harness use it; never set it in production. `OUTBOXKIT_CRASH_AFTER=N` crashes at the Nth
  * arrival (default 1).
  *
- * Points: `relay:before-send`, `relay:after-send`.
+ * Points: `relay:before-send`, `relay:after-send` (the broker acknowledged, rows not marked),
+ * `consumer:after-commit` (the handler's transaction committed, the offset not yet resolved).
  */
 let arrivals = 0;
 
