@@ -93,7 +93,11 @@ export interface GaugeOptions {
  * - `outboxkit_idempotency_oldest_unexpired_seconds`: age of the oldest terminal record not yet
  *   past its retention (how far back replays reach);
  * - `outboxkit_idempotency_cleanup_lag_seconds`: how long the oldest expired terminal record has
- *   waited for `cleanupExpiredKeys()`.
+ *   waited for `cleanupExpiredKeys()`;
+ * - `outboxkit_idempotency_table_bytes`: size of the table with its indexes and TOAST.
+ *
+ * Each scrape reads the whole table once (a GROUP BY over states): scrape it at an interval that
+ * suits the table's size.
  *
  * @param db - a `pg.Pool` or a drizzle database (one short read-only transaction per scrape).
  */
@@ -143,6 +147,11 @@ export function idempotencyGauges(db: DatabaseHandle, registry: Registry, option
     (s) => s.oldestUnexpired,
   );
   ageGauge(
+    'outboxkit_idempotency_table_bytes',
+    'Size of the idempotency table, indexes and TOAST included.',
+    (s) => s.tableBytes,
+  );
+  ageGauge(
     'outboxkit_idempotency_cleanup_lag_seconds',
     'Time the oldest expired completed/failed record has waited for cleanup (0 when none).',
     (s) => s.cleanupLag,
@@ -155,6 +164,7 @@ interface Snapshot {
   uncertainAge: number;
   oldestUnexpired: number;
   cleanupLag: number;
+  tableBytes: number;
 }
 
 async function readSnapshot(db: DatabaseHandle, table: string): Promise<Snapshot> {
@@ -173,7 +183,17 @@ async function readSnapshot(db: DatabaseHandle, table: string): Promise<Snapshot
               extract(epoch FROM clock_timestamp() - min(expires_at) FILTER (WHERE expires_at <= clock_timestamp()))::float8 AS cleanup_lag
          FROM ${table} GROUP BY state`,
     );
-    const s: Snapshot = { counts: {}, processingAge: 0, uncertainAge: 0, oldestUnexpired: 0, cleanupLag: 0 };
+    const size = await q.query<{ bytes: string }>('SELECT pg_total_relation_size($1::regclass)::text AS bytes', [
+      table,
+    ]);
+    const s: Snapshot = {
+      counts: {},
+      processingAge: 0,
+      uncertainAge: 0,
+      oldestUnexpired: 0,
+      cleanupLag: 0,
+      tableBytes: Number(size.rows[0]?.bytes ?? 0),
+    };
     for (const r of rows) {
       s.counts[r.state] = r.n;
       if (r.state === 'processing') s.processingAge = r.oldest_created ?? 0;
