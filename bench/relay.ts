@@ -51,7 +51,8 @@ function rssMb(pid: number): number {
 }
 
 export async function run(): Promise<string> {
-  if (!existsSync(path.resolve('dist/cli/main.js'))) throw new Error('Run `npm run build` first: the relay is measured from the build.');
+  if (!existsSync(path.resolve('dist/cli/main.js')))
+    throw new Error('Run `npm run build` first: the relay is measured from the build.');
   const db = await benchDatabase();
   const pool = new pg.Pool({ connectionString: db.url, max: 4 });
   const kafka = new Kafka({ clientId: 'bench', brokers: db.brokers, logLevel: logLevel.NOTHING });
