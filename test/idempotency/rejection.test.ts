@@ -153,3 +153,22 @@ describe('C22 unstored business rejection (reject(status, body, { store: false }
     await app.close();
   });
 });
+
+describe('without a key (required: false) a 4xx leaves no business write either', () => {
+  it('a reject() or plain 4xx rolls the transaction back; nothing is stored', async () => {
+    const app = await startApp({
+      pool: db.pool,
+      required: false,
+      behaviour: async (ctx) => {
+        await writeEffects(ctx);
+        return ctx.call === 1 ? ctx.exec.reject(422, { title: 'no' }) : { status: 400, body: { title: 'no' } };
+      },
+    });
+    expect((await post(app, '/orders', { key: null })).status).toBe(422);
+    expect((await post(app, '/orders', { key: null })).status).toBe(400);
+    expect(await countOrders(db.pool)).toBe(0);
+    expect(await countEvents()).toBe(0);
+    expect(await countRecords(db.pool)).toBe(0);
+    await app.close();
+  });
+});
