@@ -16,6 +16,7 @@ export interface IdempotencyOptions {
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
   /**
+   * (One-transaction mode; lease mode has its own `LeaseOptions.policy`, with `async`.)
    * What a concurrent duplicate gets while the first request holds the key (its claim is not yet
    * committed, so the duplicate meets the first one's row lock):
    * - `reject`: wait at most `lockTimeoutMs`, then {@link KeyInProgressError} (HTTP 409 with

@@ -9,11 +9,19 @@
  *                         │      ──stored 4xx──────▶ failed    ──retry──▶ replay
  *                         └──────5xx, 408/409/425/429, throw, crash──▶ (released: rolled back)
  *   completed/failed past retention ──claim──▶ processing (a new execution, new owner token)
+ *
+ * lease mode (./lease.ts), the claim committed first:
+ *   processing ──lease expired, same fingerprint──▶ processing (takeover: new token, generation + 1)
+ *   processing ──error or 5xx before any effect──▶ (released by its owner)
+ *   processing ──error or 5xx after an effect────▶ failed (stored, replayed)
+ *   processing ──ctx.uncertain(reason)───────────▶ uncertain ──reconcileUncertain()──▶ completed | failed
  * ```
  *
  * In one-transaction mode the `processing` record is never visible to other transactions: it
- * commits together with the result, or rolls back with everything else (DESIGN G2).
- * `uncertain` belongs to lease mode (an external effect whose outcome is unknown).
+ * commits together with the result, or rolls back with everything else (DESIGN G2). A stored 4xx
+ * first rolls the handler's writes back to the savepoint taken after the claim ({@link reject}).
+ * Only an owner (by its token) or a reconciliation ever moves a record out of `processing` or
+ * `uncertain`; elapsed time never does, and cleanup never deletes them.
  */
 import { InvalidOptionsError } from '../errors.js';
 import type { IdempotencyState } from '../schema.js';
