@@ -57,6 +57,9 @@ import { idempotencyTable, setClaimLockTimeout, type KeyScope } from './store.js
 
 const UNCERTAIN = Symbol.for('outboxkit.uncertain');
 
+/** Under `wait`, how long to wait before claiming again after the claim met a busy row lock. */
+const LOCK_RETRY_MS = 20;
+
 /** The marker `ctx.uncertain(reason)` returns: the handler returns it as its response. */
 export interface UncertainOutcome extends HandlerResponse {
   readonly [UNCERTAIN]: { readonly reason: string };
@@ -205,7 +208,23 @@ export async function executeLeased<D extends DatabaseHandle>(
           return { record: await readLeasedRecord(q, table, scope) };
         });
       } catch (err) {
-        throw translate(err, opts, log, 'new');
+        const translated = translate(err, opts, log, 'new');
+        if (!isOutboxkitError(translated, 'OUTBOXKIT_KEY_IN_PROGRESS')) throw translated;
+        // The claim timed out on the row lock of a concurrent claim (another duplicate's short
+        // claim transaction): the key is busy, as with a live lease, and the policy applies.
+        emitOutcome(base, scope.operation, 'in_progress');
+        if (opts.policy === 'async') {
+          return {
+            replayed: false,
+            outcome: 'accepted',
+            response: accepted(opts, operationId, 'processing', base.retryAfterSeconds),
+          };
+        }
+        const remaining = waitUntil - Date.now();
+        if (opts.policy === 'reject' || remaining <= 0) throw translated;
+        subscription ??= await subscribe(db, opts.channel, operationId, base.logger);
+        await subscription.next(Math.max(1, Math.min(LOCK_RETRY_MS, remaining)));
+        continue;
       }
 
       if ('claim' in attempt) {
