@@ -131,7 +131,7 @@ describe('G5 · dlq list and replay', () => {
 
     const json = spawnCli(['dlq', 'list', `${topic}.dlq`, '--json', '--limit', '5']);
     expect((await json.exited).code).toBe(0);
-    const parsed = JSON.parse(json.output.join('')) as { eventId: string; originalTopic: string }[];
+    const parsed = JSON.parse(json.stdout.join('')) as { eventId: string; originalTopic: string }[];
     expect(parsed).toEqual([expect.objectContaining({ eventId: id, originalTopic: topic })]);
 
     // --to: a topic this consumer does not read; the record lands there with its original bytes.

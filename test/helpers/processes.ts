@@ -16,7 +16,10 @@ afterEach(async () => {
 
 export interface Spawned {
   proc: ChildProcess;
+  /** stdout and stderr, interleaved (for error messages). */
   output: string[];
+  /** stdout alone (for output a test parses: runtime warnings go to stderr). */
+  stdout: string[];
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
@@ -28,7 +31,11 @@ export function spawnCli(args: string[], env: Record<string, string> = {}): Spaw
   });
   children.add(proc);
   const output: string[] = [];
-  proc.stdout!.on('data', (d: Buffer) => output.push(d.toString()));
+  const stdout: string[] = [];
+  proc.stdout!.on('data', (d: Buffer) => {
+    output.push(d.toString());
+    stdout.push(d.toString());
+  });
   proc.stderr!.on('data', (d: Buffer) => output.push(d.toString()));
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
     proc.once('exit', (code, signal) => {
@@ -36,7 +43,7 @@ export function spawnCli(args: string[], env: Record<string, string> = {}): Spaw
       resolve({ code, signal });
     }),
   );
-  return { proc, output, exited };
+  return { proc, output, stdout, exited };
 }
 
 /** Starts a relay daemon process on `url` with fast test timings. */

@@ -30,15 +30,16 @@ afterAll(async () => {
   await db?.drop();
 });
 
-async function cli(args: string[]): Promise<{ code: number | null; out: string }> {
+/** `out` is stdout (what a caller parses); `both` adds stderr (where a leak would also count). */
+async function cli(args: string[]): Promise<{ code: number | null; out: string; both: string }> {
   const run = spawnCli([...args, '--database-url', db.url]);
   const { code } = await run.exited;
-  return { code, out: run.output.join('') };
+  return { code, out: run.stdout.join(''), both: run.output.join('') };
 }
 
 describe('outboxkit keys list', () => {
   it('lists one state with tenant/operation filters, as JSON, with redacted keys and the operation id', async () => {
-    const { code, out } = await cli(['keys', 'list', '--state', 'uncertain', '--tenant', 't1', '--json']);
+    const { code, out, both } = await cli(['keys', 'list', '--state', 'uncertain', '--tenant', 't1', '--json']);
     expect(code).toBe(0);
     const rows = JSON.parse(out) as Record<string, unknown>[];
     expect(rows).toHaveLength(1);
@@ -49,14 +50,14 @@ describe('outboxkit keys list', () => {
       operationId: operationIdOf(keys.uncertain),
     });
     expect(rows[0]!.key).toMatch(/…\(36\)$/);
-    expect(out).not.toContain(keys.uncertain);
+    expect(both).not.toContain(keys.uncertain);
   });
 
   it('prints text lines without any full key; --limit bounds the rows', async () => {
     const all = await cli(['keys', 'list', '--state', 'uncertain']);
     expect(all.code).toBe(0);
     expect(all.out.trim().split('\n')).toHaveLength(2);
-    for (const k of Object.values(keys)) expect(all.out).not.toContain(k);
+    for (const k of Object.values(keys)) expect(all.both).not.toContain(k);
     const one = await cli(['keys', 'list', '--state', 'completed', '--operation', 'create-order', '--limit', '2']);
     expect(one.out.trim().split('\n')).toHaveLength(2);
     const bad = await cli(['keys', 'list', '--state', 'stuck']);

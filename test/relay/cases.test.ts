@@ -105,7 +105,7 @@ describe('C06 one poison event', () => {
 
     const list = spawnCli(['parked', 'list', '--database-url', db.url, '--json']);
     expect((await list.exited).code).toBe(0);
-    const listed = JSON.parse(list.output.join('')) as { event_id: string; attempts: number }[];
+    const listed = JSON.parse(list.stdout.join('')) as { event_id: string; attempts: number }[];
     expect(listed.map((r) => r.event_id)).toEqual([poisonId]);
 
     const skip = spawnCli(['parked', 'skip', poisonId, '--database-url', db.url]);
