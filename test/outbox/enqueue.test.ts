@@ -138,3 +138,39 @@ describe('enqueue()', () => {
     }
   });
 });
+
+describe('enqueue() with drizzle over postgres-js', () => {
+  it('joins the transaction: commit keeps the rows, a rollback leaves none, the top-level db is refused', async () => {
+    const { default: postgres } = await import('postgres');
+    const { drizzle: drizzlePg } = await import('drizzle-orm/postgres-js');
+    const sql = postgres(db.url, { max: 2, onnotice: () => {} });
+    const orm = drizzlePg(sql);
+    try {
+      const before = await count();
+      // @ts-expect-error the top-level db is refused by type
+      const refused = await enqueue(orm, event()).catch((e: unknown) => e);
+      expect(isOutboxkitError(refused, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+      await orm
+        .transaction(async (tx) => {
+          await enqueue(tx, event({ key: 'pgjs' }));
+          throw new Error('rollback');
+        })
+        .catch(() => undefined);
+      expect(await count()).toBe(before);
+      const raw = Buffer.from('{"n":9007199254740993}');
+      const written = await orm.transaction(async (tx) =>
+        enqueue(tx, [event({ key: 'pgjs', payload: raw }), event({ key: 'pgjs' })]),
+      );
+      expect(written).toHaveLength(2);
+      expect(written.every((w) => /^\d+$/.test(w.seq))).toBe(true);
+      expect(await count()).toBe(before + 2);
+      const { rows } = await db.pool.query<{ payload: Buffer }>(
+        'SELECT payload FROM outboxkit.outbox_events WHERE event_id = $1',
+        [written[0]!.eventId],
+      );
+      expect(rows[0]!.payload.equals(raw)).toBe(true);
+    } finally {
+      await sql.end();
+    }
+  });
+});
