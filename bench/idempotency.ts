@@ -4,11 +4,14 @@
  *
  * Routes, all doing the same business write (one INSERT in a transaction) and answering the same
  * 201 JSON body:
- * - `/layer`: outboxkit's Fastify adapter (`idempotentHandler`), policy `reject`;
- * - `/by-hand`: the same claim and completion SQL written by hand with pg (BEGIN, set lock_timeout,
- *   INSERT ... ON CONFLICT claim, business INSERT, UPDATE completion, COMMIT), with a SHA-256 of
- *   the raw body instead of the RFC 8785 fingerprint: the floor the layer can reach;
- *   `/by-hand-savepoint` adds the SAVEPOINT the layer takes after the claim (stored rejections);
+ * - `/layer`: outboxkit's Fastify adapter (`idempotentHandler`), policy `reject`. Since the
+ *   read-first path, a new key costs the layer 6 round trips (read-first SELECT, BEGIN + claim
+ *   lock_timeout, claim + SAVEPOINT, business INSERT, completion, COMMIT) and a replay 1;
+ * - `/by-hand`: the claim and completion SQL written by hand with pg as the layer ran it before
+ *   (BEGIN, set lock_timeout, INSERT ... ON CONFLICT claim, business INSERT, UPDATE completion,
+ *   COMMIT: also 6 round trips, no savepoint, no read-first), with a SHA-256 of the raw body
+ *   instead of the RFC 8785 fingerprint: the floor the layer can reach; `/by-hand-savepoint` adds
+ *   a SAVEPOINT after the claim as its own statement (the layer's cost before it rode with the claim);
  * - `/bare`: no idempotency at all (BEGIN, business INSERT, COMMIT).
  *
  * Measures (ratios of requests/s, interleaved rounds, see lib.ts):

@@ -6,10 +6,13 @@
  * in ./store.ts.
  */
 import { randomUUID } from 'node:crypto';
+import type pg from 'pg';
 import {
   joinTransaction,
   runTransaction,
+  withPgTransaction,
   type DatabaseHandle,
+  type Queryable,
   type TransactionHandle,
   type TransactionOf,
 } from '../database.js';
@@ -36,14 +39,18 @@ import {
   type IdempotentResponse,
   type IdempotentResult,
 } from './state-machine.js';
+import { isPgPool, readFirst } from './read-first.js';
 import {
+  claimBeginSql,
   claimKey,
+  claimKeyWithSavepoint,
   completeKey,
   idempotencyTable,
   readRecord,
   rollbackToClaimSavepoint,
   setClaimLockTimeout,
   setClaimSavepoint,
+  type Claim,
   type KeyScope,
 } from './store.js';
 
@@ -110,7 +117,15 @@ export function checkRequest(request: IdempotentRequest, what = 'executeIdempote
  * transaction with the key's claim and its stored result, and returns a stable response to every
  * retry.
  *
- * Flow, in one transaction of `db`:
+ * Flow:
+ * 0. Read first, outside any transaction: one plain SELECT of the key's record, kept only if it is
+ *    terminal (`completed`/`failed`) and unexpired. Such a record cannot change before it expires,
+ *    so it is answered at once: replayed, or {@link KeyMismatchError} on another fingerprint. A
+ *    record that expires between this read and the reply is still replayed (it was valid when
+ *    read). Anything else (no record, expired, `processing`, `uncertain`, or not yet committed)
+ *    goes on to the claim below, which alone decides under concurrency.
+ *
+ * Then, in one transaction of `db`:
  * 1. `lock_timeout` = `lockTimeoutMs` (policy `reject`) or `waitTimeoutMs` (policy `wait`), for the
  *    claim only.
  * 2. One atomic claim (INSERT ... ON CONFLICT DO UPDATE): a new key, or one whose terminal record
@@ -131,6 +146,12 @@ export function checkRequest(request: IdempotentRequest, what = 'executeIdempote
  * a retry executes again): the handler throws (its error is rethrown as is), or returns a 5xx or
  * 408/409/425/429 (returned with `replayed: false`, not stored), or ends with
  * `ctx.reject(status, body, { store: false })`, or the process dies before COMMIT.
+ *
+ * Round trips of a new key with a `pg.Pool`: the read-first SELECT; `BEGIN` with the claim's
+ * `lock_timeout` (one simple-protocol query); the claim with its SAVEPOINT (one simple-protocol
+ * query, values as escaped literals); the handler's statements; the completion; `COMMIT`. With a
+ * drizzle database, the setting, the claim and the SAVEPOINT are three statements of their own
+ * (drizzle runs `BEGIN` itself, and postgres-js has no multi-statement query with results).
  *
  * Expects PostgreSQL's default isolation, READ COMMITTED. Do not keep the transaction open across
  * slow external calls: every duplicate under `wait` holds a pooled connection meanwhile.
@@ -158,82 +179,92 @@ export async function executeIdempotent<D extends DatabaseHandle>(
   const scope = checkRequest(request);
   const table = idempotencyTable(opts.quotedSchema);
   const log = { operation: scope.operation, key: redactKey(scope.key) };
-  try {
-    return await runTransaction(db, async (tx) => {
-      const q = joinTransaction(tx as TransactionHandle, 'executeIdempotent()');
-      const claimTimeoutMs = opts.policy === 'wait' ? opts.waitTimeoutMs : opts.lockTimeoutMs;
-      const previousLockTimeout = await setClaimLockTimeout(q, claimTimeoutMs);
-      const ownerToken = randomUUID();
-      const claim = await claimKey(
-        q,
+  const claimTimeoutMs = opts.policy === 'wait' ? opts.waitTimeoutMs : opts.lockTimeoutMs;
+
+  /**
+   * The claim transaction's body. `pgClient`: the node-postgres client of a pool, whose BEGIN
+   * already set the claim's lock_timeout ({@link claimBeginSql}) and which sends the claim and its
+   * SAVEPOINT in one round trip; otherwise (drizzle) one statement each.
+   */
+  const body = async (tx: TransactionOf<D>, q: Queryable, pgClient?: pg.PoolClient): Promise<IdempotentResult> => {
+    const ownerToken = randomUUID();
+    let claim: Claim | undefined;
+    if (pgClient !== undefined) {
+      claim = await claimKeyWithSavepoint(
+        pgClient,
+        (value) => pgClient.escapeLiteral(value),
         table,
         scope,
         request.fingerprint,
         ownerToken,
         opts.retentionMs,
-        previousLockTimeout,
       );
+    } else {
+      await setClaimLockTimeout(q, claimTimeoutMs);
+      claim = await claimKey(q, table, scope, request.fingerprint, ownerToken, opts.retentionMs);
+    }
 
-      if (claim === undefined) {
-        const record = await readRecord(q, table, scope);
-        if (record === undefined) {
-          // Cannot happen: the claim's conflict locked the row, and nothing deletes a locked row.
-          throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
-        }
-        const decision = decideOnExisting(record, request.fingerprint);
-        switch (decision.kind) {
-          case 'mismatch':
-            opts.logger.warn(log, 'idempotency key reused with a different request');
-            emitOutcome(opts, scope.operation, 'mismatch');
-            throw new KeyMismatchError();
-          case 'in-progress':
-            emitOutcome(opts, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
-            throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
-          case 'replay':
-            opts.logger.debug(log, 'idempotent response replayed');
-            emitOutcome(opts, scope.operation, 'replayed');
-            return { replayed: true, response: decision.response };
-        }
+    if (claim === undefined) {
+      const record = await readRecord(q, table, scope);
+      if (record === undefined) {
+        // Cannot happen: the claim's conflict locked the row, and nothing deletes a locked row.
+        throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
       }
-      // Counted at claim time: a later rollback still was a new execution attempt.
-      emitOutcome(opts, scope.operation, claim.generation > 1 ? 'expired' : 'new');
+      const decision = decideOnExisting(record, request.fingerprint);
+      if (decision.kind === 'in-progress') {
+        emitOutcome(opts, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
+        throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
+      }
+      return answerExisting(decision, opts, scope.operation, log);
+    }
+    // Counted at claim time: a later rollback still was a new execution attempt.
+    emitOutcome(opts, scope.operation, claim.generation > 1 ? 'expired' : 'new');
 
-      await setClaimSavepoint(q);
-      let returned: HandlerResponse;
-      try {
-        returned = await handler(tx, EXECUTION_CONTEXT);
-      } catch (err) {
-        throw new HandlerFailure(err);
-      }
-      const response = normaliseResponse(returned);
-      const outcome = outcomeOfResponse(returned);
-      if (outcome === 'release') throw new ReleasedResponse(response);
-      // A stored rejection keeps the claim but none of the handler's writes.
-      if (outcome === 'failed') await rollbackToClaimSavepoint(q);
-      const stored = await completeKey(
-        q,
-        table,
-        scope,
-        claim.ownerToken,
-        {
-          state: outcome,
-          status: response.status,
-          headers: headersToStore(response.headers, opts.replayHeaders),
-          body: response.body,
-        },
-        opts.retentionMs,
+    if (pgClient === undefined) await setClaimSavepoint(q);
+    let returned: HandlerResponse;
+    try {
+      returned = await handler(tx, EXECUTION_CONTEXT);
+    } catch (err) {
+      throw new HandlerFailure(err);
+    }
+    const response = normaliseResponse(returned);
+    const outcome = outcomeOfResponse(returned);
+    if (outcome === 'release') throw new ReleasedResponse(response);
+    // A stored rejection keeps the claim but none of the handler's writes.
+    if (outcome === 'failed') await rollbackToClaimSavepoint(q);
+    const stored = await completeKey(
+      q,
+      table,
+      scope,
+      claim.ownerToken,
+      {
+        state: outcome,
+        status: response.status,
+        headers: headersToStore(response.headers, opts.replayHeaders),
+        body: response.body,
+      },
+      opts.retentionMs,
+    );
+    if (!stored) {
+      throw new LeaseLostError(
+        `The idempotency record ${redactKey(scope.key)} of ${scope.operation} is no longer owned by this execution; its result was not stored.`,
       );
-      if (!stored) {
-        throw new LeaseLostError(
-          `The idempotency record ${redactKey(scope.key)} of ${scope.operation} is no longer owned by this execution; its result was not stored.`,
-        );
-      }
-      opts.logger.debug(
-        { ...log, status: response.status, generation: claim.generation },
-        'idempotent request executed',
+    }
+    opts.logger.debug({ ...log, status: response.status, generation: claim.generation }, 'idempotent request executed');
+    return { replayed: false, response };
+  };
+
+  try {
+    const known = await readFirst(db, table, scope, request.fingerprint);
+    if (known !== undefined) return answerExisting(known, opts, scope.operation, log);
+    if (isPgPool(db)) {
+      return await withPgTransaction(
+        db,
+        (client) => body(client as TransactionOf<D>, joinTransaction(client, 'executeIdempotent()'), client),
+        { beginSql: claimBeginSql(claimTimeoutMs) },
       );
-      return { replayed: false, response };
-    });
+    }
+    return await runTransaction(db, (tx) => body(tx, joinTransaction(tx as TransactionHandle, 'executeIdempotent()')));
   } catch (err) {
     if (err instanceof ReleasedResponse) {
       opts.logger.debug({ ...log, status: err.response.status }, 'idempotent request released (response not stored)');
@@ -241,6 +272,26 @@ export async function executeIdempotent<D extends DatabaseHandle>(
     }
     throw translateError(err, opts, log, scope.operation);
   }
+}
+
+/**
+ * Answers a request whose key has a committed terminal record it may not take over (from the
+ * read-first path or from the claim path): 422 on another fingerprint, else the stored response.
+ */
+function answerExisting(
+  decision: { kind: 'mismatch' } | { kind: 'replay'; response: IdempotentResponse },
+  opts: ResolvedIdempotencyOptions,
+  operation: string,
+  log: Record<string, unknown>,
+): IdempotentResult {
+  if (decision.kind === 'mismatch') {
+    opts.logger.warn(log, 'idempotency key reused with a different request');
+    emitOutcome(opts, operation, 'mismatch');
+    throw new KeyMismatchError();
+  }
+  opts.logger.debug(log, 'idempotent response replayed');
+  emitOutcome(opts, operation, 'replayed');
+  return { replayed: true, response: decision.response };
 }
 
 /** Maps what escaped the transaction to what the caller sees; see {@link executeIdempotent}. */

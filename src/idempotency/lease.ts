@@ -19,7 +19,9 @@ import { randomUUID } from 'node:crypto';
 import {
   joinTransaction,
   runTransaction,
+  withPgTransaction,
   type DatabaseHandle,
+  type Queryable,
   type TransactionHandle,
   type TransactionOf,
 } from '../database.js';
@@ -53,7 +55,8 @@ import {
   type IdempotentResponse,
   type IdempotentResult,
 } from './state-machine.js';
-import { idempotencyTable, setClaimLockTimeout, type KeyScope } from './store.js';
+import { isPgPool, readFirst } from './read-first.js';
+import { claimBeginSql, idempotencyTable, setClaimLockTimeout, type KeyScope } from './store.js';
 
 const UNCERTAIN = Symbol.for('outboxkit.uncertain');
 
@@ -151,6 +154,11 @@ function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause
  * differs from `executeIdempotent()`.
  *
  * Flow:
+ * 0. Read first, outside any transaction (as in `executeIdempotent()`): a terminal record within
+ *    its retention is answered by one plain SELECT (replay, or 422 on another fingerprint); it
+ *    cannot change before it expires, and one that expires between the read and the reply is
+ *    still replayed (it was valid when read). Any other record (`processing`, `uncertain`,
+ *    expired) or none goes to step 1.
  * 1. One short transaction claims the key (INSERT ... ON CONFLICT): a new key, an expired
  *    terminal record, or — takeover — a `processing` record of the same fingerprint whose lease has
  *    expired (new owner token, generation + 1). It commits before the handler runs.
@@ -186,27 +194,48 @@ export async function executeLeased<D extends DatabaseHandle>(
   const log = { operation: scope.operation, key: redactKey(scope.key) };
   const waitUntil = Math.min(Date.now() + base.waitTimeoutMs, request.deadline ?? Number.POSITIVE_INFINITY);
   let subscription: Subscription | undefined;
+  let first = true;
   try {
     for (;;) {
       const ownerToken = randomUUID();
       let attempt: { claim: LeaseClaim } | { record: LeasedRecord | undefined };
+      // The claim transaction is short, so a lock wait is short too; bound it anyway (with a
+      // pg.Pool, in the BEGIN round trip).
+      const claimIn = async (q: Queryable): Promise<{ claim: LeaseClaim } | { record: LeasedRecord | undefined }> => {
+        const claim = await claimLease(
+          q,
+          table,
+          scope,
+          request.fingerprint,
+          ownerToken,
+          opts.leaseMs,
+          base.retentionMs,
+        );
+        if (claim) return { claim };
+        return { record: await readLeasedRecord(q, table, scope) };
+      };
       try {
-        attempt = await runTransaction(db, async (tx) => {
-          const q = joinTransaction(tx as TransactionHandle, 'executeLeased()');
-          // The claim transaction is short, so a lock wait is short too; bound it anyway.
-          await setClaimLockTimeout(q, base.lockTimeoutMs);
-          const claim = await claimLease(
-            q,
-            table,
-            scope,
-            request.fingerprint,
-            ownerToken,
-            opts.leaseMs,
-            base.retentionMs,
-          );
-          if (claim) return { claim };
-          return { record: await readLeasedRecord(q, table, scope) };
-        });
+        if (first) {
+          first = false;
+          const known = await readFirst(db, table, scope, request.fingerprint);
+          if (known?.kind === 'mismatch') {
+            emitOutcome(base, scope.operation, 'mismatch');
+            throw new KeyMismatchError();
+          }
+          if (known?.kind === 'replay') {
+            emitOutcome(base, scope.operation, 'replayed');
+            return { replayed: true, outcome: 'replayed', response: known.response };
+          }
+        }
+        attempt = isPgPool(db)
+          ? await withPgTransaction(db, (client) => claimIn(joinTransaction(client, 'executeLeased()')), {
+              beginSql: claimBeginSql(base.lockTimeoutMs),
+            })
+          : await runTransaction(db, async (tx) => {
+              const q = joinTransaction(tx as TransactionHandle, 'executeLeased()');
+              await setClaimLockTimeout(q, base.lockTimeoutMs);
+              return claimIn(q);
+            });
       } catch (err) {
         const translated = translate(err, opts, log, 'new');
         if (!isOutboxkitError(translated, 'OUTBOXKIT_KEY_IN_PROGRESS')) throw translated;

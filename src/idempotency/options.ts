@@ -40,8 +40,10 @@ export interface IdempotencyOptions {
   waitTimeoutMs?: number;
   /**
    * How long a completed (or stored failed) record is kept and replayed, in milliseconds, counted
-   * from its completion. After that, the same key starts a new execution (even with a different
-   * body), and `cleanupExpiredKeys()` may delete the record. Publish it in your API docs.
+   * from its completion, by the database clock. After that, the same key starts a new execution
+   * (even with a different body), and `cleanupExpiredKeys()` may delete the record. Expiry is
+   * decided when the record is read: a retry whose read found it unexpired is replayed even if it
+   * expires before the reply is sent. Publish it in your API docs.
    * @defaultValue 86_400_000 (24 hours)
    */
   retentionMs?: number;

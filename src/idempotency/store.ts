@@ -23,21 +23,41 @@ export function idempotencyTable(quotedSchema: string): string {
 }
 
 /**
+ * The transaction-local setting in which {@link setClaimLockTimeout} (or {@link claimBeginSql})
+ * keeps the caller's `lock_timeout` while the claim runs with its own, and from which
+ * {@link claimKey} restores it for the handler. A custom (dotted) setting set with
+ * `set_config(..., true)` lives until the end of the transaction, like `SET LOCAL`.
+ */
+export const RESTORE_LOCK_TIMEOUT_SETTING = 'outboxkit.restore_lock_timeout';
+
+/**
  * Sets `lock_timeout` for the rest of this transaction only (`set_config(..., true)` is
- * `SET LOCAL`; parameterised, unlike `SET`) and returns the value it replaced, so that
- * {@link claimKey} can restore it before the handler runs: the claim's short timeout must not
- * apply to the handler's own queries.
+ * `SET LOCAL`; parameterised, unlike `SET`), after keeping the value it replaces in
+ * {@link RESTORE_LOCK_TIMEOUT_SETTING}, so that {@link claimKey} can restore it before the handler
+ * runs: the claim's short timeout must not apply to the handler's own queries.
  *
  * The previous value is read in a subquery (kept apart by `OFFSET 0`), which produces its row
  * before the outer target list, and so `set_config`, is evaluated.
+ *
+ * With a `pg.Pool`, {@link claimBeginSql} does the same in the BEGIN round trip instead.
  */
-export async function setClaimLockTimeout(db: Queryable, timeoutMs: number): Promise<string> {
-  const { rows } = await db.query<{ previous: string }>(
-    `SELECT p.previous, set_config('lock_timeout', $1, true) AS applied
+export async function setClaimLockTimeout(db: Queryable, timeoutMs: number): Promise<void> {
+  await db.query(
+    `SELECT set_config('${RESTORE_LOCK_TIMEOUT_SETTING}', p.previous, true) AS kept,
+            set_config('lock_timeout', $1, true) AS applied
        FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) p`,
     [`${timeoutMs}ms`],
   );
-  return rows[0]?.previous ?? '0';
+}
+
+/**
+ * The statement that opens a claim transaction on a `pg` client in one round trip: `BEGIN`, then
+ * what {@link setClaimLockTimeout} does, as one simple-protocol query (several statements, no
+ * parameters: `timeoutMs` is a validated integer, the only value in the text).
+ */
+export function claimBeginSql(timeoutMs: number): string {
+  if (!Number.isSafeInteger(timeoutMs) || timeoutMs < 1) throw new RangeError(`Invalid lock timeout ${timeoutMs}`);
+  return `BEGIN; SELECT set_config('${RESTORE_LOCK_TIMEOUT_SETTING}', p.previous, true), set_config('lock_timeout', '${timeoutMs}ms', true) FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) p`;
 }
 
 /** A key claimed by this transaction. */
@@ -66,8 +86,9 @@ export interface Claim {
  *   false, ON CONFLICT DO UPDATE locks the conflicting row, so the record cannot change or be
  *   cleaned up between this statement and {@link readRecord}.
  * - `set_config` in the outer SELECT runs only for the returned (claimed) row, after the insert
- *   took its lock: it restores the caller's `lock_timeout` for the handler, without a round trip.
- *   When nothing is claimed, no handler runs and the setting does not matter.
+ *   took its lock: it restores the caller's `lock_timeout` (kept by {@link setClaimLockTimeout})
+ *   for the handler, without a round trip. When nothing is claimed, no handler runs and the
+ *   setting does not matter.
  */
 export async function claimKey(
   db: Queryable,
@@ -76,13 +97,21 @@ export async function claimKey(
   fingerprint: Fingerprint,
   ownerToken: string,
   retentionMs: number,
-  restoreLockTimeout: string,
 ): Promise<Claim | undefined> {
   const { rows } = await db.query<{ generation: number }>(
-    `WITH claim AS (
+    claimSql(table, ['$1', '$2', '$3', '$4::bytea', '$5::smallint', '$6::uuid', '$7::bigint']),
+    [scope.tenant, scope.operation, scope.key, fingerprint.digest, fingerprint.version, ownerToken, retentionMs],
+  );
+  const row = rows[0];
+  return row === undefined ? undefined : { ownerToken, generation: row.generation };
+}
+
+/** The claim statement of {@link claimKey}, with the given SQL expressions as its seven values. */
+function claimSql(table: string, v: readonly string[]): string {
+  return `WITH claim AS (
        INSERT INTO ${table} AS k
               (tenant, operation, key, fingerprint, fingerprint_version, state, owner_token, generation, expires_at)
-       VALUES ($1, $2, $3, $4::bytea, $5::smallint, 'processing', $6::uuid, 1, now() + $7::bigint * interval '1 millisecond')
+       VALUES (${v[0]}, ${v[1]}, ${v[2]}, ${v[3]}, ${v[4]}, 'processing', ${v[5]}, 1, now() + ${v[6]} * interval '1 millisecond')
        ON CONFLICT (tenant, operation, key) DO UPDATE
           SET fingerprint = EXCLUDED.fingerprint,
               fingerprint_version = EXCLUDED.fingerprint_version,
@@ -99,19 +128,51 @@ export async function claimKey(
               expires_at = EXCLUDED.expires_at
         WHERE k.expires_at <= now() AND k.state IN ('completed', 'failed')
        RETURNING k.generation)
-     SELECT claim.generation, set_config('lock_timeout', $8, true) AS lock_timeout FROM claim`,
-    [
-      scope.tenant,
-      scope.operation,
-      scope.key,
-      fingerprint.digest,
-      fingerprint.version,
-      ownerToken,
-      retentionMs,
-      restoreLockTimeout,
-    ],
-  );
-  const row = rows[0];
+     SELECT claim.generation,
+            set_config('lock_timeout', current_setting('${RESTORE_LOCK_TIMEOUT_SETTING}'), true) AS lock_timeout
+       FROM claim`;
+}
+
+/** The part of a node-postgres client that {@link claimKeyWithSavepoint} uses. */
+export interface SimpleQueryClient {
+  query(text: string): Promise<unknown>;
+}
+
+/**
+ * {@link claimKey} followed by {@link setClaimSavepoint} in ONE round trip, for a node-postgres
+ * client (`pg.PoolClient`): both statements go in one simple-protocol query, which cannot carry
+ * parameters, so the values are written as SQL literals:
+ * - tenant, operation and key with `escapeLiteral` of node-postgres (quotes doubled; a backslash
+ *   makes it an `E'...'` literal, correct whatever `standard_conforming_strings` is);
+ * - the fingerprint as `decode('<hex>', 'hex')`, the owner token (a UUID we generated) escaped
+ *   too, the fingerprint version and the retention as validated integers.
+ *
+ * When the claim fails (lock timeout), PostgreSQL skips the SAVEPOINT; when it claims nothing (a
+ * live record), the SAVEPOINT is harmless: no handler runs. A savepoint costs no lock and no WAL.
+ */
+export async function claimKeyWithSavepoint(
+  client: SimpleQueryClient,
+  escapeLiteral: (value: string) => string,
+  table: string,
+  scope: KeyScope,
+  fingerprint: Fingerprint,
+  ownerToken: string,
+  retentionMs: number,
+): Promise<Claim | undefined> {
+  if (!Number.isSafeInteger(fingerprint.version) || !Number.isSafeInteger(retentionMs)) {
+    throw new RangeError('Invalid fingerprint version or retention');
+  }
+  const text = `${claimSql(table, [
+    escapeLiteral(scope.tenant),
+    escapeLiteral(scope.operation),
+    escapeLiteral(scope.key),
+    `decode('${fingerprint.digest.toString('hex')}', 'hex')`,
+    `${fingerprint.version}::smallint`,
+    `${escapeLiteral(ownerToken)}::uuid`,
+    `${retentionMs}::bigint`,
+  ])}; SAVEPOINT ${CLAIM_SAVEPOINT}`;
+  const results = (await client.query(text)) as { rows: { generation: number }[] }[];
+  const row = results[0]?.rows[0];
   return row === undefined ? undefined : { ownerToken, generation: row.generation };
 }
 
@@ -159,7 +220,42 @@ export async function readRecord(db: Queryable, table: string, scope: KeyScope):
       WHERE tenant = $1 AND operation = $2 AND key = $3`,
     [scope.tenant, scope.operation, scope.key],
   );
-  const r = rows[0];
+  return toStoredRecord(rows[0]);
+}
+
+/**
+ * The read-first path: reads the record only if it is terminal (`completed`/`failed`) and still
+ * within its retention, with ONE plain SELECT outside any transaction (autocommit: no
+ * transaction id, no row lock, no WAL flush). `undefined` means "go through the claim": no record,
+ * an expired one, a `processing` or `uncertain` one, or one that is not committed yet.
+ *
+ * Why it is safe: a terminal record within its retention is immutable until it expires. Nothing
+ * changes it: the claims take over only an expired terminal record (or, in lease mode, an expired
+ * lease of a `processing` one), completion, renewal and reconciliation update only `processing`
+ * or `uncertain` records, and cleanup deletes only expired records. So what this read returns is
+ * exactly what the claim would have read after locking the row.
+ *
+ * Expiry rule: `expires_at > now()` is decided by the database clock at this read. A record that
+ * expires between this read and the reply is still replayed (or answered 422): it was valid when
+ * read, as if the request had arrived a moment earlier. Retention is therefore "replayed at least
+ * until `expires_at`"; the first request read after it starts a new execution.
+ */
+export async function lookupTerminalRecord(
+  db: Queryable,
+  table: string,
+  scope: KeyScope,
+): Promise<StoredRecord | undefined> {
+  const { rows } = await db.query<RecordRow>(
+    `SELECT state, fingerprint, fingerprint_version, response_status, response_headers, response_body
+       FROM ${table}
+      WHERE tenant = $1 AND operation = $2 AND key = $3
+        AND state IN ('completed', 'failed') AND expires_at > now()`,
+    [scope.tenant, scope.operation, scope.key],
+  );
+  return toStoredRecord(rows[0]);
+}
+
+function toStoredRecord(r: RecordRow | undefined): StoredRecord | undefined {
   if (r === undefined) return undefined;
   return {
     state: r.state,

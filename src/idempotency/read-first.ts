@@ -1,0 +1,94 @@
+/**
+ * The read-first path shared by both modes: before any transaction, one plain SELECT answers a
+ * retry whose key has a terminal record within its retention (replay, or 422 on another
+ * fingerprint). Everything else (no record, expired, processing, uncertain, not yet committed)
+ * goes through the atomic claim as before. Why it is safe: {@link lookupTerminalRecord}.
+ *
+ * Cost: a replay is one statement with no transaction (no transaction id, no row lock, so no WAL
+ * flush at commit), instead of a claim transaction that locks the row; a new key pays one extra
+ * indexed read before its claim. (With a `pg.Pool` the claim transaction saves two round trips
+ * elsewhere: see `executeIdempotent()`.)
+ */
+import { sql, type SQL } from 'drizzle-orm';
+import type pg from 'pg';
+import type { DatabaseHandle, Queryable, QueryResult } from '../database.js';
+import type { Fingerprint } from './fingerprint.js';
+import { decideOnExisting, type ExistingRecordDecision } from './state-machine.js';
+import { lookupTerminalRecord, type KeyScope } from './store.js';
+
+/** Whether `db` is a `pg.Pool` (the structural test of src/database.ts). @internal */
+export function isPgPool(db: unknown): db is pg.Pool {
+  return (
+    typeof db === 'object' &&
+    db !== null &&
+    'totalCount' in db &&
+    'idleCount' in db &&
+    typeof (db as { connect?: unknown }).connect === 'function'
+  );
+}
+
+type DrizzleExecutor = { execute(query: SQL): Promise<unknown> };
+
+/** Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object. */
+function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
+  const chunks: SQL[] = [];
+  const re = /\$(\d+)/g;
+  let last = 0;
+  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
+    chunks.push(sql.raw(text.slice(last, m.index)));
+    chunks.push(sql`${sql.param(values[Number(m[1]) - 1])}`);
+    last = m.index + m[0].length;
+  }
+  chunks.push(sql.raw(text.slice(last)));
+  return sql.join(chunks);
+}
+
+/**
+ * A {@link Queryable} that runs each statement on its own, outside any transaction (autocommit),
+ * on a `pg.Pool` (`pool.query`) or a drizzle database (`db.execute`); `undefined` for a handle that
+ * offers neither (the read-first path is then skipped, the claim alone decides).
+ */
+export function autocommitQueryable(db: DatabaseHandle): Queryable | undefined {
+  if (isPgPool(db)) {
+    return {
+      async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
+        const r = await db.query(text, values as unknown[]);
+        return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
+      },
+    };
+  }
+  const drizzleDb = db as Partial<DrizzleExecutor>;
+  if (typeof drizzleDb.execute !== 'function') return undefined;
+  const execute = drizzleDb.execute.bind(drizzleDb);
+  return {
+    async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
+      const result = await execute(toDrizzleSql(text, values));
+      if (Array.isArray(result)) {
+        // postgres-js: an array of rows with a `count`.
+        const count = (result as unknown as { count?: number }).count;
+        return { rows: result as R[], rowCount: count ?? result.length };
+      }
+      const r = result as { rows: R[]; rowCount: number | null };
+      return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
+    },
+  };
+}
+
+/**
+ * Reads the key's record if it is terminal and unexpired, and decides: `replay` or `mismatch`.
+ * `undefined`: take the claim path. Store errors propagate (the caller maps them to 503).
+ */
+export async function readFirst(
+  db: DatabaseHandle,
+  table: string,
+  scope: KeyScope,
+  fingerprint: Fingerprint,
+): Promise<Exclude<ExistingRecordDecision, { kind: 'in-progress' }> | undefined> {
+  const q = autocommitQueryable(db);
+  if (q === undefined) return undefined;
+  const record = await lookupTerminalRecord(q, table, scope);
+  if (record === undefined) return undefined;
+  const decision = decideOnExisting(record, fingerprint);
+  // A terminal record is never in progress; should it ever be, the claim path decides.
+  return decision.kind === 'in-progress' ? undefined : decision;
+}
