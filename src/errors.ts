@@ -41,6 +41,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_INVALID_MESSAGE',
   /** A component was used after it was stopped, or started twice. */
   'OUTBOXKIT_LIFECYCLE',
+  /** outboxkit's tables (or its schema) do not exist in the database: run `outboxkit migrate`. */
+  'OUTBOXKIT_SCHEMA_MISSING',
 ] as const;
 
 /** Union of every error code outboxkit uses. */
@@ -133,4 +135,33 @@ export class LifecycleError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
     super('OUTBOXKIT_LIFECYCLE', message, options);
   }
+}
+
+/**
+ * outboxkit's schema or tables do not exist in the database it was pointed at (SQLSTATE 42P01
+ * undefined_table or 3F000 invalid_schema_name). Run `outboxkit migrate` (or `migrate()`) with the
+ * same schema option.
+ */
+export class SchemaMissingError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_SCHEMA_MISSING', message, options);
+  }
+}
+
+/** SQLSTATEs of a missing table or schema. */
+const MISSING_RELATION_SQLSTATES = new Set(['42P01', '3F000']);
+
+/**
+ * Turns a PostgreSQL "table/schema does not exist" error into {@link SchemaMissingError}; returns
+ * any other error unchanged.
+ */
+export function schemaMissingOr(err: unknown, schema: string): unknown {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && MISSING_RELATION_SQLSTATES.has(code)) {
+    return new SchemaMissingError(
+      `outboxkit's tables are missing in schema "${schema}" (${(err as Error).message}); run \`outboxkit migrate --schema ${schema}\` or migrate() first.`,
+      { cause: err },
+    );
+  }
+  return err;
 }

@@ -27,6 +27,7 @@ export {
   MigrationError,
   TopicMissingError,
   LifecycleError,
+  SchemaMissingError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';
 
