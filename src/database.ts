@@ -253,6 +253,20 @@ export type TransactionOf<D extends DatabaseHandle> = D extends pg.Pool
     ? DrizzleTransactionOf<D>
     : never;
 
+const guardedPools = new WeakSet<pg.Pool>();
+
+/**
+ * A `pg.Pool` emits 'error' when PostgreSQL terminates one of its idle connections (a restart, a
+ * failover, `pg_terminate_backend`); without a listener Node.js turns that into a crash. The pool
+ * already discards the broken connection and the next query opens a new one, so outboxkit adds one
+ * listener (once per pool) that keeps the process alive. An application's own listeners still run.
+ */
+function guardPool(pool: pg.Pool): void {
+  if (guardedPools.has(pool)) return;
+  guardedPools.add(pool);
+  pool.on('error', () => {});
+}
+
 /**
  * Runs `fn` in a new transaction of `db` (a `pg.Pool` through {@link withPgTransaction}, or a
  * drizzle database through `db.transaction()`), committing when it resolves and rolling back when
@@ -262,7 +276,10 @@ export async function runTransaction<D extends DatabaseHandle, T>(
   db: D,
   fn: (tx: TransactionOf<D>) => Promise<T>,
 ): Promise<T> {
-  if (isPool(db)) return withPgTransaction(db as pg.Pool, fn as (c: pg.PoolClient) => Promise<T>);
+  if (isPool(db)) {
+    guardPool(db as pg.Pool);
+    return withPgTransaction(db as pg.Pool, fn as (c: pg.PoolClient) => Promise<T>);
+  }
   if (typeof (db as AnyDrizzleDb).transaction === 'function') {
     return (db as AnyDrizzleDb).transaction(fn) as Promise<T>;
   }

@@ -135,16 +135,16 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
 async function applyPending(client: pg.Client, quoted: string, folder: string, logger: Logger): Promise<string[]> {
   await client.query(`CREATE SCHEMA IF NOT EXISTS ${quoted}`);
   await client.query(
-    `CREATE TABLE IF NOT EXISTS ${quoted}.migrations (
+    `CREATE TABLE IF NOT EXISTS ${quoted}.outboxkit_migrations (
        tag text PRIMARY KEY,
        sha256 text NOT NULL,
        applied_at timestamptz NOT NULL DEFAULT now()
      )`,
   );
   const done = new Map(
-    (await client.query<{ tag: string; sha256: string }>(`SELECT tag, sha256 FROM ${quoted}.migrations`)).rows.map(
-      (r) => [r.tag, r.sha256],
-    ),
+    (
+      await client.query<{ tag: string; sha256: string }>(`SELECT tag, sha256 FROM ${quoted}.outboxkit_migrations`)
+    ).rows.map((r) => [r.tag, r.sha256]),
   );
   const applied: string[] = [];
   for (const entry of readJournal(folder)) {
@@ -168,7 +168,10 @@ async function applyPending(client: pg.Client, quoted: string, folder: string, l
     await client.query('BEGIN');
     try {
       for (const statement of statements) await client.query(statement);
-      await client.query(`INSERT INTO ${quoted}.migrations (tag, sha256) VALUES ($1, $2)`, [entry.tag, sha256]);
+      await client.query(`INSERT INTO ${quoted}.outboxkit_migrations (tag, sha256) VALUES ($1, $2)`, [
+        entry.tag,
+        sha256,
+      ]);
       await client.query('COMMIT');
     } catch (err) {
       await client.query('ROLLBACK');

@@ -41,14 +41,23 @@ describe('migrate()', () => {
     );
     const appliedCounts = results.map((r) => (r.stdout.match(/"applied":\["[^\]]+\]/) ? 1 : 0));
     expect(appliedCounts.reduce((a: number, b: number) => a + b, 0)).toBe(1);
-    expect(await tables('billing_ok')).toEqual([
+    expect((await tables('billing_ok')).sort()).toEqual([
       'idempotency_keys',
       'inbox',
-      'migrations',
       'outbox_events',
+      'outboxkit_migrations',
       'relay_instances',
       'relay_lanes',
     ]);
+  });
+
+  it('shares a schema with another tool that has its own `migrations` table', async () => {
+    await db.pool.query(
+      'CREATE SCHEMA shared_app; CREATE TABLE shared_app.migrations (id serial PRIMARY KEY, name text)',
+    );
+    const { applied } = await migrate({ connectionString: db.url, schema: 'shared_app' });
+    expect(applied).toEqual(['0000_init']);
+    expect((await tables('shared_app')).sort()).toContain('outboxkit_migrations');
   });
 
   it('refuses to continue when an applied migration file was edited', async () => {

@@ -17,7 +17,8 @@ describe('quoteSchema', () => {
   it('accepts plain identifiers and refuses anything that would need escaping', () => {
     expect(quoteSchema('outboxkit')).toBe('"outboxkit"');
     expect(quoteSchema('a_1')).toBe('"a_1"');
-    for (const bad of ['', '1a', 'A', 'a-b', 'a"b', 'a'.repeat(64), 'a; DROP']) {
+    expect(quoteSchema('a'.repeat(40))).toBe(`"${'a'.repeat(40)}"`);
+    for (const bad of ['', '1a', 'A', 'a-b', 'a"b', 'a'.repeat(41), 'a; DROP']) {
       let err: unknown;
       try {
         quoteSchema(bad);
