@@ -19,7 +19,7 @@ import { is } from 'drizzle-orm';
 import { PgTransaction } from 'drizzle-orm/pg-core';
 import { sql, type SQL } from 'drizzle-orm';
 import type pg from 'pg';
-import { NotInTransactionError } from './errors.js';
+import { NotInTransactionError, schemaMissingOr } from './errors.js';
 
 /** The result shape outboxkit needs from a query. */
 export interface QueryResult<R> {
@@ -86,7 +86,7 @@ async function guarded<T>(what: string, run: () => Promise<T>): Promise<T> {
     return await run();
   } catch (err) {
     if ((err as { code?: unknown }).code === IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
-    throw err;
+    throw schemaMissingOr(err);
   }
 }
 

@@ -155,11 +155,13 @@ const MISSING_RELATION_SQLSTATES = new Set(['42P01', '3F000']);
  * Turns a PostgreSQL "table/schema does not exist" error into {@link SchemaMissingError}; returns
  * any other error unchanged.
  */
-export function schemaMissingOr(err: unknown, schema: string): unknown {
+export function schemaMissingOr(err: unknown, schema?: string): unknown {
   const code = (err as { code?: unknown } | null)?.code;
   if (typeof code === 'string' && MISSING_RELATION_SQLSTATES.has(code)) {
+    const where = schema === undefined ? '' : ` in schema "${schema}"`;
+    const flag = schema === undefined ? '' : ` --schema ${schema}`;
     return new SchemaMissingError(
-      `outboxkit's tables are missing in schema "${schema}" (${(err as Error).message}); run \`outboxkit migrate --schema ${schema}\` or migrate() first.`,
+      `outboxkit's tables are missing${where} (${(err as Error).message}); run \`outboxkit migrate${flag}\` or migrate() first.`,
       { cause: err },
     );
   }

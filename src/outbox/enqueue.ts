@@ -49,7 +49,10 @@ export interface Outbox {
    * @param events - one event or several.
    * @returns the written events, with their event ids, in the order given.
    * @throws {@link NotInTransactionError} when `tx` is not a live transaction (case C23).
-   * @throws {@link InvalidEventError} when an event is invalid; nothing is written then.
+   * @throws {@link InvalidEventError} when an event is invalid (nothing is written then), or when
+   *   an `eventId` already exists in the outbox (the call's other events are written; the
+   *   transaction stays usable, so the caller decides whether to roll back).
+   * @throws {@link SchemaMissingError} when outboxkit's tables do not exist (run `outboxkit migrate`).
    */
   enqueue(tx: TransactionHandle, events: OutboxEventInput | readonly OutboxEventInput[]): Promise<EnqueuedEvent[]>;
   /** The LISTEN/NOTIFY channel relays listen on. */
@@ -99,6 +102,7 @@ function insertSql(table: string, rows: number, channel: string | null): string 
   const insert = `INSERT INTO ${table} (event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
     SELECT v.* FROM (VALUES ${values.join(', ')}) AS v(event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
     WHERE v.key IS NULL OR pg_advisory_xact_lock(hashtextextended(v.key, 7)) IS NOT NULL
+    ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id, seq::text AS seq`;
   if (channel === null) return insert;
   return `WITH ins AS (${insert}), wake AS (SELECT pg_notify('${channel}', '')) SELECT ins.event_id, ins.seq FROM ins, wake`;
@@ -166,6 +170,15 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
         const name = chunk.length <= 8 ? statementName(text) : undefined;
         const { rows } = await db.query<{ event_id: string; seq: string }>(text, params(chunk), { name });
         for (const r of rows) seqById.set(r.event_id, r.seq);
+      }
+      // An event id that already exists was skipped by ON CONFLICT (the caller's transaction stays
+      // usable): report it rather than pretend it was written.
+      const skipped = prepared.filter((e) => !seqById.has(e.eventId)).map((e) => e.eventId);
+      if (skipped.length > 0) {
+        throw new InvalidEventError(
+          `Event id ${skipped.join(', ')} already exists in the outbox; give each event a new id (or omit eventId). ` +
+            'The other events of this call were written; roll back your transaction to undo them.',
+        );
       }
       return prepared.map((e) => ({
         eventId: e.eventId,

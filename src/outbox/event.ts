@@ -85,12 +85,23 @@ function encodePayload(payload: unknown): Buffer {
   return Buffer.from(text, 'utf8');
 }
 
+/** PostgreSQL text cannot hold U+0000: refuse it before it reaches the database. */
+function noNul(value: string, name: string): string {
+  if (value.includes('\u0000')) {
+    throw new InvalidEventError(`Event ${name} contains a NUL character (U+0000), which PostgreSQL text cannot store.`);
+  }
+  return value;
+}
+
+/** The nil and max UUIDs (RFC 9562 §5.9, §5.10) name no event: consumers dead-letter them. */
+const RESERVED_UUIDS = new Set(['00000000-0000-0000-0000-000000000000', 'ffffffff-ffff-ffff-ffff-ffffffffffff']);
+
 function optionalText(value: unknown, name: string, max: number): string | null {
   if (value === undefined || value === null) return null;
   if (typeof value !== 'string' || value.length === 0 || value.length > max) {
     throw new InvalidEventError(`Event ${name} must be a string of 1-${max} characters.`);
   }
-  return value;
+  return noNul(value, name);
 }
 
 /**
@@ -102,7 +113,7 @@ function optionalText(value: unknown, name: string, max: number): string | null 
  */
 export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): PreparedEvent {
   if (typeof event !== 'object' || event === null) throw new InvalidEventError('An outbox event must be an object.');
-  if (typeof event.topic !== 'string' || !KAFKA_TOPIC_NAME.test(event.topic)) {
+  if (typeof event.topic !== 'string' || !KAFKA_TOPIC_NAME.test(event.topic) || /^\.\.?$/.test(event.topic)) {
     throw new InvalidEventError(
       `Invalid topic ${JSON.stringify(event.topic)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
     );
@@ -112,14 +123,23 @@ export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): 
   if (event.key !== null && (typeof event.key !== 'string' || Buffer.byteLength(event.key) > 4096)) {
     throw new InvalidEventError('Event key must be a string of at most 4096 bytes, or null.');
   }
+  if (event.key !== null) noNul(event.key, 'key');
   const headers: Record<string, string> = {};
-  for (const [name, value] of Object.entries(event.headers ?? {})) {
+  const given: unknown = event.headers ?? {};
+  if (typeof given !== 'object' || given === null || Array.isArray(given) || Buffer.isBuffer(given)) {
+    throw new InvalidEventError('Event headers must be a plain object of string values.');
+  }
+  for (const [name, value] of Object.entries(given)) {
     if (typeof value !== 'string')
       throw new InvalidEventError(`Header ${JSON.stringify(name)} must have a string value.`);
-    headers[name] = value;
+    headers[noNul(name, 'header name')] = noNul(value, `header ${JSON.stringify(name)}`);
   }
-  const eventId = event.eventId ?? uuidv7();
-  if (!uuidValidate(eventId)) throw new InvalidEventError(`Event id ${JSON.stringify(eventId)} is not a UUID.`);
+  const eventId: unknown = event.eventId ?? uuidv7();
+  if (typeof eventId !== 'string' || !uuidValidate(eventId) || RESERVED_UUIDS.has(eventId.toLowerCase())) {
+    throw new InvalidEventError(
+      `Event id ${JSON.stringify(eventId)} is not a usable UUID (the nil and max UUIDs are reserved).`,
+    );
+  }
   const payload = encodePayload(event.payload);
   if (payload.length > maxPayloadBytes) {
     throw new InvalidEventError(

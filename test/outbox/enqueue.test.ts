@@ -174,3 +174,37 @@ describe('enqueue() with drizzle over postgres-js', () => {
     }
   });
 });
+
+describe('enqueue() edge cases', () => {
+  it('reports an event id that already exists as InvalidEventError and keeps the transaction usable', async () => {
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      const [first] = await enqueue(client, event());
+      const err = await enqueue(client, [event({ eventId: first!.eventId }), event({ key: 'other' })]).catch(
+        (e: unknown) => e,
+      );
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
+      expect(String((err as Error).message)).toContain(first!.eventId);
+      // Still usable: the caller decides.
+      expect((await client.query('SELECT 1 AS one')).rows[0].one).toBe(1);
+      await client.query('ROLLBACK');
+    } finally {
+      client.release();
+    }
+  });
+
+  it('reports missing tables as SchemaMissingError', async () => {
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      const err = await createOutbox({ schema: 'not_migrated' })
+        .enqueue(client, event())
+        .catch((e: unknown) => e);
+      expect(isOutboxkitError(err, 'OUTBOXKIT_SCHEMA_MISSING')).toBe(true);
+      await client.query('ROLLBACK');
+    } finally {
+      client.release();
+    }
+  });
+});

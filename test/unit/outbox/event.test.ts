@@ -68,3 +68,33 @@ describe('prepareEvent', () => {
     expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
   });
 });
+
+describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
+  const base = { topic: 't', key: 'k', type: 'x', payload: 1 };
+  it.each([
+    ['a NUL in the key', { ...base, key: 'a\u0000b' }],
+    ['a NUL in the type', { ...base, type: 'a\u0000' }],
+    ['a NUL in an aggregate id', { ...base, aggregateId: '\u0000' }],
+    ['a NUL in a header value', { ...base, headers: { h: 'x\u0000' } }],
+    ['a NUL in a header name', { ...base, headers: { 'h\u0000': 'x' } }],
+    ['headers as a string', { ...base, headers: 'abc' }],
+    ['headers as an array', { ...base, headers: ['x'] }],
+    ['the topic "."', { ...base, topic: '.' }],
+    ['the topic ".."', { ...base, topic: '..' }],
+    ['the nil UUID as event id', { ...base, eventId: '00000000-0000-0000-0000-000000000000' }],
+    ['the max UUID as event id', { ...base, eventId: 'FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF' }],
+    ['a number as event id', { ...base, eventId: 5 }],
+  ])('rejects %s with InvalidEventError', (_, event) => {
+    let err: unknown;
+    try {
+      prepareEvent(event as never, 100);
+    } catch (e) {
+      err = e;
+    }
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
+  });
+
+  it('accepts the topic "..a" and a key with other control characters', () => {
+    expect(prepareEvent({ ...base, topic: '..a', key: 'a\tb' }, 100).topic).toBe('..a');
+  });
+});
