@@ -18,7 +18,7 @@ import { randomUUID } from 'node:crypto';
 import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { type Queryable } from '../src/database.js';
-import { InvalidOptionsError, LifecycleError, TopicMissingError } from '../src/errors.js';
+import { InvalidOptionsError, LifecycleError, TopicMissingError, schemaMissingOr } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { DEFAULT_SCHEMA, OUTBOX_LANES } from '../src/schema.js';
 import { quoteSchema } from '../src/schema-name.js';
@@ -146,6 +146,15 @@ export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions
   positiveInt('retryInitialMs', r.retryInitialMs);
   positiveInt('retryMaxMs', r.retryMaxMs);
   positiveInt('maxAttempts', r.maxAttempts);
+  if (r.retryMaxMs < r.retryInitialMs) {
+    throw new InvalidOptionsError(
+      `retryMaxMs (${r.retryMaxMs}) must be at least retryInitialMs (${r.retryInitialMs}).`,
+    );
+  }
+  for (const name of ['listen', 'verifyTopics', 'holdKeyBehindFailure'] as const) {
+    if (typeof r[name] !== 'boolean')
+      throw new InvalidOptionsError(`${name} must be true or false, got ${JSON.stringify(r[name])}.`);
+  }
   positiveInt('publishedRetentionMs', r.publishedRetentionMs, 0);
   positiveInt('cleanupIntervalMs', r.cleanupIntervalMs, 100);
   positiveInt('cleanupBatchSize', r.cleanupBatchSize);
@@ -162,6 +171,7 @@ export interface RelayEvents {
   'relay:published': [{ count: number; marked: number; lanes: number }];
   'relay:failed': [{ eventId: string; attempts: number; parked: boolean; error: string }];
   'relay:cleaned': [{ deleted: number }];
+  'relay:topics-missing': [{ topics: string[]; error: TopicMissingError }];
   'relay:error': [{ error: Error; attempt: number }];
   'relay:lanes': [{ held: number[] }];
 }
@@ -192,6 +202,7 @@ export class Relay extends EventEmitter<RelayEvents> {
   private maintainTimer: NodeJS.Timeout | undefined;
   private cleanupTimer: NodeJS.Timeout | undefined;
   private maintaining: Promise<void> = Promise.resolve();
+  private cleaning: Promise<void> | undefined;
   private stopping = false;
   private stopped: Promise<void> | undefined;
   private started = false;
@@ -248,12 +259,29 @@ export class Relay extends EventEmitter<RelayEvents> {
    * @throws {@link LifecycleError} when called twice.
    */
   async start(signal?: AbortSignal): Promise<void> {
-    if (this.started) throw new LifecycleError('Relay.start() was called twice.');
+    if (this.started || this.stopped) {
+      throw new LifecycleError(
+        this.stopped ? 'Relay.start() after stop(): create a new Relay instead.' : 'Relay.start() was called twice.',
+      );
+    }
     this.started = true;
-    await sql.seedLanes(this.db, this.q);
-    if (this.options.verifyTopics && this.kafka) await this.verifyTopics(this.kafka);
+    try {
+      await sql.seedLanes(this.db, this.q);
+    } catch (err) {
+      throw schemaMissingOr(err, this.options.schema);
+    }
+    // The broker may be down at start: the relay starts anyway and its loop backs off until the
+    // broker answers (a daemon that exits would only be restarted into the same outage).
+    if (this.options.verifyTopics && this.kafka) {
+      await this.verifyTopics(this.kafka).catch((err: Error) =>
+        this.logger.warn({ err }, 'could not check the topics of pending events at start'),
+      );
+    }
     this.producer = this.makeProducer();
-    await this.producer.connect();
+    await this.producer.connect().catch((err: Error) => {
+      this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff');
+      this.producer = undefined;
+    });
     if (this.options.listen) await this.startListener();
     await this.maintainLanes();
     this.maintainTimer = setInterval(
@@ -267,12 +295,12 @@ export class Relay extends EventEmitter<RelayEvents> {
       Math.max(200, Math.floor(this.options.leaseMs / 3)),
     );
     this.maintainTimer.unref();
+    // Its own chain: a long cleanup must never delay the lease renewals above.
     this.cleanupTimer = setInterval(() => {
-      this.maintaining = this.maintaining
-        .then(() => this.cleanup())
-        .catch((err: Error) => {
-          this.logger.warn({ err }, 'published-row cleanup failed');
-        });
+      if (this.cleaning) return;
+      this.cleaning = this.cleanup()
+        .catch((err: Error) => this.logger.warn({ err }, 'published-row cleanup failed'))
+        .finally(() => (this.cleaning = undefined));
     }, this.options.cleanupIntervalMs);
     this.cleanupTimer.unref();
     signal?.addEventListener('abort', () => void this.stop(), { once: true });
@@ -302,6 +330,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       clearTimeout(timer);
     }
     await this.maintaining;
+    await this.cleaning;
     try {
       await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
       await sql.deregisterInstance(this.db, this.q, this.relayId);
@@ -315,9 +344,15 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.logger.info({ relayId: this.relayId }, 'relay stopped');
   }
 
+  /**
+   * Names, at start, the topics that pending (not parked) events wait for but that do not exist.
+   * It does not stop the relay: one event for a missing topic must not hold back every other
+   * topic. Such events fail with UNKNOWN_TOPIC_OR_PARTITION, are retried with backoff and parked
+   * after `maxAttempts`, visible through `outboxkit parked list`.
+   */
   private async verifyTopics(kafka: Kafka): Promise<void> {
     const { rows } = await this.db.query<{ topic: string }>(
-      `SELECT DISTINCT topic FROM ${this.q}.outbox_events WHERE published_at IS NULL`,
+      `SELECT DISTINCT topic FROM ${this.q}.outbox_events WHERE published_at IS NULL AND parked_at IS NULL`,
     );
     if (rows.length === 0) return;
     const admin = kafka.admin();
@@ -326,10 +361,13 @@ export class Relay extends EventEmitter<RelayEvents> {
       const existing = new Set(await admin.listTopics());
       const missing = rows.map((r) => r.topic).filter((t) => !existing.has(t));
       if (missing.length > 0) {
-        throw new TopicMissingError(
+        const error = new TopicMissingError(
           `Outbox events wait for Kafka topics that do not exist: ${missing.join(', ')}. ` +
-            'Create them (outboxkit does not auto-create topics), for example with the kafka-topics tool.',
+            'Create them (outboxkit does not auto-create topics), for example with `outboxkit topics ensure`; ' +
+            'until then their events are retried and then parked, and other topics flow.',
         );
+        this.logger.error({ err: error, topics: missing }, 'topics missing');
+        this.emit('relay:topics-missing', { topics: missing, error });
       }
     } finally {
       await admin.disconnect();

@@ -146,6 +146,9 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       `maxPayloadBytes must be a positive integer (bytes), got ${resolved.maxPayloadBytes}.`,
     );
   }
+  if (typeof resolved.notify !== 'boolean') {
+    throw new InvalidOptionsError(`notify must be true or false, got ${JSON.stringify(resolved.notify)}.`);
+  }
   const channel = notifyChannel(resolved.schema);
 
   return {

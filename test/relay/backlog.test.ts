@@ -61,6 +61,14 @@ describe('C07 a large backlog after downtime', () => {
       await new Promise((r) => setTimeout(r, 200));
     }
     for (let i = 1; i < backlog.length; i++) expect(backlog[i]).toBeLessThanOrEqual(backlog[i - 1]!);
+    // Each pass marks its rows in one statement, so rows sharing a published_at are one pass:
+    // at most 500 rows (batchSize), and a pass holding a 500 KB row holds no other (900 KB bound).
+    const passes = await db.pool.query<{ rows: number; big: number }>(
+      `SELECT count(*)::int AS rows, count(*) FILTER (WHERE type = 'big')::int AS big
+         FROM outboxkit.outbox_events GROUP BY published_at`,
+    );
+    expect(Math.max(...passes.rows.map((p) => p.rows))).toBeLessThanOrEqual(500);
+    expect(Math.max(...passes.rows.filter((p) => p.big > 0).map((p) => p.rows))).toBe(1);
     expect(backlog[0]).toBe(30_040);
     // The payloads alone are 26 MB: held at once they would show; a bounded pass holds < 1 MB.
     expect(maxRss).toBeLessThan(300);

@@ -2,8 +2,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PoolClient } from 'pg';
 import { enqueue, HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { createTopics, readTopic } from '../helpers/kafka.js';
+import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
+import { Kafka, logLevel } from 'kafkajs';
 import { startRelay } from '../helpers/relay.js';
+import { Relay } from '../../relay/index.js';
 import { waitFor } from '../helpers/wait-for.js';
 
 let db: TestDatabase;
@@ -115,7 +117,9 @@ describe('relay', () => {
 
   it('C03 publishes both events of a transaction that enqueues, waits, and enqueues again', async () => {
     const [topic] = await createTopics(['relay-c03']);
-    await startRelay(db.url);
+    // One row per pass: a relay that marked "the whole transaction" or "everything up to a
+    // position" after publishing event 1 would lose event 2.
+    await startRelay(db.url, { batchSize: 1 });
     const ids = await inTx(async (c) => {
       const [one] = await enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 1 });
       await new Promise((r) => setTimeout(r, 1_000));
@@ -218,4 +222,110 @@ describe('connections terminated under the relay', () => {
       { timeoutMs: 10_000 },
     );
   });
+});
+
+describe('relay start-up', () => {
+  it('starts although a pending event waits for a missing topic; that event is parked, other topics flow, and a restart works', async () => {
+    const [topic] = await createTopics(['relay-missing']);
+    const missing = `missing-${Date.now()}`;
+    await inTx((c) =>
+      enqueue(c, [
+        { topic: missing, key: 'm', type: 't', payload: 'lost?' },
+        { topic: topic!, key: 'ok', type: 't', payload: 'flows' },
+      ]),
+    );
+    const first = await startRelay(db.url, { maxAttempts: 2, retryInitialMs: 20, retryMaxMs: 50 });
+    const warned: string[][] = [];
+    first.on('relay:topics-missing', (e) => warned.push(e.topics));
+    const got = await readTopic(
+      topic!,
+      (m) => m.value!.toString(),
+      (all) => all.length >= 1,
+    );
+    expect(got).toEqual(['"flows"']);
+    await waitFor(async () => {
+      const { rows } = await db.pool.query(
+        'SELECT 1 FROM outboxkit.outbox_events WHERE topic = $1 AND parked_at IS NOT NULL',
+        [missing],
+      );
+      return rows.length === 1;
+    });
+    await first.stopAndForget();
+    const second = await startRelay(db.url);
+    expect(second.heldLanes().length).toBeGreaterThan(0);
+    // Stopped relays cannot be started again.
+    await second.stopAndForget();
+    await expect(second.start()).rejects.toMatchObject({ code: 'OUTBOXKIT_LIFECYCLE' });
+    await db.pool.query('DELETE FROM outboxkit.outbox_events WHERE topic = $1', [missing]);
+  });
+
+  it('reports a database without outboxkit tables as SchemaMissingError', async () => {
+    const relay = new Relay({ connectionString: db.url, schema: 'not_migrated', kafka: testKafka() });
+    await expect(relay.start()).rejects.toMatchObject({ code: 'OUTBOXKIT_SCHEMA_MISSING' });
+    await relay.stop();
+  });
+
+  it('starts while the broker is unreachable and keeps retrying instead of exiting', async () => {
+    const unreachable = new Kafka({
+      clientId: 'down',
+      brokers: ['127.0.0.1:1'],
+      logLevel: logLevel.NOTHING,
+      retry: { retries: 1, initialRetryTime: 50 },
+    });
+    const relay = await startRelay(db.url, { kafka: unreachable, retryInitialMs: 50, retryMaxMs: 100 });
+    await inTx((c) => enqueue(c, { topic: 'anything', key: 'k', type: 't', payload: 1 }));
+    let errors = 0;
+    relay.on('relay:error', () => errors++);
+    await waitFor(() => errors >= 2, { timeoutMs: 30_000 });
+    await db.pool.query(`DELETE FROM outboxkit.outbox_events WHERE topic = 'anything'`);
+  });
+
+  it('validates its options', () => {
+    expect(
+      () => new Relay({ connectionString: db.url, brokers: ['x:1'], retryInitialMs: 500, retryMaxMs: 100 }),
+    ).toThrow(/retryMaxMs/);
+    // @ts-expect-error a string is not a boolean
+    expect(() => new Relay({ connectionString: db.url, brokers: ['x:1'], listen: 'false' })).toThrow(/listen/);
+  });
+});
+
+describe('C01 rows whose transactions commit late, at scale', () => {
+  it('publishes exactly the committed set: 1,000 transactions of 8 writers with random commit delays, some rolled back', async () => {
+    const [topic] = await createTopics(['relay-c01-scale']);
+    await startRelay(db.url);
+    const committed = new Set<string>();
+    const rolledBack = new Set<string>();
+    let n = 0;
+    const writer = async () => {
+      while (n < 1_000) {
+        const i = n++;
+        const c = await db.pool.connect();
+        try {
+          await c.query('BEGIN');
+          const [e] = await enqueue(c, { topic: topic!, key: `k${i % 37}`, type: 't', payload: i });
+          await new Promise((r) => setTimeout(r, Math.random() * 8));
+          if (i % 10 === 3) {
+            await c.query('ROLLBACK');
+            rolledBack.add(e!.eventId);
+          } else {
+            await c.query('COMMIT');
+            committed.add(e!.eventId);
+          }
+        } finally {
+          c.release();
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: 8 }, writer));
+    const seen = await readTopic(
+      topic!,
+      (m) => m.headers[HEADER_EVENT_ID]!,
+      (all) => new Set(all).size >= committed.size,
+      60_000,
+    );
+    const published = new Set(seen);
+    expect(published.size).toBe(committed.size);
+    for (const id of committed) expect(published.has(id)).toBe(true);
+    for (const id of rolledBack) expect(published.has(id)).toBe(false);
+  }, 120_000);
 });
