@@ -273,6 +273,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   async #checkInbox(): Promise<void> {
     const { database, schema, schemaSql } = this.#o;
     try {
+      // Through runTransaction() on purpose: for a pg.Pool it also adds outboxkit's 'error'
+      // listener (once per pool), so PostgreSQL terminating an idle connection cannot crash the
+      // process (test/consumer/pool-idle-terminated.test.ts). The handler transactions below use
+      // withPgTransaction() directly, which does not.
       await runTransaction(database, (tx) =>
         probeInbox(joinTransaction(tx as TransactionHandle, 'the dedup consumer'), schemaSql),
       );

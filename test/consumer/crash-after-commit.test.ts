@@ -3,36 +3,39 @@
  * the offset is committed: Kafka redelivers the event to the next member of the group, which
  * skips it as a duplicate (no second effect) and commits the offsets to the log end.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, inject, it } from 'vitest';
 import { CRASH_POINT_AFTER_COMMIT } from '../../consumer/dedup-consumer.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { randomName } from '../helpers/kafka.js';
 import { waitFor } from '../helpers/wait-for.js';
 import {
+  type ChildConsumer,
   committedAtLogEnd,
   committedOffsets,
   ConsumerRegistry,
   createTopicsWithDlq,
   record,
+  startChildConsumer,
   TestProducer,
 } from './support.js';
-
-const FIXTURE = fileURLToPath(new URL('./fixtures/crash-consumer.ts', import.meta.url));
 
 describe('G4 · SIGKILL after the transaction commits, before the offset commit', () => {
   let db: TestDatabase;
   const consumers = new ConsumerRegistry();
   const producer = new TestProducer();
-  const children = new Set<ChildProcess>();
+  const children = new Set<ChildConsumer>();
 
   beforeAll(async () => {
     db = await createTestDatabase();
     await db.pool.query('CREATE TABLE effects (event_id uuid NOT NULL)');
   });
   afterEach(async () => {
-    for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    for (const child of children) {
+      if (child.alive()) {
+        child.proc.kill('SIGKILL');
+        await child.exited;
+      }
+    }
     children.clear();
     await consumers.stopAll();
   });
@@ -51,44 +54,23 @@ describe('G4 · SIGKILL after the transaction commits, before the offset commit'
   it('redelivers the committed event to a restarted member, which skips it; offsets end at the log end', async () => {
     const [topic] = await createTopicsWithDlq(['crash-after-commit']);
     const groupId = randomName('group');
-    const proc = spawn(process.execPath, ['--import', 'tsx', FIXTURE], {
-      env: {
-        ...process.env,
-        TEST_DATABASE_URL: db.url,
-        KAFKA_BROKERS: inject('kafkaBrokers').join(','),
-        TEST_TOPIC: topic!,
-        TEST_GROUP_ID: groupId,
-        OUTBOXKIT_CRASH_POINT: CRASH_POINT_AFTER_COMMIT,
-        OUTBOXKIT_CRASH_AFTER: '3',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
+    const child = await startChildConsumer({
+      TEST_DATABASE_URL: db.url,
+      KAFKA_BROKERS: inject('kafkaBrokers').join(','),
+      TEST_TOPIC: topic!,
+      TEST_GROUP_ID: groupId,
+      OUTBOXKIT_CRASH_POINT: CRASH_POINT_AFTER_COMMIT,
+      OUTBOXKIT_CRASH_AFTER: '3',
     });
-    children.add(proc);
-    let stdout = '';
-    let stderr = '';
-    proc.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
-    proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
-    const exited = new Promise<NodeJS.Signals | null>((resolve) =>
-      proc.once('exit', (_code, signal) => resolve(signal)),
-    );
-    let exitedEarly = false;
-    void exited.then(() => (exitedEarly = !stdout.includes('READY')));
-    await waitFor(() => stdout.includes('READY') || exitedEarly, { timeoutMs: 30_000 }).catch((err: unknown) => {
-      throw new Error(`the child consumer did not start: ${stderr}`, { cause: err });
-    });
-    if (exitedEarly) throw new Error(`the child consumer exited before it started: ${stderr}`);
+    children.add(child);
 
     // Six events on partition 0, sent in one request: one record batch, one fetch.
     const ids = await producer.send(
       topic!,
       Array.from({ length: 6 }, (_, i) => ({ partition: 0, value: { i } })),
     );
-    expect(await exited).toBe('SIGKILL');
-    const committed = [...stdout.matchAll(/^COMMITTED (\S+) (\d+) (\d+) (\w+)$/gm)].map((m) => ({
-      id: m[1]!,
-      offset: Number(m[3]),
-      outcome: m[4]!,
-    }));
+    expect((await child.exited).signal).toBe('SIGKILL');
+    const committed = child.committed();
     expect(committed.map((c) => c.outcome)).toEqual(['applied', 'applied', 'applied']);
     const crashed = committed[2]!;
     expect(crashed.id).toBe(ids[2]);

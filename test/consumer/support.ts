@@ -2,6 +2,8 @@
  * Shared setup of the dedup consumer tests: fast settings, a registry that stops every consumer a
  * test started, an event recorder, a producer of test messages and Kafka offset queries.
  */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import type { Kafka, Producer } from 'kafkajs';
 import { v7 as uuidv7 } from 'uuid';
 import {
@@ -13,6 +15,7 @@ import {
 import type { DatabaseHandle } from '../../src/database.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/outbox/event.js';
 import { createTopics, randomName, testKafka } from '../helpers/kafka.js';
+import { waitFor } from '../helpers/wait-for.js';
 
 /** Settings that keep the tests fast: short fetch waits and heartbeats, tiny retry delays. */
 export const FAST = {
@@ -163,4 +166,66 @@ export async function createTopicsWithDlq(prefixes: string[], partitions = 3): P
     await admin.disconnect();
   }
   return topics;
+}
+
+const CRASH_CONSUMER = fileURLToPath(new URL('./fixtures/crash-consumer.ts', import.meta.url));
+
+/** A running fixtures/crash-consumer.ts child process. */
+export interface ChildConsumer {
+  proc: ChildProcess;
+  /** Everything the child printed to stdout so far. */
+  stdout(): string;
+  stderr(): string;
+  /** Resolves with the exit code and signal once the child exits. */
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /** True while the child runs. */
+  alive(): boolean;
+  /** The `COMMITTED` lines printed so far. */
+  committed(): { id: string; partition: number; offset: number; outcome: string }[];
+}
+
+/**
+ * Starts fixtures/crash-consumer.ts in a real child process (see its doc for `env`) and resolves
+ * once it printed `READY` (it consumes). The caller must SIGKILL it (afterEach) if it still runs.
+ *
+ * @throws when the child exits or does not start within 30 s (with its stderr).
+ */
+export async function startChildConsumer(env: Record<string, string>): Promise<ChildConsumer> {
+  const proc = spawn(process.execPath, ['--import', 'tsx', CRASH_CONSUMER], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  proc.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+  proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  let done = false;
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    proc.once('exit', (code, signal) => {
+      done = true;
+      resolve({ code, signal });
+    }),
+  );
+  const child: ChildConsumer = {
+    proc,
+    stdout: () => stdout,
+    stderr: () => stderr,
+    exited,
+    alive: () => !done,
+    committed: () =>
+      [...stdout.matchAll(/^COMMITTED (\S+) (\d+) (\d+) (\w+)$/gm)].map((m) => ({
+        id: m[1]!,
+        partition: Number(m[2]),
+        offset: Number(m[3]),
+        outcome: m[4]!,
+      })),
+  };
+  try {
+    await waitFor(() => stdout.includes('READY') || done, { timeoutMs: 30_000 });
+  } catch (err) {
+    proc.kill('SIGKILL');
+    throw new Error(`the child consumer did not start within 30 s: ${stderr}`, { cause: err });
+  }
+  if (!stdout.includes('READY')) throw new Error(`the child consumer exited before it started: ${stderr}`);
+  return child;
 }
