@@ -195,6 +195,7 @@ export async function withPgTransaction<T>(
   fn: (client: pg.PoolClient) => Promise<T>,
   options: { beginSql?: string } = {},
 ): Promise<T> {
+  guardPool(pool);
   const client = await pool.connect();
   let destroy: Error | undefined;
   // A checked-out client has no 'error' listener of the pool's: a backend terminated while the
@@ -276,10 +277,7 @@ export async function runTransaction<D extends DatabaseHandle, T>(
   db: D,
   fn: (tx: TransactionOf<D>) => Promise<T>,
 ): Promise<T> {
-  if (isPool(db)) {
-    guardPool(db as pg.Pool);
-    return withPgTransaction(db as pg.Pool, fn as (c: pg.PoolClient) => Promise<T>);
-  }
+  if (isPool(db)) return withPgTransaction(db as pg.Pool, fn as (c: pg.PoolClient) => Promise<T>);
   if (typeof (db as AnyDrizzleDb).transaction === 'function') {
     return (db as AnyDrizzleDb).transaction(fn) as Promise<T>;
   }
