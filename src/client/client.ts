@@ -103,6 +103,17 @@ export function encodeKeyHeader(key: string): string {
   return `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
 }
 
+/**
+ * outboxkit's problem codes that only an operator can fix (its tables are missing: 500
+ * `schema-missing`): never retried, even when their status is in `retryStatuses` (a server that
+ * releases the key on 500 may list 500 there).
+ */
+const OPERATOR_PROBLEM_CODES: ReadonlySet<string> = new Set(['OUTBOXKIT_SCHEMA_MISSING']);
+
+function isOperatorProblem(problem: ReceivedProblem | undefined): boolean {
+  return typeof problem?.code === 'string' && OPERATOR_PROBLEM_CODES.has(problem.code);
+}
+
 /** An attempt that failed in a way that may succeed if retried. */
 class RetriableFailure extends Error {
   constructor(
@@ -164,7 +175,8 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
  *
  * What is retried (same key, same body bytes): network errors, attempts that exceed `timeoutMs`,
  * and the `retryStatuses` (by default 408, 409, 425, 429, 502, 503, 504). Never: 400, 413, 422
- * (a {@link RequestRejectedError} carrying the problem details at once), nor any other status.
+ * (a {@link RequestRejectedError} carrying the problem details at once), nor any other status,
+ * nor outboxkit's 500 `schema-missing` (an operator error) even if 500 is in `retryStatuses`.
  *
  * When: after attempt n fails, the client waits `Retry-After` (seconds or HTTP-date, if the
  * response has one) plus a delay drawn uniformly in [0, min(maxDelayMs, initialDelayMs × 2^(n−1)))
@@ -288,7 +300,8 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           json: <T>() => JSON.parse(UTF8.decode(bytes)) as T,
         };
       }
-      if (opts.retryStatuses.has(res.status)) {
+      const problem = parseProblem(res.headers, bytes);
+      if (opts.retryStatuses.has(res.status) && !isOperatorProblem(problem)) {
         throw new RetriableFailure(
           res.status,
           parseRetryAfterMs(res.headers.get('retry-after'), Date.now()),
@@ -300,7 +313,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           status: res.status,
           headers: res.headers,
           body: bytes,
-          problem: parseProblem(res.headers, bytes),
+          problem,
         }),
       );
     };

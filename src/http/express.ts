@@ -30,10 +30,11 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
-import { BodyInvalidError, TenantUnresolvedError } from '../idempotency/errors.js';
+import { BodyInvalidError } from '../idempotency/errors.js';
 import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
 import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
+import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
@@ -99,9 +100,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
 ): RequestHandler {
   const opts = resolveIdempotencyOptions(options);
   const { db, operation } = options;
-  if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError('idempotentHandler() needs a non-empty operation name.');
-  }
+  assertValidOperation(operation, 'idempotentHandler()');
   if (typeof options.resolveTenant !== 'function') {
     throw new InvalidOptionsError('idempotentHandler() needs resolveTenant(req): the caller scope of each key.');
   }
@@ -123,8 +122,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
         req.body = parsed.present ? parsed.value : undefined;
         result = await executeWithoutKey(db, (tx, ctx) => handler(req, tx, ctx), opts);
       } else {
-        const tenant = await options.resolveTenant(req);
-        if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+        const tenant = assertValidTenant(await options.resolveTenant(req));
         const { fingerprint, body } = fingerprintAndParse({
           tenant,
           operation,

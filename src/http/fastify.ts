@@ -30,10 +30,10 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
-import { TenantUnresolvedError } from '../idempotency/errors.js';
 import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
 import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
+import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
 import { executeLeased, type LeaseContext } from '../idempotency/lease.js';
 import { resolveLeaseOptions, type LeaseOptions } from '../idempotency/lease-options.js';
@@ -93,9 +93,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const opts = resolveIdempotencyOptions(options);
   const { db, operation } = options;
-  if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError('idempotentHandler() needs a non-empty operation name.');
-  }
+  assertValidOperation(operation, 'idempotentHandler()');
   if (typeof options.resolveTenant !== 'function') {
     throw new InvalidOptionsError('idempotentHandler() needs resolveTenant(req): the caller scope of each key.');
   }
@@ -117,8 +115,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
         req.body = parsed.present ? parsed.value : undefined;
         result = await executeWithoutKey(db, (tx, ctx) => handler(req, tx, ctx), opts);
       } else {
-        const tenant = await options.resolveTenant(req);
-        if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+        const tenant = assertValidTenant(await options.resolveTenant(req));
         const { fingerprint, body } = fingerprintAndParse({
           tenant,
           operation,
@@ -169,9 +166,7 @@ export function leasedHandler<D extends DatabaseHandle>(
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const opts = resolveLeaseOptions(options);
   const { db, operation } = options;
-  if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError('leasedHandler() needs a non-empty operation name.');
-  }
+  assertValidOperation(operation, 'leasedHandler()');
   if (typeof options.resolveTenant !== 'function') {
     throw new InvalidOptionsError('leasedHandler() needs resolveTenant(req): the caller scope of each key.');
   }
@@ -183,8 +178,7 @@ export function leasedHandler<D extends DatabaseHandle>(
     let response: IdempotentResponse;
     try {
       const key = parseIdempotencyKey(req.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
-      const tenant = await options.resolveTenant(req);
-      if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
+      const tenant = assertValidTenant(await options.resolveTenant(req));
       const { fingerprint, body } = fingerprintAndParse({
         tenant,
         operation,
@@ -221,14 +215,23 @@ export function operationHandler<D extends DatabaseHandle>(options: {
   schema?: string;
   resolveTenant(req: FastifyRequest): string | undefined | Promise<string | undefined>;
 }): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
+  assertValidOperation(options.operation, 'operationHandler()');
+  if (typeof options.resolveTenant !== 'function') {
+    throw new InvalidOptionsError('operationHandler() needs resolveTenant(req): the caller scope of each key.');
+  }
   return async function operationRoute(req, reply) {
-    const tenant = await options.resolveTenant(req);
-    if (typeof tenant !== 'string' || tenant.length === 0) return sendProblem(reply, new TenantUnresolvedError(), {});
-    const response = await serveOperation(
-      options.db,
-      { tenant, operation: options.operation, operationId: req.params.operationId },
-      options.schema === undefined ? {} : { schema: options.schema },
-    );
+    let response: IdempotentResponse;
+    try {
+      const tenant = assertValidTenant(await options.resolveTenant(req));
+      response = await serveOperation(
+        options.db,
+        { tenant, operation: options.operation, operationId: req.params.operationId },
+        options.schema === undefined ? {} : { schema: options.schema },
+      );
+    } catch (err) {
+      if (!isProblemError(err)) throw err;
+      return sendProblem(reply, err, {});
+    }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
 }

@@ -39,6 +39,11 @@ interface ProblemKind {
   title: string;
   /** Whether the response carries `Retry-After`. */
   retryAfter: boolean;
+  /**
+   * A fixed `detail` for errors whose message is for operators, not clients (it may name schemas
+   * or tables); otherwise `detail` is the error's message.
+   */
+  detail?: string;
 }
 
 /**
@@ -70,9 +75,22 @@ export const PROBLEM_KINDS: Readonly<Partial<Record<ErrorCode, ProblemKind>>> = 
     retryAfter: true,
   },
   OUTBOXKIT_LEASE_LOST: { status: 409, slug: 'lease-lost', title: 'Request taken over', retryAfter: true },
+  // An operator error (no `outboxkit migrate` yet): 500, not retriable (no Retry-After), with a
+  // stable type so that clients and monitors can tell it from a bug; the handler never ran.
+  OUTBOXKIT_SCHEMA_MISSING: {
+    status: 500,
+    slug: 'schema-missing',
+    title: 'Idempotency store not set up',
+    retryAfter: false,
+    detail:
+      "The server's idempotency store is not set up (its tables are missing); nothing was executed. The operator must run the database migrations.",
+  },
 });
 
-/** Whether `err` is an outboxkit error with a client-facing HTTP mapping (400/409/413/422/503). */
+/**
+ * Whether `err` is an outboxkit error with an HTTP mapping in {@link PROBLEM_KINDS}: those a
+ * client causes or may retry (400/409/413/422/503), and the operator error `schema-missing` (500).
+ */
 export function isProblemError(err: unknown): boolean {
   return isOutboxkitError(err) && PROBLEM_KINDS[err.code] !== undefined;
 }
@@ -91,6 +109,7 @@ export function isProblemError(err: unknown): boolean {
  * | OUTBOXKIT_KEY_IN_PROGRESS | 409 + Retry-After | key-in-progress |
  * | OUTBOXKIT_STORE_UNAVAILABLE | 503 + Retry-After | store-unavailable |
  * | OUTBOXKIT_LEASE_LOST | 409 + Retry-After | lease-lost |
+ * | OUTBOXKIT_SCHEMA_MISSING | 500, no Retry-After | schema-missing (fixed detail; the message naming the schema is for logs) |
  * | anything else | 500 | internal (the message is not disclosed) |
  *
  * `Retry-After` is the error's `retryAfterSeconds`, else `options.retryAfterSeconds`, else 1.
@@ -124,7 +143,7 @@ export function toProblem(err: unknown, options: { retryAfterSeconds?: number } 
       type: `${PROBLEM_TYPE_BASE}${kind.slug}`,
       title: kind.title,
       status: kind.status,
-      detail: err.message,
+      detail: kind.detail ?? err.message,
       code: err.code,
     },
   };

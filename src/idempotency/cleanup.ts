@@ -5,6 +5,7 @@ import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionH
 import { InvalidOptionsError } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../schema.js';
 import { quoteSchema } from '../schema-name.js';
+import { toSchemaMissing } from './pg-errors.js';
 import { deleteExpiredKeys, idempotencyTable } from './store.js';
 
 /** Options of {@link cleanupExpiredKeys}. */
@@ -32,6 +33,8 @@ export const CLEANUP_DEFAULTS = Object.freeze({ schema: DEFAULT_SCHEMA, batchSiz
  * @param db - a `pg.Pool` or a drizzle database.
  * @returns the number of records deleted.
  * @throws {@link InvalidOptionsError} on an invalid schema name or batch bound.
+ * @throws {@link SchemaMissingError} when outboxkit's tables do not exist in `schema` (run
+ *   `outboxkit migrate`).
  */
 export async function cleanupExpiredKeys(
   db: DatabaseHandle,
@@ -49,7 +52,9 @@ export async function cleanupExpiredKeys(
   for (let batch = 0; batch < resolved.maxBatches; batch++) {
     const n = await runTransaction(db, (tx) =>
       deleteExpiredKeys(joinTransaction(tx as TransactionHandle, 'cleanupExpiredKeys()'), table, resolved.batchSize),
-    );
+    ).catch((err: unknown) => {
+      throw toSchemaMissing(err, resolved.schema);
+    });
     deleted += n;
     if (n < resolved.batchSize) break;
   }

@@ -17,18 +17,13 @@ import {
   type TransactionOf,
 } from '../database.js';
 import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
-import {
-  KeyInProgressError,
-  KeyMismatchError,
-  LeaseLostError,
-  StoreUnavailableError,
-  TenantUnresolvedError,
-} from './errors.js';
+import { KeyInProgressError, KeyMismatchError, LeaseLostError, StoreUnavailableError } from './errors.js';
 import { FINGERPRINT_VERSION, type Fingerprint } from './fingerprint.js';
 import { assertValidKey, redactKey } from './key.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './options.js';
 import { emitOutcome } from './metrics.js';
-import { classifyStoreError } from './pg-errors.js';
+import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
+import { assertValidOperation, assertValidTenant } from './text.js';
 import {
   decideOnExisting,
   headersToStore,
@@ -94,11 +89,10 @@ class HandlerFailure {
 /** Validates a request and returns its scope. @internal */
 export function checkRequest(request: IdempotentRequest, what = 'executeIdempotent()'): KeyScope {
   if (typeof request !== 'object' || request === null) throw new InvalidOptionsError(`${what} needs a request.`);
-  const { tenant, operation, key, fingerprint } = request;
-  if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
-  if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError(`${what} needs a non-empty operation name.`);
-  }
+  const { key, fingerprint } = request;
+  // Before any SQL: PostgreSQL text holds no NUL, and a lone surrogate would alias another scope.
+  const tenant = assertValidTenant(request.tenant);
+  const operation = assertValidOperation(request.operation, what);
   assertValidKey(key);
   if (
     typeof fingerprint !== 'object' ||
@@ -166,6 +160,8 @@ export function checkRequest(request: IdempotentRequest, what = 'executeIdempote
  * @throws {@link StoreUnavailableError} (503, retriable) PostgreSQL cannot be reached or failed
  *   before the handler ran (the handler then never ran), or during COMMIT (outcome unknown: the
  *   retry replays or executes).
+ * @throws {@link SchemaMissingError} (not retriable) outboxkit's tables do not exist in `schema`:
+ *   run `outboxkit migrate` first. The handler never ran.
  * @throws {@link KeyInvalidError}, {@link TenantUnresolvedError}, {@link InvalidOptionsError} on an
  *   invalid request, options or handler response (the transaction is rolled back).
  */
@@ -303,6 +299,12 @@ function translateError(
 ): unknown {
   if (err instanceof HandlerFailure) return err.error;
   if (isOutboxkitError(err)) return err;
+  const missing = toSchemaMissing(err, opts.schema);
+  if (missing !== err) {
+    // An operator error (no `outboxkit migrate` yet), not a retriable one; the handler never ran.
+    opts.logger.error({ ...log, err }, "outboxkit's tables are missing: run outboxkit migrate");
+    return missing;
+  }
   switch (classifyStoreError(err)) {
     case 'lock-timeout':
     case 'serialization':

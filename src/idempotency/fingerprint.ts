@@ -41,7 +41,8 @@
 import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import { InvalidOptionsError } from '../errors.js';
-import { BodyInvalidError, BodyTooLargeError, TenantUnresolvedError } from './errors.js';
+import { BodyInvalidError, BodyTooLargeError } from './errors.js';
+import { assertValidOperation, assertValidTenant } from './text.js';
 
 /** The current fingerprint version; stored beside the digest so that the rules can evolve. */
 export const FINGERPRINT_VERSION = 1;
@@ -84,7 +85,8 @@ const JSON_WS_ONLY = /^[ \t\n\r]*$/;
  * @throws {@link BodyTooLargeError} when the body has more than `maxBodyBytes` bytes (413).
  * @throws {@link BodyInvalidError} when the body is not empty and not I-JSON, or holds a number a
  *   double cannot represent exactly (400).
- * @throws {@link TenantUnresolvedError} when `tenant` is empty.
+ * @throws {@link TenantUnresolvedError} when `tenant` is empty, longer than 1,024 UTF-8 bytes, or
+ *   holds a NUL character or a lone surrogate.
  * @throws {@link InvalidOptionsError} on an empty operation, an invalid limit, or two semantic
  *   headers whose names differ only by case.
  */
@@ -109,11 +111,11 @@ export function fingerprintAndParse(input: FingerprintInput): { fingerprint: Fin
  * @internal
  */
 export function canonicalRequest(input: FingerprintInput): { json: string; body: unknown } {
-  const { tenant, operation, method, semanticHeaders, maxBodyBytes } = input;
-  if (typeof tenant !== 'string' || tenant.length === 0) throw new TenantUnresolvedError();
-  if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError('The idempotent operation needs a non-empty name.');
-  }
+  const { method, semanticHeaders, maxBodyBytes } = input;
+  // The same rules as the store's (./text.ts): a tenant or operation that cannot be stored is
+  // refused here already, with its own error (not as an invalid body).
+  const tenant = assertValidTenant(input.tenant);
+  const operation = assertValidOperation(input.operation, 'The idempotent operation');
   if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
     throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${maxBodyBytes}.`);
   }

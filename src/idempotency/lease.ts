@@ -44,7 +44,8 @@ import {
 import { subscribe, type Subscription } from './lease-listener.js';
 import { resolveLeaseOptions, type LeaseOptions, type ResolvedLeaseOptions } from './lease-options.js';
 import { emitOutcome } from './metrics.js';
-import { classifyStoreError } from './pg-errors.js';
+import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
+import { storableText } from './text.js';
 import {
   decideOnExisting,
   headersToStore,
@@ -340,7 +341,10 @@ async function runOwned<D extends DatabaseHandle>(
     },
     reject,
     uncertain(reason: string): UncertainOutcome {
-      const text = typeof reason === 'string' && reason.length > 0 ? reason.slice(0, 1_000) : 'outcome unknown';
+      // Stored as text for operators: a NUL or a lone surrogate must not make the store fail
+      // (the record would stay processing); they become U+FFFD.
+      const text =
+        typeof reason === 'string' && reason.length > 0 ? storableText(reason.slice(0, 1_000)) : 'outcome unknown';
       return Object.assign({ status: 202, body: { state: 'uncertain' } } as HandlerResponse, {
         [UNCERTAIN]: Object.freeze({ reason: text }),
       });
@@ -348,8 +352,15 @@ async function runOwned<D extends DatabaseHandle>(
   };
 
   let returned: HandlerResponse;
+  let marker: UncertainOutcome[typeof UNCERTAIN] | undefined;
+  let response: IdempotentResponse | undefined;
   try {
     returned = await handler(ctx);
+    marker = (returned as Partial<UncertainOutcome> | null | undefined)?.[UNCERTAIN];
+    // An invalid response (a header value with NUL, CR or LF, a non-string value, a bad status)
+    // is the handler's error: validated here, before anything is stored, so that it releases the
+    // key (no effect yet) or is stored as failed (after an effect), never leaves it processing.
+    if (marker === undefined) response = normaliseResponse(returned);
   } catch (err) {
     if (isOutboxkitError(err, 'OUTBOXKIT_LEASE_LOST')) throw err;
     if (!effects) {
@@ -372,19 +383,18 @@ async function runOwned<D extends DatabaseHandle>(
     return store(response, 'failed');
   }
 
-  const marker = (returned as Partial<UncertainOutcome>)[UNCERTAIN];
-  if (marker !== undefined) {
-    const ok = await inTx((q) => markUncertain(q, table, opts.channel, scope, ownerToken, marker.reason));
+  if (marker !== undefined || response === undefined) {
+    const reason = marker?.reason ?? 'outcome unknown';
+    const ok = await inTx((q) => markUncertain(q, table, opts.channel, scope, ownerToken, reason));
     if (!ok) throw notOwner(scope, 'the uncertain outcome was not recorded');
     emitOutcome(base, scope.operation, 'uncertain');
-    base.logger.warn({ ...log, reason: marker.reason }, 'leased execution outcome uncertain: awaiting reconciliation');
+    base.logger.warn({ ...log, reason }, 'leased execution outcome uncertain: awaiting reconciliation');
     return {
       replayed: false,
       outcome: 'accepted',
       response: accepted(opts, operationId, 'uncertain', base.retryAfterSeconds),
     };
   }
-  const response = normaliseResponse(returned);
   const outcome = outcomeOfResponse(returned);
   if (outcome === 'release' && !effects) {
     const ok = await inTx((q) => releaseLease(q, table, opts.channel, scope, ownerToken));
@@ -428,6 +438,12 @@ function translate(
   operationOutcome: 'new' | undefined,
 ): unknown {
   if (isOutboxkitError(err)) return err;
+  const missing = toSchemaMissing(err, opts.base.schema);
+  if (missing !== err) {
+    // An operator error (no `outboxkit migrate` yet), not a retriable one; the handler never ran.
+    opts.base.logger.error({ ...log, err }, "outboxkit's tables are missing: run outboxkit migrate");
+    return missing;
+  }
   const retryAfterSeconds = opts.base.retryAfterSeconds;
   switch (classifyStoreError(err)) {
     case 'lock-timeout':

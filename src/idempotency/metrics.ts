@@ -10,6 +10,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { runTransaction, joinTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
 import { DEFAULT_SCHEMA } from '../schema.js';
 import { quoteSchema } from '../schema-name.js';
+import { toSchemaMissing } from './pg-errors.js';
 import { idempotencyTable } from './store.js';
 
 /**
@@ -102,13 +103,18 @@ export interface GaugeOptions {
  * @param db - a `pg.Pool` or a drizzle database (one short read-only transaction per scrape).
  */
 export function idempotencyGauges(db: DatabaseHandle, registry: Registry, options: GaugeOptions = {}): void {
-  const table = idempotencyTable(quoteSchema(options.schema ?? DEFAULT_SCHEMA));
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const table = idempotencyTable(quoteSchema(schema));
   let pending: Promise<Snapshot> | undefined;
   // One query serves every gauge of a scrape.
   const snapshot = (): Promise<Snapshot> => {
-    pending ??= readSnapshot(db, table).finally(() => {
-      setImmediate(() => (pending = undefined));
-    });
+    pending ??= readSnapshot(db, table)
+      .catch((err: unknown) => {
+        throw toSchemaMissing(err, schema);
+      })
+      .finally(() => {
+        setImmediate(() => (pending = undefined));
+      });
     return pending;
   };
   new Gauge({

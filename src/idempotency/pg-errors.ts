@@ -2,6 +2,7 @@
  * Classification of errors raised by the idempotency store: by SQLSTATE (PostgreSQL Appendix A)
  * and Node.js system error codes, never by message text. Pure logic.
  */
+import { schemaMissingOr } from '../errors.js';
 
 /** SQLSTATE values the idempotency layer reacts to. */
 export const SQLSTATE = Object.freeze({
@@ -122,4 +123,28 @@ export function classifyStoreError(err: unknown): StoreErrorKind {
     return 'other';
   }
   return err instanceof Error ? 'unavailable' : 'other';
+}
+
+/** SQLSTATEs of a missing relation (42P01 undefined_table) or schema (3F000 invalid_schema_name). */
+const SCHEMA_MISSING_STATES: ReadonlySet<string> = new Set(['42P01', '3F000']);
+
+/**
+ * Turns "outboxkit's table or schema does not exist" (SQLSTATE 42P01 or 3F000, also when wrapped,
+ * as drizzle's `DrizzleQueryError` wraps the driver error) into `SchemaMissingError` through
+ * `schemaMissingOr()`; returns any other error unchanged. Only for errors of outboxkit's own
+ * statements: a handler's error (its own missing table) is never converted.
+ */
+export function toSchemaMissing(err: unknown, schema: string): unknown {
+  for (const e of errorChain(err)) {
+    if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) {
+      return SCHEMA_MISSING_STATES.has(e.code) ? schemaMissingOr(e, schema) : err;
+    }
+  }
+  return err;
+}
+
+/** The unquoted schema of a table from `idempotencyTable()` (`"schema".idempotency_keys`). */
+export function schemaOfTable(table: string): string {
+  const match = /^"([^"]+)"\./.exec(table);
+  return match?.[1] ?? table;
 }

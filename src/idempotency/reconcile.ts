@@ -21,6 +21,8 @@ import {
   type IdempotentResponse,
 } from './state-machine.js';
 import { idempotencyTable } from './store.js';
+import { toSchemaMissing } from './pg-errors.js';
+import { assertValidOperation, assertValidTenant } from './text.js';
 
 /** What a reconciliation hook decides for one uncertain record. */
 export type Reconciliation =
@@ -64,7 +66,9 @@ export interface ReconcileResult {
  * token or the key the handler sent downstream). Each resolution is fenced by state and owner
  * token, so two reconcilers running at once never both resolve a record.
  *
- * @throws {@link InvalidOptionsError} on invalid options. A hook that throws counts in `errors`.
+ * @throws {@link InvalidOptionsError} on invalid options (an operation name that is empty, has a NUL
+ *   character or is over 255 UTF-8 bytes included). A hook that throws counts in `errors`.
+ * @throws {@link SchemaMissingError} when outboxkit's tables do not exist in `schema`.
  */
 export async function reconcileUncertain(
   db: DatabaseHandle,
@@ -72,9 +76,7 @@ export async function reconcileUncertain(
   hook: (record: UncertainRecord) => Promise<Reconciliation>,
   options: ReconcileOptions = {},
 ): Promise<ReconcileResult> {
-  if (typeof operation !== 'string' || operation.length === 0) {
-    throw new InvalidOptionsError('reconcileUncertain() needs an operation name.');
-  }
+  assertValidOperation(operation, 'reconcileUncertain()');
   if (typeof hook !== 'function') throw new InvalidOptionsError('reconcileUncertain() needs a hook function.');
   const limit = options.limit ?? 100;
   if (!Number.isInteger(limit) || limit < 1 || limit > 100_000) {
@@ -90,7 +92,9 @@ export async function reconcileUncertain(
   const inTx = <T>(fn: (q: ReturnType<typeof joinTransaction>) => Promise<T>) =>
     runTransaction(db, (tx) => fn(joinTransaction(tx as TransactionHandle, 'reconcileUncertain()')));
 
-  const records = await inTx((q) => listUncertain(q, table, operation, limit));
+  const records = await inTx((q) => listUncertain(q, table, operation, limit)).catch((err: unknown) => {
+    throw toSchemaMissing(err, opts.schema);
+  });
   const result: ReconcileResult = { completed: 0, failed: 0, unknown: 0, lost: 0, errors: 0 };
   for (const record of records) {
     let answer: Reconciliation;
@@ -130,7 +134,9 @@ export async function reconcileUncertain(
         },
         opts.retentionMs,
       ),
-    );
+    ).catch((err: unknown) => {
+      throw toSchemaMissing(err, opts.schema);
+    });
     if (!ok) result.lost++;
     else result[answer.outcome]++;
   }
@@ -154,29 +160,35 @@ export interface ServeOperationOptions {
  *   always scoped by `tenant` and `operation`, so an id never leaks another caller's response.
  *
  * @param scope.tenant - the authenticated caller of the GET (the same resolver as the POST).
+ * @throws {@link TenantUnresolvedError} when `tenant` is empty or cannot be stored (a NUL
+ *   character, a lone surrogate, over 1,024 UTF-8 bytes); {@link InvalidOptionsError} on such an
+ *   operation name; {@link SchemaMissingError} when outboxkit's tables do not exist in `schema`.
  */
 export async function serveOperation(
   db: DatabaseHandle,
   scope: { tenant: string; operation: string; operationId: string },
   options: ServeOperationOptions = {},
 ): Promise<IdempotentResponse> {
-  const table = idempotencyTable(quoteSchema(options.schema ?? DEFAULT_SCHEMA));
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const table = idempotencyTable(quoteSchema(schema));
   const noStore = { 'cache-control': 'no-store' };
-  const valid =
-    typeof scope.tenant === 'string' &&
-    scope.tenant.length > 0 &&
-    typeof scope.operationId === 'string' &&
-    /^[0-9a-f]{64}$/.test(scope.operationId);
+  // Before any SQL (PostgreSQL text holds no NUL): an invalid tenant is refused, an invalid
+  // operation is a programming error, an invalid id is simply unknown (404).
+  const tenant = assertValidTenant(scope.tenant);
+  const operation = assertValidOperation(scope.operation, 'serveOperation()');
+  const valid = typeof scope.operationId === 'string' && /^[0-9a-f]{64}$/.test(scope.operationId);
   const record = valid
     ? await runTransaction(db, (tx) =>
         readRecordByOperationId(
           joinTransaction(tx as TransactionHandle, 'serveOperation()'),
           table,
-          scope.tenant,
-          scope.operation,
+          tenant,
+          operation,
           scope.operationId,
         ),
-      )
+      ).catch((err: unknown) => {
+        throw toSchemaMissing(err, schema);
+      })
     : undefined;
   if (record === undefined) {
     return {

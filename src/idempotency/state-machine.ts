@@ -157,9 +157,11 @@ const DROPPED_HEADERS: ReadonlySet<string> = new Set([
 ]);
 
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
-// Field values must not contain CR, LF or NUL (RFC 9110 §5.5); Node.js would throw at send time,
-// which, after commit, would break every replay of the stored response.
-const BAD_HEADER_VALUE = /[\r\n\0]/;
+// Field values (RFC 9110 §5.5) as Node.js accepts them (`res.setHeader`): HTAB, visible ASCII,
+// space and obs-text (0x80-0xFF); no NUL, CR, LF, other controls, DEL, nor any character above
+// U+00FF (a lone surrogate included). Node.js would throw at send time, which, after commit, would
+// break every replay of the stored response; NUL would also make the store fail.
+const BAD_HEADER_VALUE = /[^\t\x20-\x7e\x80-\xff]/;
 
 /**
  * Turns a handler's response into bytes and lower-cased headers, adding the default
@@ -183,8 +185,15 @@ export function normaliseResponse(response: HandlerResponse): IdempotentResponse
   for (const [name, value] of Object.entries(response.headers ?? {})) {
     if (!HEADER_NAME.test(name))
       throw new InvalidOptionsError(`The handler returned an invalid header name ${JSON.stringify(name)}.`);
-    if (typeof value !== 'string' || BAD_HEADER_VALUE.test(value)) {
-      throw new InvalidOptionsError(`The handler returned an invalid value for header ${JSON.stringify(name)}.`);
+    if (typeof value !== 'string') {
+      throw new InvalidOptionsError(
+        `The handler returned a ${value === null ? 'null' : typeof value} value for header ${JSON.stringify(name)}; header values must be strings.`,
+      );
+    }
+    if (BAD_HEADER_VALUE.test(value)) {
+      throw new InvalidOptionsError(
+        `The handler returned an invalid value for header ${JSON.stringify(name)}: it contains a control character (NUL, CR, LF, ...) or a character above U+00FF.`,
+      );
     }
     const lower = name.toLowerCase();
     // Framing and hop-by-hop headers are the server's to compute; `idempotent-replayed` is ours.

@@ -8,7 +8,10 @@
 import type { Queryable } from '../database.js';
 import type { IdempotencyState } from '../schema.js';
 import type { Fingerprint } from './fingerprint.js';
+import { InvalidOptionsError } from '../errors.js';
+import { schemaOfTable, toSchemaMissing } from './pg-errors.js';
 import type { StoredRecord } from './state-machine.js';
+import { MAX_OPERATION_BYTES, MAX_TENANT_BYTES, textProblem } from './text.js';
 
 /** The (tenant, operation, key) scope of one record: its primary key. */
 export interface KeyScope {
@@ -378,27 +381,40 @@ export async function listKeys(
   table: string,
   filter: KeyFilter,
 ): Promise<(Omit<KeyListing, 'key' | 'operationId'> & { fullKey: string })[]> {
-  const { rows } = await db.query<{
-    tenant: string;
-    operation: string;
-    key: string;
-    state: IdempotencyState;
-    generation: number;
-    response_status: number | null;
-    created_at: Date;
-    updated_at: Date;
-    lease_expires_at: Date | null;
-    expires_at: Date;
-    age_seconds: number;
-  }>(
-    `SELECT tenant, operation, key, state, generation, response_status, created_at, updated_at, lease_expires_at,
+  // Filters come from operators (CLI flags): refused before any SQL when PostgreSQL text cannot
+  // hold them (a NUL character) or they could not match anything stored.
+  for (const [name, value, max] of [
+    ['tenant', filter.tenant, MAX_TENANT_BYTES],
+    ['operation', filter.operation, MAX_OPERATION_BYTES],
+  ] as const) {
+    const problem = value === undefined ? undefined : textProblem(value, max);
+    if (problem !== undefined) throw new InvalidOptionsError(`The ${name} filter ${problem}.`);
+  }
+  const { rows } = await db
+    .query<{
+      tenant: string;
+      operation: string;
+      key: string;
+      state: IdempotencyState;
+      generation: number;
+      response_status: number | null;
+      created_at: Date;
+      updated_at: Date;
+      lease_expires_at: Date | null;
+      expires_at: Date;
+      age_seconds: number;
+    }>(
+      `SELECT tenant, operation, key, state, generation, response_status, created_at, updated_at, lease_expires_at,
             expires_at, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_seconds
        FROM ${table}
       WHERE state = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR operation = $3)
       ORDER BY created_at
       LIMIT $4`,
-    [filter.state, filter.tenant ?? null, filter.operation ?? null, filter.limit],
-  );
+      [filter.state, filter.tenant ?? null, filter.operation ?? null, filter.limit],
+    )
+    .catch((err: unknown) => {
+      throw toSchemaMissing(err, schemaOfTable(table));
+    });
   return rows.map((r) => ({
     tenant: r.tenant,
     operation: r.operation,

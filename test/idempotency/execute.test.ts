@@ -255,14 +255,15 @@ describe('executeIdempotent with a pg.Pool', () => {
     ).toBe(true);
   });
 
-  it('a configuration error (schema not migrated) is not disguised as store unavailable', async () => {
+  it('a configuration error (schema not migrated) is SchemaMissingError, not disguised as store unavailable', async () => {
     const err = await rejection(
       executeIdempotent(db.pool, request(randomUUID()), async () => ({ status: 200, body: '' }), {
         schema: 'not_migrated',
       }),
     );
-    expect(isOutboxkitError(err)).toBe(false);
-    expect((err as { code?: string }).code).toBe('42P01');
+    expect(isOutboxkitError(err, 'OUTBOXKIT_SCHEMA_MISSING')).toBe(true);
+    expect((err as { retriable?: boolean }).retriable).toBe(false);
+    expect(((err as Error).cause as { code?: string }).code).toBe('42P01');
   });
 
   it('an invalid handler response rolls back (nothing stored) and raises InvalidOptionsError', async () => {
