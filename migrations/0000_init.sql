@@ -68,6 +68,6 @@ CREATE TABLE "outboxkit"."relay_lanes" (
 --> statement-breakpoint
 CREATE INDEX "idempotency_keys_expires_idx" ON "outboxkit"."idempotency_keys" USING btree ("expires_at");--> statement-breakpoint
 CREATE INDEX "inbox_processed_idx" ON "outboxkit"."inbox" USING btree ("processed_at");--> statement-breakpoint
-CREATE INDEX "outbox_events_pending_idx" ON "outboxkit"."outbox_events" USING btree ("lane","seq") WHERE "outboxkit"."outbox_events"."published_at" IS NULL AND "outboxkit"."outbox_events"."parked_at" IS NULL;--> statement-breakpoint
+CREATE INDEX "outbox_events_pending_idx" ON "outboxkit"."outbox_events" USING btree ("seq") WHERE "outboxkit"."outbox_events"."published_at" IS NULL AND "outboxkit"."outbox_events"."parked_at" IS NULL;--> statement-breakpoint
 CREATE INDEX "outbox_events_blocked_idx" ON "outboxkit"."outbox_events" USING btree ("lane","key","seq") WHERE "outboxkit"."outbox_events"."published_at" IS NULL AND ("outboxkit"."outbox_events"."parked_at" IS NOT NULL OR "outboxkit"."outbox_events"."next_attempt_at" IS NOT NULL);--> statement-breakpoint
 CREATE INDEX "outbox_events_published_idx" ON "outboxkit"."outbox_events" USING btree ("published_at") WHERE "outboxkit"."outbox_events"."published_at" IS NOT NULL;

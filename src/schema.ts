@@ -75,9 +75,11 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
       publishedAt: timestamp('published_at', { withTimezone: true }),
     },
     (t) => [
-      // The relay's read path: pending rows of its lanes in seq order (parked rows leave it).
+      // The relay's read path: pending rows in seq order (parked rows leave it). Only pending rows
+      // are in it, so a pass never walks over published rows kept for retention; the relay's lanes
+      // are a filter on this walk (a relay holds a fair share of all lanes).
       index('outbox_events_pending_idx')
-        .on(t.lane, t.seq)
+        .on(t.seq)
         .where(sql`${t.publishedAt} IS NULL AND ${t.parkedAt} IS NULL`),
       // Rows that failed to publish (in backoff or parked): few, read every pass to hold the later
       // events of their keys back.
