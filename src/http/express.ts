@@ -35,39 +35,15 @@ import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../
 import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
-import { resolveIdempotencyOptions, type IdempotencyOptions } from '../idempotency/options.js';
+import { resolveIdempotencyOptions } from '../idempotency/options.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
+import { DEFAULT_MAX_BODY_BYTES, type RouteIdempotencyOptions } from './route-options.js';
 
-/** Default `maxBodyBytes`, in bytes (1 MiB, as the Fastify adapter). */
-export const DEFAULT_MAX_BODY_BYTES = 1_048_576;
+export { DEFAULT_MAX_BODY_BYTES } from './route-options.js';
 
-/** Options of {@link idempotentHandler}: where, what, who, plus {@link IdempotencyOptions}. */
-export interface ExpressIdempotencyOptions<D extends DatabaseHandle> extends IdempotencyOptions {
-  /** A `pg.Pool` or a drizzle database: outboxkit opens one transaction per request on it. */
-  db: D;
-  /** The operation name, scoping keys: the same key on two operations never collides. */
-  operation: string;
-  /**
-   * The authenticated caller's scope (account or tenant id). Return `undefined` (or `''`) when it
-   * cannot be determined: the request is then refused with 400 (`tenant-unresolved`) rather than
-   * put in a shared scope. Called only for requests that carry a key.
-   */
-  resolveTenant(req: Request): string | undefined | Promise<string | undefined>;
-  /**
-   * Request headers that change the meaning of the request (for example `accept-language`), part
-   * of the fingerprint. Never tracing or transport headers. @defaultValue []
-   */
-  semanticHeaders?: readonly string[];
-  /** Whether a request without `Idempotency-Key` is refused (400) or runs without protection. @defaultValue true */
-  required?: boolean;
-  /**
-   * Largest body accepted on this route, in bytes: larger bodies get 413 `body-too-large`, nothing
-   * recorded. Keep `express.raw({ limit })` at or above it (bodies over that limit get Express's
-   * own 413 before this handler runs). @defaultValue 1_048_576
-   */
-  maxBodyBytes?: number;
-}
+/** Options of {@link idempotentHandler}: see {@link RouteIdempotencyOptions}. */
+export type ExpressIdempotencyOptions<D extends DatabaseHandle> = RouteIdempotencyOptions<D, Request>;
 
 /**
  * Builds an Express 5 route handler that runs `handler` idempotently:
