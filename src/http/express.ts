@@ -31,14 +31,11 @@ import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
 import { BodyInvalidError } from '../idempotency/errors.js';
-import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
-import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
-import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
-import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
-import { resolveIdempotencyOptions } from '../idempotency/options.js';
+import type { ExecutionContext } from '../idempotency/execute.js';
+import type { FingerprintInput } from '../idempotency/fingerprint.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
-import { DEFAULT_MAX_BODY_BYTES, type RouteIdempotencyOptions } from './route-options.js';
+import { resolveRoute, runIdempotentRoute, type RouteIdempotencyOptions } from './route-options.js';
 
 export { DEFAULT_MAX_BODY_BYTES } from './route-options.js';
 
@@ -74,47 +71,23 @@ export function idempotentHandler<D extends DatabaseHandle>(
   options: ExpressIdempotencyOptions<D>,
   handler: (req: Request, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): RequestHandler {
-  const opts = resolveIdempotencyOptions(options);
-  const { db, operation } = options;
-  assertValidOperation(operation, 'idempotentHandler()');
-  if (typeof options.resolveTenant !== 'function') {
-    throw new InvalidOptionsError('idempotentHandler() needs resolveTenant(req): the caller scope of each key.');
-  }
-  if (typeof handler !== 'function') throw new InvalidOptionsError('idempotentHandler() needs a handler function.');
-  const required = options.required ?? true;
-  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
-  if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
-    throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${String(maxBodyBytes)}.`);
-  }
-  const semanticHeaders = (options.semanticHeaders ?? []).map((h) => h.toLowerCase());
+  const route = resolveRoute(options, handler, 'idempotentHandler()');
+  const opts = route.opts;
 
   return async function idempotentRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
     let result: IdempotentResult;
     try {
-      const key = parseIdempotencyKey(req.headers[IDEMPOTENCY_KEY_HEADER], { required });
-      const raw = rawBodyOf(req);
-      if (key === undefined) {
-        const parsed = parseJsonBody(raw, maxBodyBytes);
-        req.body = parsed.present ? parsed.value : undefined;
-        result = await executeWithoutKey(db, (tx, ctx) => handler(req, tx, ctx), opts);
-      } else {
-        const tenant = assertValidTenant(await options.resolveTenant(req));
-        const { fingerprint, body } = fingerprintAndParse({
-          tenant,
-          operation,
+      result = await runIdempotentRoute(
+        route,
+        req,
+        {
+          headers: req.headers,
           method: req.method,
-          body: raw,
-          semanticHeaders: pickHeaders(req, semanticHeaders),
-          maxBodyBytes,
-        });
-        req.body = body;
-        result = await executeIdempotent(
-          db,
-          { tenant, operation, key, fingerprint },
-          (tx, ctx) => handler(req, tx, ctx),
-          opts,
-        );
-      }
+          rawBody: rawBodyOf(req),
+          setBody: (body) => (req.body = body),
+        },
+        (tx, ctx) => handler(req, tx, ctx),
+      );
     } catch (err) {
       if (!isProblemError(err)) return next(err);
       const problem = toProblem(err, opts);
@@ -154,14 +127,4 @@ function rawBodyOf(req: Request): FingerprintInput['body'] {
   throw new InvalidOptionsError(
     "The idempotent route received an already parsed body; use express.raw({ type: 'application/json' }) on this route (not express.json()) so the fingerprint covers the raw bytes.",
   );
-}
-
-function pickHeaders(req: Request, names: readonly string[]): Record<string, string> {
-  const picked: Record<string, string> = {};
-  for (const name of names) {
-    const value = req.headers[name];
-    if (value === undefined) continue;
-    picked[name] = Array.isArray(value) ? value.join(', ') : String(value);
-  }
-  return picked;
 }
