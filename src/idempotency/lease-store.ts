@@ -232,13 +232,30 @@ export async function finishLease(
   completion: Completion,
   retentionMs: number,
 ): Promise<boolean> {
+  return storeFencedResult(db, table, channel, scope, ownerToken, completion, retentionMs, 'processing');
+}
+
+/**
+ * Stores a final response on a record that is in `from` and owned by `ownerToken`, clears its lease
+ * and notifies waiters, in one statement. The state and token in the WHERE clause are the fence.
+ */
+async function storeFencedResult(
+  db: Queryable,
+  table: string,
+  channel: string,
+  scope: KeyScope,
+  ownerToken: string,
+  completion: Completion,
+  retentionMs: number,
+  from: 'processing' | 'uncertain',
+): Promise<boolean> {
   const { rowCount } = await db.query(
     `WITH done AS (
        UPDATE ${table}
           SET state = $5, response_status = $6::smallint, response_headers = $7::jsonb, response_body = $8::bytea,
               lease_expires_at = NULL, completed_at = clock_timestamp(), updated_at = clock_timestamp(),
               expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
-        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
+        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = $12 AND owner_token = $4::uuid
         RETURNING 1)
      SELECT pg_notify($10, $11) FROM done`,
     [
@@ -253,6 +270,7 @@ export async function finishLease(
       retentionMs,
       channel,
       operationIdOf(scope.key),
+      from,
     ],
   );
   return rowCount === 1;
@@ -377,28 +395,5 @@ export async function resolveUncertain(
   completion: Completion,
   retentionMs: number,
 ): Promise<boolean> {
-  const { rowCount } = await db.query(
-    `WITH done AS (
-       UPDATE ${table}
-          SET state = $5, response_status = $6::smallint, response_headers = $7::jsonb, response_body = $8::bytea,
-              completed_at = clock_timestamp(), updated_at = clock_timestamp(),
-              expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
-        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'uncertain' AND owner_token = $4::uuid
-        RETURNING 1)
-     SELECT pg_notify($10, $11) FROM done`,
-    [
-      scope.tenant,
-      scope.operation,
-      scope.key,
-      ownerToken,
-      completion.state,
-      completion.status,
-      JSON.stringify(completion.headers),
-      completion.body,
-      retentionMs,
-      channel,
-      operationIdOf(scope.key),
-    ],
-  );
-  return rowCount === 1;
+  return storeFencedResult(db, table, channel, scope, ownerToken, completion, retentionMs, 'uncertain');
 }
