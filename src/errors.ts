@@ -43,6 +43,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_LIFECYCLE',
   /** outboxkit's tables (or its schema) do not exist in the database: run `outboxkit migrate`. */
   'OUTBOXKIT_SCHEMA_MISSING',
+  /** An outbox encoder hook (`createOutbox({ encode })`) failed or returned no bytes. */
+  'OUTBOXKIT_ENCODING_FAILED',
 ] as const;
 
 /** Union of every error code outboxkit uses. */
@@ -148,6 +150,17 @@ export class SchemaMissingError extends OutboxkitError {
   }
 }
 
+/**
+ * The outbox's `encode` hook threw or returned something other than bytes; nothing was written.
+ * Thrown by `enqueue()`. `cause` holds the encoder's error (a Schema Registry encoder may fail for
+ * a schema mismatch or because the registry is unreachable: look at `cause` to decide on a retry).
+ */
+export class EventEncodingError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_ENCODING_FAILED', message, options);
+  }
+}
+
 /** SQLSTATEs of a missing table or schema. */
 const MISSING_RELATION_SQLSTATES = new Set(['42P01', '3F000']);
 
@@ -166,4 +179,20 @@ export function schemaMissingOr(err: unknown, schema?: string): unknown {
     );
   }
   return err;
+}
+
+/**
+ * A Kafka connection setting (flag, environment variable or `--kafka-config` file key) is invalid
+ * or missing. `field` names the setting as the user gave it (for example `--kafka-sasl-mechanism`,
+ * `KAFKA_SASL_USERNAME` or `sasl.passwordFile in kafka.json`). The message never contains a secret.
+ * Thrown by `resolveKafkaConfig()` and `kafkaConfigFromEnv()`.
+ */
+export class InvalidKafkaConfigError extends InvalidOptionsError {
+  /** Where the bad setting came from, as the user wrote it. */
+  readonly field: string;
+
+  constructor(field: string, message: string, options?: OutboxkitErrorOptions) {
+    super(message, options);
+    this.field = field;
+  }
 }
