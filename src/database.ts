@@ -187,12 +187,15 @@ export function joinTransaction(tx: TransactionHandle, what: string): Queryable 
  * transaction would fail every later query on it).
  *
  * @param pool - a `pg.Pool`.
- * @param fn - the work; receives the client inside BEGIN.
- * @param options.beginSql - the statement that opens the transaction. @defaultValue 'BEGIN'
+ * @param fn - the work; receives the client inside BEGIN, and what `beginSql` returned (an array of
+ *   results when it holds several statements: the simple query protocol answers each).
+ * @param options.beginSql - the statement that opens the transaction; it may go on with more
+ *   statements of the transaction (one round trip). If it fails, the transaction is rolled back.
+ *   @defaultValue 'BEGIN'
  */
 export async function withPgTransaction<T>(
   pool: pg.Pool,
-  fn: (client: pg.PoolClient) => Promise<T>,
+  fn: (client: pg.PoolClient, begun: pg.QueryResult | pg.QueryResult[]) => Promise<T>,
   options: { beginSql?: string } = {},
 ): Promise<T> {
   guardPool(pool);
@@ -206,9 +209,9 @@ export async function withPgTransaction<T>(
   };
   client.on('error', onError);
   try {
-    await client.query(options.beginSql ?? 'BEGIN');
     try {
-      const result = await fn(client);
+      const begun = (await client.query(options.beginSql ?? 'BEGIN')) as pg.QueryResult | pg.QueryResult[];
+      const result = await fn(client, begun);
       // COMMIT of a transaction that already failed (a statement error that `fn` caught and
       // swallowed) is answered with ROLLBACK, not an error: that must not pass for success.
       const commit = await client.query('COMMIT');
