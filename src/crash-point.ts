@@ -2,19 +2,32 @@
  * Test-only crash points. When the environment variable `OUTBOXKIT_CRASH_POINT` names a point
  * (for example `relay:after-send`: the broker acknowledged a batch, the rows are not marked yet),
  * the process kills itself with SIGKILL when it gets there, like a power cut. Crash tests and the
- * chaos harness use it; never set it in production. `OUTBOXKIT_CRASH_AFTER=N` crashes at the Nth
- * arrival (default 1).
+ * chaos harness (chaos/, docs/chaos.md) use it; never set it in production.
+ * `OUTBOXKIT_CRASH_AFTER=N` crashes at the Nth arrival (default 1). Both are read once, when this
+ * module loads: set them in the environment of the process to crash.
  *
- * Points: `relay:before-send`, `relay:after-send` (the broker acknowledged, rows not marked),
- * `consumer:after-commit` (the handler's transaction committed, the offset not yet resolved).
+ * Points:
+ * - `idempotency:after-claim`: the key is claimed (uncommitted), the handler has not run;
+ * - `idempotency:before-commit`: the handler ran and the response is stored, COMMIT not sent;
+ * - `idempotency:after-commit`: committed, the HTTP response not sent (Fastify adapter);
+ * - `relay:before-send`: a batch is claimed, nothing sent to the broker;
+ * - `relay:after-send`: the broker acknowledged the batch, the rows are not marked published;
+ * - `consumer:after-commit`: the handler's transaction committed, the offset not yet resolved.
  */
+const armedPoint = process.env.OUTBOXKIT_CRASH_POINT;
+const crashAfter = Number(process.env.OUTBOXKIT_CRASH_AFTER ?? '1');
+const passed: Promise<void> = Promise.resolve();
 let arrivals = 0;
 
-export async function crashPoint(name: string): Promise<void> {
-  if (process.env.OUTBOXKIT_CRASH_POINT !== name) return;
+/**
+ * Kills this process with SIGKILL if `name` is the armed point (at its Nth arrival). When no point
+ * is armed it costs one string comparison (call sites run per request).
+ */
+export function crashPoint(name: string): Promise<void> {
+  if (armedPoint !== name) return passed;
   arrivals++;
-  if (arrivals < Number(process.env.OUTBOXKIT_CRASH_AFTER ?? '1')) return;
+  if (arrivals < crashAfter) return passed;
   process.kill(process.pid, 'SIGKILL');
   // SIGKILL is delivered asynchronously; never run past the crash point meanwhile.
-  await new Promise(() => {});
+  return new Promise(() => {});
 }

@@ -29,6 +29,7 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
+import { crashPoint } from '../crash-point.js';
 import { InvalidOptionsError } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import { fingerprintAndParse, type FingerprintInput } from '../idempotency/fingerprint.js';
@@ -94,6 +95,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
       return sendProblem(reply, err, opts);
     }
     const { status, headers, body } = result.response;
+    if (!result.replayed) await crashPoint('idempotency:after-commit'); // test-only (src/crash-point.ts)
     return reply.code(status).headers(headers).send(body);
   };
 }

@@ -16,6 +16,7 @@ import {
   type TransactionHandle,
   type TransactionOf,
 } from '../database.js';
+import { crashPoint } from '../crash-point.js';
 import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
 import { KeyInProgressError, KeyMismatchError, LeaseLostError, StoreUnavailableError } from './errors.js';
 import { FINGERPRINT_VERSION, type Fingerprint } from './fingerprint.js';
@@ -215,6 +216,7 @@ export async function executeIdempotent<D extends DatabaseHandle>(
     }
     // Counted at claim time: a later rollback still was a new execution attempt.
     emitOutcome(opts, scope.operation, claim.generation > 1 ? 'expired' : 'new');
+    await crashPoint('idempotency:after-claim'); // test-only (src/crash-point.ts)
 
     if (pgClient === undefined) await setClaimSavepoint(q);
     let returned: HandlerResponse;
@@ -246,6 +248,7 @@ export async function executeIdempotent<D extends DatabaseHandle>(
         `The idempotency record ${redactKey(scope.key)} of ${scope.operation} is no longer owned by this execution; its result was not stored.`,
       );
     }
+    await crashPoint('idempotency:before-commit'); // test-only (src/crash-point.ts)
     opts.logger.debug({ ...log, status: response.status, generation: claim.generation }, 'idempotent request executed');
     return { replayed: false, response };
   };
