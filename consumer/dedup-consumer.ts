@@ -60,7 +60,15 @@ import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from 
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf } from './dead-letter.js';
 import { InboxUnavailableError } from './errors.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
-import { assertTransactionUsable, claimInboxRow, probeInbox, setTransactionLockTimeout } from './inbox-sql.js';
+import {
+  assertTransactionUsable,
+  claimedByLast,
+  claimInboxRow,
+  inboxClaimText,
+  probeInbox,
+  setTransactionLockTimeout,
+  type InboxRow,
+} from './inbox-sql.js';
 import { startKeepAlive } from './keep-alive.js';
 import {
   resolveDedupConsumerOptions,
@@ -161,12 +169,22 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   #stopPromise: Promise<void> | undefined;
   #sendChain: Promise<unknown> = Promise.resolve();
   #joined: { resolve(): void; reject(err: unknown): void } | undefined;
+  /**
+   * What opens a handler transaction on a `pg.Pool`, before the inbox claim in the same string.
+   * lockTimeoutMs is a validated integer: safe to inline. SET LOCAL ends with the transaction
+   * and never leaks into the pooled session.
+   */
+  readonly #beginSql: string;
+  /** The inbox claim's text with its values inlined (for the simple query protocol). */
+  readonly #claimText: (row: InboxRow) => string;
 
   constructor(options: DedupConsumerOptions<D>) {
     this.#o = resolveDedupConsumerOptions(options);
     this.groupId = this.#o.groupId;
     this.topics = Object.freeze([...this.#o.topics]);
     this.#events = new TypedEmitter(this.#o.logger);
+    this.#beginSql = `BEGIN; SET LOCAL lock_timeout = '${this.#o.lockTimeoutMs}ms'`;
+    this.#claimText = inboxClaimText(this.#o.schemaSql, this.#o.groupId);
     const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
     this.#consumer = kafka.consumer({
       groupId,
@@ -579,8 +597,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * back on any error and never return a client left in a failed transaction to the pool — case
    * C24).
    *
-   * With a `pg.Pool` the transaction costs the handler's statements plus three round trips:
-   * `BEGIN; SET LOCAL lock_timeout` (one simple-protocol query), the inbox claim, and COMMIT.
+   * With a `pg.Pool` the transaction costs the handler's statements plus two round trips, as
+   * many as a bare `BEGIN` ... `COMMIT`: `BEGIN; SET LOCAL lock_timeout; INSERT INTO inbox ...`
+   * travel as one simple-protocol query string (values inlined, see `inboxClaimText`), then
+   * COMMIT. If that string fails (a lock timeout on the inbox row), the transaction is rolled back.
    * A handler that swallowed a failed statement is caught by COMMIT itself: PostgreSQL answers
    * the COMMIT of an aborted transaction with ROLLBACK, which `withPgTransaction` turns into an
    * error. A drizzle database gives no such answer, so there a `SELECT 1` after the handler
@@ -594,16 +614,20 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const { database, handler, schemaSql, groupId, lockTimeoutMs, hooks } = this.#o;
     const pool = isPgPool(database);
     let handlerReturned = false;
-    const body = async (tx: TransactionOf<D>): Promise<'applied' | 'duplicate'> => {
-      const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-      if (!pool) await setTransactionLockTimeout(q, lockTimeoutMs);
-      const claimed = await claimInboxRow(q, schemaSql, {
-        groupId,
-        eventId: event.id,
-        topic: event.topic,
-        partition: event.partition,
-        offset: event.offset,
-      });
+    const row = { groupId, eventId: event.id, topic: event.topic, partition: event.partition, offset: event.offset };
+    const body = async (
+      tx: TransactionOf<D>,
+      begun?: pg.QueryResult | pg.QueryResult[],
+    ): Promise<'applied' | 'duplicate'> => {
+      let claimed: boolean;
+      if (begun !== undefined) {
+        // pg.Pool: the claim travelled with BEGIN (see #beginSql).
+        claimed = claimedByLast(begun);
+      } else {
+        const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
+        await setTransactionLockTimeout(q, lockTimeoutMs);
+        claimed = await claimInboxRow(q, schemaSql, row);
+      }
       if (!claimed) return 'duplicate';
       try {
         await handler({ tx, event, signal, attempt });
@@ -612,7 +636,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       }
       if (!pool) {
         try {
-          await assertTransactionUsable(q);
+          await assertTransactionUsable(joinTransaction(tx as TransactionHandle, 'the dedup consumer'));
         } catch (err) {
           throw swallowedFailure(err);
         }
@@ -623,11 +647,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     let outcome: 'applied' | 'duplicate';
     try {
       outcome = pool
-        ? await withPgTransaction(database, body as (c: pg.PoolClient) => Promise<'applied' | 'duplicate'>, {
-            // lockTimeoutMs is a validated integer: safe to inline. SET LOCAL ends with the
-            // transaction and never leaks into the pooled session.
-            beginSql: `BEGIN; SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`,
-          })
+        ? await withPgTransaction(
+            database,
+            body as (c: pg.PoolClient, begun: pg.QueryResult | pg.QueryResult[]) => Promise<'applied' | 'duplicate'>,
+            { beginSql: `${this.#beginSql}; ${this.#claimText(row)}` },
+          )
         : await runTransaction(database, body);
     } catch (err) {
       // After the handler returned, the only NotInTransactionError is COMMIT answered with ROLLBACK.

@@ -1,6 +1,7 @@
 /**
  * The consumer's SQL: one named function per statement, run inside the handler's transaction.
  */
+import pg from 'pg';
 import type { Queryable } from '../src/database.js';
 
 /** The inbox row that records that a consumer group applied an event. */
@@ -41,6 +42,53 @@ export async function claimInboxRow(q: Queryable, schemaSql: string, row: InboxR
     [row.groupId, row.eventId, row.topic, row.partition, row.offset],
   );
   return result.rowCount === 1;
+}
+
+/** A UUID as `readEventId()` returns it (lower case); anything else never reaches inlined SQL. */
+const UUID_TEXT = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+/** A Kafka offset as kafkajs gives it: the decimal text of a non-negative int64. */
+const OFFSET_TEXT = /^[0-9]{1,19}$/;
+
+/**
+ * Builds the text of {@link claimInboxRow} with every value inlined, so that it can travel in one
+ * simple-protocol query string together with `BEGIN` (or `SAVEPOINT`): one round trip instead of
+ * two. The simple query protocol takes no bind parameters, so the values are inlined here and
+ * only here: the group and the topic through `pg.escapeLiteral` (quoted once per consumer and per
+ * topic), the event id, partition and offset only after they match their strict shapes.
+ *
+ * @param schemaSql - the quoted schema name (`quoteSchema()`).
+ * @param groupId - the consumer group, any text.
+ * @returns a function of one row (its `groupId` is ignored: fixed here) to the statement text.
+ * @throws {Error} from the returned function when the event id is not a lower-case UUID, the
+ *   partition not a non-negative integer or the offset not a non-negative int64 in decimal (the
+ *   consumer validates them first; this is the last guard before SQL).
+ */
+export function inboxClaimText(schemaSql: string, groupId: string): (row: InboxRow) => string {
+  const head = `INSERT INTO ${schemaSql}.inbox (consumer_group, event_id, topic, partition, "offset") VALUES (${pg.escapeLiteral(groupId)}, '`;
+  const topics = new Map<string, string>();
+  return (row) => {
+    if (!UUID_TEXT.test(row.eventId) || !Number.isSafeInteger(row.partition) || row.partition < 0) {
+      throw new Error(
+        `Refusing to inline an inbox row with event id ${JSON.stringify(row.eventId)}, partition ${row.partition}.`,
+      );
+    }
+    if (!OFFSET_TEXT.test(row.offset)) throw new Error(`Refusing to inline the offset ${JSON.stringify(row.offset)}.`);
+    let topic = topics.get(row.topic);
+    if (topic === undefined) {
+      topic = pg.escapeLiteral(row.topic);
+      topics.set(row.topic, topic);
+    }
+    return (
+      `${head}${row.eventId}', ${topic}, ${row.partition}, ${row.offset}) ` +
+      'ON CONFLICT (consumer_group, event_id) DO NOTHING RETURNING 1 AS claimed'
+    );
+  };
+}
+
+/** Whether the claim (the last statement of a simple-protocol query string) inserted its row. */
+export function claimedByLast(results: pg.QueryResult | pg.QueryResult[]): boolean {
+  const last = Array.isArray(results) ? results[results.length - 1] : results;
+  return last?.command === 'INSERT' && last.rowCount === 1;
 }
 
 /**
