@@ -24,6 +24,9 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import kafkajs from 'kafkajs';
 import pg from 'pg';
 
+import { probeDocker, startContainers } from './containers.js';
+import { isCi, needsDockerProbe, planServices, type ServiceFacts } from './service-plan.js';
+
 const { Kafka, logLevel } = kafkajs;
 
 export type Log = (msg: string) => void;
@@ -335,17 +338,123 @@ export async function startScratchBroker(port: number, log: Log = noop): Promise
 export interface Services {
   databaseUrl: string;
   kafkaBrokers: string[];
+  /**
+   * Stops the containers this call started through testcontainers (none on the local paths);
+   * idempotent. The local Kafka broker is never stopped here: it outlives the process on purpose.
+   */
+  stop(): Promise<void>;
 }
 
-/** {@link ensurePostgres} and {@link ensureKafka} together. */
-export async function ensureServices(log: Log = noop): Promise<Services> {
+export interface EnsureServicesOptions {
+  /**
+   * Whether containers that live only as long as this process are acceptable (testcontainers,
+   * see scripts/service-plan.ts): true for the tests, the demo and the benchmarks; false for the
+   * `up` command, which points at `docker compose up -d --wait` instead.
+   * @defaultValue true
+   */
+  ephemeralOk?: boolean;
+}
+
+/**
+ * {@link ensurePostgres} and {@link ensureKafka} together, or testcontainers when neither the
+ * environment, nor a local service, nor a local toolchain can provide one and a Docker engine
+ * answers. The decision is {@link planServices} (scripts/service-plan.ts); this function gathers
+ * its facts and carries it out.
+ *
+ * @throws Error listing, per missing service, what was tried and how to fix it.
+ */
+export async function ensureServices(log: Log = noop, options: EnsureServicesOptions = {}): Promise<Services> {
+  const plan = planServices(await gatherFacts(options.ephemeralOk ?? true));
+
+  const containersWanted = {
+    postgres: plan.postgres.action === 'start-testcontainer',
+    kafka: plan.kafka.action === 'start-testcontainer',
+  };
+  const errors = [plan.postgres, plan.kafka].flatMap((p) => (p.action === 'error' ? [p.message] : []));
+  if (errors.length > 0) throw new Error(errors.join('\n'));
+
+  const containers =
+    containersWanted.postgres || containersWanted.kafka
+      ? startContainers({ ...containersWanted, kafkaLine: kafkaLine(resolveKafkaVersion()) }, log)
+      : undefined;
   // allSettled: a PostgreSQL failure must not leave a Kafka start running unreported.
-  const [pgResult, kafkaResult] = await Promise.allSettled([ensurePostgres(log), ensureKafka(log)]);
-  if (pgResult.status === 'fulfilled' && kafkaResult.status === 'fulfilled') {
-    return { databaseUrl: pgResult.value, kafkaBrokers: kafkaResult.value.brokers };
+  const [pgResult, kafkaResult, containerResult] = await Promise.allSettled([
+    containersWanted.postgres ? undefined : ensurePostgres(log),
+    containersWanted.kafka ? undefined : ensureKafka(log),
+    containers,
+  ]);
+  const stop = async () => {
+    if (containerResult.status === 'fulfilled') await containerResult.value?.stop();
+  };
+  if (pgResult.status === 'fulfilled' && kafkaResult.status === 'fulfilled' && containerResult.status === 'fulfilled') {
+    const databaseUrl = pgResult.value ?? containerResult.value?.databaseUrl;
+    const kafkaBrokers = kafkaResult.value?.brokers ?? containerResult.value?.kafkaBrokers;
+    if (databaseUrl !== undefined && kafkaBrokers !== undefined) return { databaseUrl, kafkaBrokers, stop };
   }
-  const errors = [pgResult, kafkaResult].flatMap((r) => (r.status === 'rejected' ? [errorText(r.reason)] : []));
-  throw new Error(errors.join('\n'));
+  await stop();
+  const failures = [pgResult, kafkaResult, containerResult].flatMap((r) =>
+    r.status === 'rejected' ? [errorText(r.reason)] : [],
+  );
+  throw new Error(failures.join('\n') || 'ensureServices: a planned service produced no address (bug)');
+}
+
+/**
+ * The facts {@link planServices} needs, probing only what matters: the local servers when no
+ * environment variable names one, Java/Maven when no broker answers, Docker when nothing else is
+ * left (it loads testcontainers).
+ */
+async function gatherFacts(ephemeralOk: boolean): Promise<ServiceFacts> {
+  const databaseUrl = process.env.DATABASE_URL?.trim() || undefined;
+  const kafkaBrokers = parseBrokers(process.env.KAFKA_BROKERS);
+  const [pgLocal, kafkaLocal] = await Promise.all([
+    databaseUrl === undefined ? probePostgres(DEFAULT_DATABASE_URL) : undefined,
+    kafkaBrokers.length === 0 ? kafkaAnswers([LOCAL_BROKER]) : undefined,
+  ]);
+  const facts: Omit<ServiceFacts, 'docker'> = {
+    databaseUrl,
+    kafkaBrokers,
+    postgres: {
+      // Not probed when DATABASE_URL is set: the plan uses it whatever the local server does.
+      local: pgLocal === undefined || pgLocal.ok ? 'answers' : pgLocal.unreachable ? 'down' : 'refused',
+      clusterInstalled: localClusterInstalled(),
+    },
+    kafka: {
+      localAnswers: kafkaLocal?.ok ?? true,
+      maven: kafkaLocal === undefined || kafkaLocal.ok ? undefined : await mavenBrokerPossible(),
+    },
+    ci: isCi(process.env.CI),
+    ephemeralOk,
+  };
+  return { ...facts, docker: needsDockerProbe(facts) ? await probeDocker() : undefined };
+}
+
+function localClusterInstalled(): boolean {
+  const etc = '/etc/postgresql';
+  try {
+    return fs.readdirSync(etc).some((v) => fs.existsSync(path.join(etc, v, 'main')));
+  } catch {
+    return false;
+  }
+}
+
+/** Java 17+ runs, and Maven runs or the jars of the configured version are already resolved. */
+async function mavenBrokerPossible(): Promise<{ ok: boolean; reason?: string }> {
+  try {
+    const version = resolveKafkaVersion();
+    // A broker of ours that is still booting needs no toolchain check: ensureKafka waits for it.
+    if (findOwnBrokers().some((b) => b.alive)) return { ok: true };
+    await checkJava();
+    if (readText(path.join(kafkaHome(version), 'lib', '.complete')) === kafkaJarsStamp(version)) return { ok: true };
+    await checkMaven();
+    return { ok: true };
+  } catch (err) {
+    // checkJava/checkMaven phrase a whole error; the plan's message only needs what failed.
+    const reason = errorText(err)
+      .replace(/^Kafka is not running at \S+ and cannot be started: /, '')
+      .replace(TOOLCHAIN_HINT, '')
+      .trim();
+    return { ok: false, reason };
+  }
 }
 
 function parseBrokers(value: string | undefined): string[] {
@@ -529,6 +638,14 @@ async function checkMaven(): Promise<void> {
   }
 }
 
+/** What `.services/kafka-<version>/lib/.complete` holds once the jars of this pom are resolved. */
+function kafkaJarsStamp(version: string): string {
+  return JSON.stringify({
+    version,
+    pom: createHash('sha256').update(fs.readFileSync(POM)).digest('hex'),
+  });
+}
+
 /**
  * Copies the broker's runtime jars into `.services/kafka-<version>/lib` with Maven. A marker file
  * written after success (holding the pom's hash) makes later calls skip Maven entirely.
@@ -536,10 +653,7 @@ async function checkMaven(): Promise<void> {
 async function resolveKafkaJars(version: string, log: Log): Promise<void> {
   const lib = path.join(kafkaHome(version), 'lib');
   const marker = path.join(lib, '.complete');
-  const stamp = JSON.stringify({
-    version,
-    pom: createHash('sha256').update(fs.readFileSync(POM)).digest('hex'),
-  });
+  const stamp = kafkaJarsStamp(version);
   if (readText(marker) === stamp) return;
   await checkMaven();
 
@@ -982,7 +1096,8 @@ async function main(argv: string[]): Promise<number> {
   switch (command) {
     case 'up': {
       const started = Date.now();
-      const { databaseUrl, kafkaBrokers } = await ensureServices(log);
+      // A container would stop when this command exits: the plan points at docker compose instead.
+      const { databaseUrl, kafkaBrokers } = await ensureServices(log, { ephemeralOk: false });
       log(`ready in ${seconds(Date.now() - started)}`);
       console.log(`DATABASE_URL=${databaseUrl}`);
       console.log(`KAFKA_BROKERS=${kafkaBrokers.join(',')}`);

@@ -9,18 +9,22 @@ import { ensureServices } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
-  const { databaseUrl, kafkaBrokers } = await ensureServices((msg) => console.log(`[services] ${msg}`));
+  const services = await ensureServices((msg) => console.log(`[services] ${msg}`));
+  const { databaseUrl, kafkaBrokers } = services;
   // One template per run: two runs on one server (two developers, or a run beside the demo) do not
   // drop each other's template.
   const TEMPLATE_DB = `outboxkit_template_${process.pid}`;
   const admin = new pg.Client({ connectionString: databaseUrl });
-  await admin.connect();
   try {
+    await admin.connect();
     await admin.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB} WITH (FORCE)`);
     await admin.query(`CREATE DATABASE ${TEMPLATE_DB}`);
     const url = new URL(databaseUrl);
     url.pathname = `/${TEMPLATE_DB}`;
     await migrate({ connectionString: url.toString() });
+  } catch (err) {
+    await services.stop();
+    throw err;
   } finally {
     await admin.end();
   }
@@ -29,11 +33,13 @@ export default async function setup(project: TestProject): Promise<() => Promise
   project.provide('templateDatabase', TEMPLATE_DB);
   return async () => {
     const c = new pg.Client({ connectionString: databaseUrl });
-    await c.connect();
     try {
+      await c.connect();
       await c.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB} WITH (FORCE)`);
     } finally {
       await c.end();
+      // Containers started through testcontainers (none on the local paths).
+      await services.stop();
     }
   };
 }

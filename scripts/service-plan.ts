@@ -1,0 +1,179 @@
+/**
+ * Which PostgreSQL and which Kafka broker the tests, the demo and `services:up` use: a pure
+ * decision over facts that {@link ../scripts/services.ts} gathers (environment, what answers
+ * locally, which toolchains exist, whether a Docker engine answers). No I/O here, so every branch
+ * is unit-tested (test/unit/service-plan.test.ts).
+ *
+ * Order of preference, per service:
+ *
+ * | PostgreSQL                                   | Kafka                                              |
+ * | -------------------------------------------- | -------------------------------------------------- |
+ * | 1. `DATABASE_URL`                            | 1. `KAFKA_BROKERS`                                 |
+ * | 2. whatever answers on 127.0.0.1:5432        | 2. whatever answers on 127.0.0.1:9092              |
+ * | 3. the local Debian cluster (`pg_ctlcluster`) | 3. a broker from Maven Central (Java 17+ and Maven) |
+ * | 4. a testcontainer (Docker engine answers)   | 4. a testcontainer (Docker engine answers)         |
+ * | 5. an error naming what is missing           | 5. an error naming what is missing                 |
+ *
+ * Testcontainers come last: the local toolchains are what CI uses, and a container lives only as
+ * long as the process that started it. They are never used:
+ * - under `CI` (a CI run must test the services its script set up, e.g. `.ci/run` runs
+ *   `npm run services:up` with Maven; silently switching to a Confluent image would make
+ *   "CI ran against Apache Kafka 3.9.2" untrue);
+ * - by the long-lived `services:up` command (its containers would stop when it exits: it points
+ *   at `docker compose up -d --wait` instead).
+ */
+
+/** Where the facts say a Docker engine is, as testcontainers' runtime strategies see it. */
+export interface DockerFact {
+  /** True when a container runtime answered (not merely a `docker` CLI on the PATH). */
+  reachable: boolean;
+  /** Why not, for the error message (e.g. "Could not find a working container runtime strategy"). */
+  reason?: string;
+}
+
+/** Everything the plan depends on. `undefined` facts were not probed because no branch needs them. */
+export interface ServiceFacts {
+  /** `DATABASE_URL`, trimmed; undefined when unset or blank. */
+  databaseUrl: string | undefined;
+  /** `KAFKA_BROKERS` split on commas; empty when unset or blank. */
+  kafkaBrokers: readonly string[];
+  postgres: {
+    /**
+     * The local server at the default URL: `answers`, `refused` (something listens but the
+     * connection failed: auth, missing database; starting another server would not help) or
+     * `down` (nothing listens).
+     */
+    local: 'answers' | 'refused' | 'down';
+    /** A Debian cluster is installed (`/etc/postgresql/<major>/main`): `pg_ctlcluster` can start it. */
+    clusterInstalled: boolean;
+  };
+  kafka: {
+    /** A broker answers on 127.0.0.1:9092 (an admin client lists topics). */
+    localAnswers: boolean;
+    /**
+     * Java 17+ runs, and Maven runs or the broker's jars are already in `.services/`: the Maven
+     * path can start a broker. `reason` says what is missing otherwise.
+     */
+    maven: { ok: boolean; reason?: string } | undefined;
+  };
+  /** Probed only when a service has no other source left (see {@link needsDockerProbe}). */
+  docker: DockerFact | undefined;
+  /** `CI` is set to something other than `''`, `0` or `false`. */
+  ci: boolean;
+  /**
+   * Whether the caller can use containers that live only as long as its process: true for the
+   * test run, the demo and the benchmarks; false for `services:up`.
+   */
+  ephemeralOk: boolean;
+}
+
+export type PostgresPlan =
+  | { action: 'use-env'; url: string }
+  /** Use the default URL; `startCluster` first runs `pg_ctlcluster` (installed but down). */
+  | { action: 'use-local'; startCluster: boolean }
+  | { action: 'start-testcontainer' }
+  | { action: 'error'; message: string };
+
+export type KafkaPlan =
+  | { action: 'use-env'; brokers: string[] }
+  | { action: 'use-local' }
+  | { action: 'start-maven-broker' }
+  | { action: 'start-testcontainer' }
+  | { action: 'error'; message: string };
+
+export interface ServicePlan {
+  postgres: PostgresPlan;
+  kafka: KafkaPlan;
+}
+
+const LOCAL_POSTGRES = '127.0.0.1:5432';
+const LOCAL_KAFKA = '127.0.0.1:9092';
+
+/** `CI` as CI systems set it (`true`, `1`, a name); `''`, `0` and `false` mean not CI. */
+export function isCi(value: string | undefined): boolean {
+  const v = value?.trim().toLowerCase();
+  return v !== undefined && v !== '' && v !== '0' && v !== 'false';
+}
+
+/**
+ * True when some service has neither an environment variable, nor a local answer, nor a local
+ * toolchain to start it, so whether a Docker engine answers decides between a container and an
+ * error. The gatherer probes Docker only then (the probe loads testcontainers).
+ */
+export function needsDockerProbe(facts: Omit<ServiceFacts, 'docker'>): boolean {
+  const pgNeeds =
+    facts.databaseUrl === undefined && facts.postgres.local === 'down' && !facts.postgres.clusterInstalled;
+  const kafkaNeeds = facts.kafkaBrokers.length === 0 && !facts.kafka.localAnswers && facts.kafka.maven?.ok !== true;
+  return pgNeeds || kafkaNeeds;
+}
+
+/** The plan for both services. Pure: same facts, same plan. */
+export function planServices(facts: ServiceFacts): ServicePlan {
+  return { postgres: planPostgres(facts), kafka: planKafka(facts) };
+}
+
+export function planPostgres(facts: ServiceFacts): PostgresPlan {
+  if (facts.databaseUrl !== undefined) return { action: 'use-env', url: facts.databaseUrl };
+  // `refused` also goes to the local path: ensurePostgres() reports the server's own error, and a
+  // container could not bind the port that server holds anyway.
+  if (facts.postgres.local !== 'down') return { action: 'use-local', startCluster: false };
+  if (facts.postgres.clusterInstalled) return { action: 'use-local', startCluster: true };
+  const container = containerVerdict(facts);
+  if (container.ok) return { action: 'start-testcontainer' };
+  return {
+    action: 'error',
+    message:
+      `PostgreSQL: nothing answers at ${LOCAL_POSTGRES}, DATABASE_URL is not set, no local cluster is installed ` +
+      `(/etc/postgresql/<major>/main), and ${container.why}. ` +
+      `Fix one of: set DATABASE_URL to a running server; install PostgreSQL (Debian: apt-get install postgresql); ` +
+      `${container.fix}`,
+  };
+}
+
+export function planKafka(facts: ServiceFacts): KafkaPlan {
+  if (facts.kafkaBrokers.length > 0) return { action: 'use-env', brokers: [...facts.kafkaBrokers] };
+  if (facts.kafka.localAnswers) return { action: 'use-local' };
+  if (facts.kafka.maven?.ok === true) return { action: 'start-maven-broker' };
+  const container = containerVerdict(facts);
+  if (container.ok) return { action: 'start-testcontainer' };
+  const maven = facts.kafka.maven?.reason ?? 'Java 17+ and Maven were not checked';
+  return {
+    action: 'error',
+    message:
+      `Kafka: nothing answers at ${LOCAL_KAFKA}, KAFKA_BROKERS is not set, a broker cannot be started from Maven Central ` +
+      `(${maven}), and ${container.why}. ` +
+      `Fix one of: set KAFKA_BROKERS to a running broker; install Java 17+ and Maven (npm run services:up); ` +
+      `${container.fix}`,
+  };
+}
+
+type ContainerVerdict = { ok: true } | { ok: false; why: string; fix: string };
+
+function containerVerdict(facts: ServiceFacts): ContainerVerdict {
+  const docker = facts.docker;
+  if (docker === undefined || !docker.reachable) {
+    const reason = docker?.reason ? `: ${docker.reason}` : '';
+    return {
+      ok: false,
+      why: `no Docker engine answers (testcontainers found no working container runtime${reason})`,
+      fix:
+        'or start a Docker engine (the `docker` CLI alone is not enough): the tests then start containers themselves, ' +
+        'or run `docker compose up -d --wait` (docker-compose.yml).',
+    };
+  }
+  if (facts.ci) {
+    return {
+      ok: false,
+      why: 'CI is set, and testcontainers are not used under CI (a CI run tests the services its script started)',
+      fix: 'or start the services in the CI script before the tests (npm run services:up as .ci/run does, or `docker compose up -d --wait`).',
+    };
+  }
+  if (!facts.ephemeralOk) {
+    return {
+      ok: false,
+      why: 'a Docker engine answers, but containers started by this command would stop when it exits',
+      fix: 'or, since Docker answers, run `docker compose up -d --wait` (docker-compose.yml).',
+    };
+  }
+  return { ok: true };
+}
