@@ -28,7 +28,12 @@ import { fullJitterBackoffMs } from '../src/backoff.js';
 import { isRecordError, kafkaErrorType } from './classify-error.js';
 import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
-import { createKafkajsProducer, type OutboundRecord, type RelayProducer } from './producer.js';
+import {
+  createKafkajsProducer,
+  type KafkajsProducerOptions,
+  type OutboundRecord,
+  type RelayProducer,
+} from './producer.js';
 import * as sql from './sql.js';
 
 /** Options of {@link Relay}. */
@@ -43,6 +48,8 @@ export interface RelayOptions {
   kafka?: Kafka;
   /** A producer to use instead of the kafkajs one (tests, other clients). */
   producer?: RelayProducer;
+  /** Tunable settings of the kafkajs producer (compression, timeouts, retries); never its safety settings. */
+  producerOptions?: Omit<KafkajsProducerOptions, 'onSend'>;
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
   /** This instance's id, shown in `outboxkit status`. @defaultValue `<hostname>-<pid>-<random>` */
@@ -174,6 +181,8 @@ export interface RelayEvents {
   'relay:topics-missing': [{ topics: string[]; error: TopicMissingError }];
   'relay:error': [{ error: Error; attempt: number }];
   'relay:lanes': [{ held: number[] }];
+  /** One send to Kafka finished (acknowledged when `ok`), with its duration in ms. */
+  'relay:sent': [{ records: number; durationMs: number; ok: boolean }];
 }
 
 interface LaneLease extends sql.HeldLane {
@@ -235,7 +244,11 @@ export class Relay extends EventEmitter<RelayEvents> {
         : undefined);
     this.makeProducer = options.producer
       ? () => options.producer as RelayProducer
-      : () => createKafkajsProducer(kafka as Kafka);
+      : () =>
+          createKafkajsProducer(kafka as Kafka, {
+            ...options.producerOptions,
+            onSend: (sent) => this.emit('relay:sent', sent),
+          });
     this.kafka = kafka;
   }
 
@@ -244,6 +257,14 @@ export class Relay extends EventEmitter<RelayEvents> {
   /** This instance's id. */
   get relayId(): string {
     return this.options.relayId;
+  }
+
+  /**
+   * Whether the relay runs with a connected Kafka producer: false before start, while it backs off
+   * after a failed connect or send (until a new producer connects), and once stopping.
+   */
+  get producerConnected(): boolean {
+    return this.started && !this.stopping && this.producer !== undefined;
   }
 
   /** The lanes this relay currently holds. */
@@ -331,6 +352,8 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     await this.maintaining;
     await this.cleaning;
+    await this.readAhead?.rows;
+    this.readAhead = undefined;
     try {
       await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
       await sql.deregisterInstance(this.db, this.q, this.relayId);
@@ -475,6 +498,8 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   private currentPass: Promise<unknown> = Promise.resolve();
   private isolateNext = false;
+  /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
+  private readAhead: { leases: string; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
 
   private async loop(): Promise<void> {
     let failures = 0;
@@ -487,6 +512,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         failures = 0;
       } catch (err) {
         failures++;
+        this.readAhead = undefined;
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
@@ -523,14 +549,14 @@ export class Relay extends EventEmitter<RelayEvents> {
       if (!this.producer) throw new Error('no Kafka producer available');
     }
     const o = this.options;
-    const rows = await sql.readPending(
-      this.db,
-      this.q,
-      lanes.map((l) => l.lane),
-      o.batchSize,
-      o.maxBatchBytes,
-      o.holdKeyBehindFailure,
-    );
+    const laneIds = lanes.map((l) => l.lane);
+    const leases = lanes.map((l) => `${l.lane}:${l.token}`).join(',');
+    // A batch read ahead while the previous one was sent, if read under the same leases.
+    const ahead = this.readAhead;
+    this.readAhead = undefined;
+    const rows =
+      (ahead?.leases === leases ? await ahead.rows : undefined) ??
+      (await sql.readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure));
     if (rows.length === 0) return 0;
     const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
@@ -544,6 +570,26 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     const records = sendable.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
+    // A full batch means more rows are waiting: read the next batch while this one is in flight,
+    // so the database's half and the broker's half of the work overlap. The read skips this
+    // batch's rows (pending until marked); the next batch is sent only after this one is
+    // acknowledged, so a key's order holds. Dropped if this send fails (the next pass isolates).
+    let bytes = 0;
+    for (const r of rows) bytes += r.payload.length;
+    if (rows.length >= o.batchSize || bytes >= o.maxBatchBytes / 2) {
+      const next = sql
+        .readPending(
+          this.db,
+          this.q,
+          laneIds,
+          o.batchSize,
+          o.maxBatchBytes,
+          o.holdKeyBehindFailure,
+          rows.map((r) => r.seq),
+        )
+        .catch(() => undefined); // the next pass reads again
+      this.readAhead = { leases, rows: next };
+    }
     let acked = 0;
     try {
       await crashPoint('relay:before-send');
@@ -558,6 +604,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       // batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not trusted here: the
       // next pass isolates.
       this.isolateNext = true;
+      this.readAhead = undefined;
       if (acked > 0) {
         const seqs = sendable.slice(0, acked).map((r) => r.seq);
         await sql.markPublished(this.db, this.q, this.relayId, seqs, lanes);

@@ -171,6 +171,9 @@ export async function releaseLanes(
  *
  * Held-back keys: a row in backoff or parked holds back the later rows of its key when
  * `holdKeys` is true (strict per-key order); rows without a key are never held back.
+ *
+ * `exclude`: seqs of a batch being sent right now (read ahead while it is in flight; its rows are
+ * still pending until marked). Excluded rows are skipped for this read only, never for later ones.
  */
 export async function readPending(
   db: Queryable,
@@ -179,6 +182,7 @@ export async function readPending(
   maxRows: number,
   maxBytes: number,
   holdKeys = true,
+  exclude: readonly string[] = [],
 ): Promise<PendingRow[]> {
   if (lanes.length === 0) return [];
   const { rows } = await db.query<PendingRow>(
@@ -192,6 +196,7 @@ export async function readPending(
         WHERE e.lane = ANY($1::smallint[]) AND e.published_at IS NULL AND e.parked_at IS NULL
           AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
           AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = e.key AND b.seq < e.seq)
+          AND e.seq <> ALL($5::bigint[])
         ORDER BY e.seq LIMIT $2),
      w AS (
        SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
@@ -200,7 +205,7 @@ export async function readPending(
        FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
       WHERE w.bytes <= $3 OR w.n = 1
       ORDER BY e.seq`,
-    [lanes, maxRows, maxBytes, holdKeys],
+    [lanes, maxRows, maxBytes, holdKeys, exclude],
   );
   return rows;
 }
