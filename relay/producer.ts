@@ -2,7 +2,7 @@
  * The relay's Kafka producer, behind a small interface of outboxkit's own so that another client
  * (for example @confluentinc/kafka-javascript) can be added later without touching the relay.
  */
-import { Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
+import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
 
 /** One record to publish. */
 export interface OutboundRecord {
@@ -39,19 +39,27 @@ export const SAFE_PRODUCER_CONFIG = Object.freeze({
   allowAutoTopicCreation: false,
 } satisfies ProducerConfig);
 
+/** Settings of {@link createKafkajsProducer} users may tune (the safety settings are not among them). */
+export interface KafkajsProducerOptions {
+  /** Broker-side acknowledgement timeout of one produce request, in ms. @defaultValue 30_000 */
+  requestTimeoutMs?: number;
+  /** kafkajs retries inside one send before it rejects. @defaultValue 5 */
+  retries?: number;
+  /** Record batch compression (kafkajs ships gzip; others need a codec package). @defaultValue CompressionTypes.None */
+  compression?: CompressionTypes;
+  /** Called after every send with its record count and duration in ms (metrics). A throw is ignored. */
+  onSend?: (sent: { records: number; durationMs: number; ok: boolean }) => void;
+}
+
 /**
  * A kafkajs-backed {@link RelayProducer}. Sends are serialised: kafkajs' idempotent producer can
  * assign broken sequence numbers under concurrent sends on one producer (case C09), so at most one
  * `send()` is in flight at a time, whoever calls it.
  *
  * @param kafka - a kafkajs client.
- * @param options.requestTimeoutMs - how long one produce request may take, in ms. @defaultValue 30_000
- * @param options.retries - kafkajs retries inside one send before it rejects. @defaultValue 5
+ * @param options - see {@link KafkajsProducerOptions}.
  */
-export function createKafkajsProducer(
-  kafka: Kafka,
-  options: { requestTimeoutMs?: number; retries?: number } = {},
-): RelayProducer {
+export function createKafkajsProducer(kafka: Kafka, options: KafkajsProducerOptions = {}): RelayProducer {
   const producer: Producer = kafka.producer({
     ...SAFE_PRODUCER_CONFIG,
     // Java-compatible murmur2 of the key: the same partition a Java producer would choose.
@@ -71,11 +79,23 @@ export function createKafkajsProducer(
           if (!list) byTopic.set(r.topic, (list = []));
           list.push({ key: r.key, value: r.value, headers: r.headers });
         }
-        await producer.sendBatch({
-          acks: -1,
-          timeout: options.requestTimeoutMs ?? 30_000,
-          topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
-        });
+        const began = performance.now();
+        let ok = false;
+        try {
+          await producer.sendBatch({
+            acks: -1,
+            timeout: options.requestTimeoutMs ?? 30_000,
+            compression: options.compression ?? CompressionTypes.None,
+            topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
+          });
+          ok = true;
+        } finally {
+          try {
+            options.onSend?.({ records: records.length, durationMs: performance.now() - began, ok });
+          } catch {
+            // metrics must never fail a send
+          }
+        }
       };
       const result = tail.then(run, run);
       tail = result.catch(() => undefined);
