@@ -7,11 +7,7 @@
  * Each run uses a database and topics of its own (created here, dropped at the end unless
  * `--keep`), so it can run against any DATABASE_URL / KAFKA_BROKERS with the right to create them.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
-import path from 'node:path';
 import { Command, InvalidArgumentError } from 'commander';
 import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
@@ -19,9 +15,7 @@ import { ensureServices } from '../../scripts/services.js';
 import { migrate } from '../../src/migrate.js';
 import { ensureDemoSchema } from './db.js';
 import { runLoad, type LoadStats } from './loadgen.js';
-
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..', '..');
+import { SCRIPTS, createRunDatabase, startChild, stopChild, waitUntil, type Child } from './processes.js';
 
 function int(v: string): number {
   const n = Number(v);
@@ -35,57 +29,6 @@ interface DemoOptions {
   relays: number;
   keep: boolean;
   drainTimeoutMs: number;
-}
-
-interface Child {
-  name: string;
-  proc: ChildProcess;
-  lines: string[];
-}
-
-function startChild(name: string, script: string, args: string[], env: Record<string, string>): Child {
-  const proc = spawn(process.execPath, ['--import', 'tsx', script, ...args], {
-    cwd: root,
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  const child: Child = { name, proc, lines: [] };
-  for (const stream of [proc.stdout, proc.stderr]) {
-    createInterface({ input: stream! }).on('line', (line) => {
-      child.lines.push(line);
-      if (child.lines.length > 200) child.lines.shift();
-    });
-  }
-  return child;
-}
-
-async function stopChild(child: Child, timeoutMs = 20_000): Promise<void> {
-  if (child.proc.exitCode !== null || child.proc.signalCode !== null) return;
-  const exited = new Promise<void>((r) => child.proc.once('exit', () => r()));
-  child.proc.kill('SIGTERM');
-  const timer = setTimeout(() => child.proc.kill('SIGKILL'), timeoutMs);
-  await exited;
-  clearTimeout(timer);
-}
-
-async function waitUntil(
-  what: string,
-  check: () => Promise<boolean>,
-  timeoutMs: number,
-  children: Child[],
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    for (const c of children) {
-      if (c.proc.exitCode !== null)
-        throw new Error(
-          `${c.name} exited (${c.proc.exitCode}) while waiting for ${what}:\n${c.lines.slice(-20).join('\n')}`,
-        );
-    }
-    if (await check().catch(() => false)) return;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 function percentile(sorted: number[], p: number): number {
@@ -172,15 +115,8 @@ async function main(): Promise<void> {
   const log = (m: string) => console.log(`[demo] ${m}`);
   const services = await ensureServices(log);
   const runId = randomBytes(4).toString('hex');
-  const dbName = `outboxkit_demo_${runId}`;
-  const adminUrl = services.databaseUrl;
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${dbName}`);
-  await admin.end();
-  const url = new URL(adminUrl);
-  url.pathname = `/${dbName}`;
-  const databaseUrl = url.toString();
+  const database = await createRunDatabase(services.databaseUrl, `outboxkit_demo_${runId}`);
+  const databaseUrl = database.url;
   const topic = `demo.orders.${runId}`;
   const kafka = new Kafka({ clientId: 'outboxkit-demo', brokers: services.kafkaBrokers, logLevel: logLevel.NOTHING });
   const kadmin = kafka.admin();
@@ -195,7 +131,7 @@ async function main(): Promise<void> {
       waitForLeaders: true,
       topics: [topic, `${topic}.dlq`].map((t) => ({ topic: t, numPartitions: 3, replicationFactor: 1 })),
     });
-    log(`database ${dbName}, topic ${topic}`);
+    log(`database ${database.name}, topic ${topic}`);
 
     const env = {
       DATABASE_URL: databaseUrl,
@@ -206,11 +142,10 @@ async function main(): Promise<void> {
       OUTBOXKIT_METRICS_PORT: '-1',
       PORT: '0',
     };
-    const server = startChild('orders', path.join(here, 'server.ts'), [], env);
+    const server = startChild('orders', SCRIPTS.orders, [], env);
     children.push(server);
-    for (let i = 0; i < opts.relays; i++)
-      children.push(startChild(`relay-${i + 1}`, path.join(root, 'cli', 'main.ts'), ['relay'], env));
-    const shipping = startChild('shipping', path.join(here, 'shipping.ts'), [], env);
+    for (let i = 0; i < opts.relays; i++) children.push(startChild(`relay-${i + 1}`, SCRIPTS.cli, ['relay'], env));
+    const shipping = startChild('shipping', SCRIPTS.shipping, [], env);
     children.push(shipping);
 
     let baseUrl = '';
@@ -222,13 +157,13 @@ async function main(): Promise<void> {
         return baseUrl !== '';
       },
       60_000,
-      children,
+      () => children,
     );
     await waitUntil(
       'the shipping consumer',
       async () => shipping.lines.some((l) => l.includes('SHIPPING_READY')),
       60_000,
-      children,
+      () => children,
     );
     log(
       `orders service at ${baseUrl}; sending ${opts.orders} orders with ${opts.concurrency} clients and ${opts.relays} relay(s)`,
@@ -258,7 +193,7 @@ async function main(): Promise<void> {
         return row.pending === '0' && row.orders === row.shipments;
       },
       opts.drainTimeoutMs,
-      children,
+      () => children,
     ).catch((err: Error) => log(err.message));
 
     await stopChild(shipping);
@@ -272,10 +207,7 @@ async function main(): Promise<void> {
     await pool.end();
     if (!opts.keep) {
       await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => undefined);
-      const c = new pg.Client({ connectionString: adminUrl });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
-      await c.end();
+      await database.drop();
     }
     await kadmin.disconnect();
   }

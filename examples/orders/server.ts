@@ -11,19 +11,31 @@ import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import Fastify, { type FastifyInstance } from 'fastify';
 import { drizzle } from 'drizzle-orm/node-postgres';
-import { and, eq } from 'drizzle-orm';
+import { and, eq, sql } from 'drizzle-orm';
 import pg from 'pg';
 import { enqueue, migrate } from '../../src/index.js';
 import { idempotentHandler, registerRawJsonBody } from '../../src/http/fastify.js';
 import type { HandlerResponse } from '../../src/idempotency/index.js';
-import { ensureDemoSchema, orders } from './db.js';
+import { customers, ensureDemoSchema, orders } from './db.js';
 
 /** The body of `POST /orders`. */
 interface OrderInput {
   cartId: string;
   currency: string;
   amount: number;
+  /**
+   * Optional. With it, `order.created` is keyed by the customer (Kafka per-key order across the
+   * customer's orders) and carries `customerVersion`, the customer's order count in commit order.
+   */
+  customerId?: string;
 }
+
+/**
+ * Carts whose id starts with this are declined after the order and its event were written: the
+ * stored 402 rolls them back to the claim's savepoint (DESIGN G2), so their event must never be
+ * published. The chaos harness uses it to check "nothing of a rolled-back transaction".
+ */
+export const DECLINED_CART_PREFIX = 'declined-';
 
 function validOrder(body: unknown): body is OrderInput {
   const b = body as Partial<OrderInput> | null;
@@ -35,7 +47,8 @@ function validOrder(body: unknown): body is OrderInput {
     typeof b.currency === 'string' &&
     /^[A-Z]{3}$/.test(b.currency) &&
     Number.isInteger(b.amount) &&
-    (b.amount as number) > 0
+    (b.amount as number) > 0 &&
+    (b.customerId === undefined || (typeof b.customerId === 'string' && b.customerId.length > 0))
   );
 }
 
@@ -61,7 +74,7 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
           },
           policy: 'reject',
         },
-        async (req, tx): Promise<HandlerResponse> => {
+        async (req, tx, ctx): Promise<HandlerResponse> => {
           if (!validOrder(req.body)) {
             // A final business rejection: stored and replayed (4xx other than 408/409/425/429).
             return {
@@ -76,6 +89,16 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
           }
           const tenant = String(req.headers['x-tenant-id']);
           const orderId = randomUUID();
+          const { customerId } = req.body;
+          // The upsert's row lock makes a customer's orders take their versions in commit order.
+          const [customer] =
+            customerId === undefined
+              ? [undefined]
+              : await tx
+                  .insert(customers)
+                  .values({ id: customerId, version: 1 })
+                  .onConflictDoUpdate({ target: customers.id, set: { version: sql`${customers.version} + 1` } })
+                  .returning();
           const [order] = await tx
             .insert(orders)
             .values({
@@ -84,16 +107,31 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
               cartId: req.body.cartId,
               currency: req.body.currency,
               amount: req.body.amount,
+              customerId,
+              customerVersion: customer?.version,
             })
             .returning();
+          const payload = { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount };
           await enqueue(tx, {
             topic,
-            key: orderId,
+            key: customerId ?? orderId,
             type: 'order.created',
             aggregateType: 'order',
             aggregateId: orderId,
-            payload: { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount },
+            payload: customer ? { ...payload, customerId, customerVersion: customer.version } : payload,
           });
+          if (req.body.cartId.startsWith(DECLINED_CART_PREFIX)) {
+            // A final business rejection after writes: stored and replayed, the writes rolled back.
+            return ctx.reject(
+              402,
+              {
+                type: 'about:blank',
+                title: 'Payment declined',
+                detail: 'The payment for this cart was declined; nothing was ordered.',
+              },
+              { headers: { 'content-type': 'application/problem+json' } },
+            );
+          }
           return {
             status: 201,
             headers: { location: `/orders/${orderId}` },

@@ -6,7 +6,12 @@
  *   npm run example:shipping
  *
  * Environment: DATABASE_URL, KAFKA_BROKERS, ORDERS_TOPIC (default `orders`; its dead-letter topic
- * `<topic>.dlq` must exist too), SHIPPING_GROUP (default `shipping`).
+ * `<topic>.dlq` must exist too), SHIPPING_GROUP (default `shipping`), SHIPPING_SESSION_TIMEOUT_MS
+ * and SHIPPING_HEARTBEAT_INTERVAL_MS (the consumer's defaults when unset; the chaos harness sets
+ * them short so that rebalances after a crash take seconds).
+ *
+ * Orders whose cart id starts with `undeliverable-` fail every attempt and go to the dead-letter
+ * topic (DESIGN G5), so that a run has dead letters to account for.
  */
 import { fileURLToPath } from 'node:url';
 import { Kafka, logLevel } from 'kafkajs';
@@ -16,7 +21,16 @@ import { migrate } from '../../src/index.js';
 import { ensureDemoSchema } from './db.js';
 
 /** Starts the shipping consumer; returns it with a count of the duplicates it absorbed. */
-export async function startShipping(options: { pool: pg.Pool; kafka: Kafka; topic: string; groupId: string }) {
+export async function startShipping(options: {
+  pool: pg.Pool;
+  kafka: Kafka;
+  topic: string;
+  groupId: string;
+  /** Kafka group session timeout, in ms. @defaultValue the consumer's (30_000) */
+  sessionTimeoutMs?: number;
+  /** Heartbeat interval, in ms. @defaultValue the consumer's (3_000) */
+  heartbeatIntervalMs?: number;
+}) {
   let duplicates = 0;
   let applied = 0;
   const consumer = createDedupConsumer({
@@ -25,18 +39,28 @@ export async function startShipping(options: { pool: pg.Pool; kafka: Kafka; topi
     topics: [options.topic],
     database: options.pool,
     fromBeginning: true,
+    ...(options.sessionTimeoutMs === undefined ? {} : { sessionTimeoutMs: options.sessionTimeoutMs }),
+    ...(options.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: options.heartbeatIntervalMs }),
     async handler({ tx, event }) {
-      const order = event.json() as { orderId: string };
-      await tx.query('INSERT INTO orders_demo.shipments (order_id, event_id) VALUES ($1, $2)', [
-        order.orderId,
-        event.id,
-      ]);
+      const order = event.json() as { orderId: string; cartId: string; customerId?: string; customerVersion?: number };
+      if (order.cartId.startsWith('undeliverable-')) throw new Error('No carrier delivers to this address.');
+      // ON CONFLICT counts a second application instead of failing: a broken dedup shows as
+      // applications > 1 (the chaos harness checks it) rather than as a dead letter.
+      await tx.query(
+        `INSERT INTO orders_demo.shipments (order_id, event_id, customer_id, customer_version) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (order_id) DO UPDATE SET applications = orders_demo.shipments.applications + 1`,
+        [order.orderId, event.id, order.customerId ?? null, order.customerVersion ?? null],
+      );
     },
   });
   consumer.on('consumer:duplicate', () => duplicates++);
   consumer.on('consumer:applied', () => applied++);
   await consumer.start();
   return { consumer, stats: () => ({ duplicates, applied }) };
+}
+
+function optionalInt(value: string | undefined): number | undefined {
+  return value === undefined || value === '' ? undefined : Number(value);
 }
 
 async function main(): Promise<void> {
@@ -51,6 +75,8 @@ async function main(): Promise<void> {
     kafka,
     topic: process.env.ORDERS_TOPIC ?? 'orders',
     groupId: process.env.SHIPPING_GROUP ?? 'shipping',
+    sessionTimeoutMs: optionalInt(process.env.SHIPPING_SESSION_TIMEOUT_MS),
+    heartbeatIntervalMs: optionalInt(process.env.SHIPPING_HEARTBEAT_INTERVAL_MS),
   });
   console.log('SHIPPING_READY');
   const shutdown = async () => {
