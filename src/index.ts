@@ -28,8 +28,27 @@ export {
   TopicMissingError,
   LifecycleError,
   SchemaMissingError,
+  InvalidKafkaConfigError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';
+export {
+  resolveKafkaConfig,
+  kafkaConfigFromEnv,
+  KAFKA_CONFIG_DEFAULTS,
+  KAFKA_SASL_MECHANISMS,
+  KAFKA_COMPRESSIONS,
+} from './kafka-config.js';
+export type {
+  ResolvedKafkaConfig,
+  ResolveKafkaConfigOptions,
+  RedactedKafkaConfig,
+  KafkaConfigFile,
+  KafkaConfigFlags,
+  KafkaProducerSettings,
+  KafkaConsumerSettings,
+  KafkaSaslMechanism,
+  KafkaCompression,
+} from './kafka-config.js';
 
 // Idempotency keys: the one-transaction mode, HTTP problem responses.
 export * from './idempotency/index.js';
