@@ -354,6 +354,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     await this.cleaning;
     await this.readAhead?.rows;
     this.readAhead = undefined;
+    await this.settleMarking().catch(() => undefined);
     try {
       await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
       await sql.deregisterInstance(this.db, this.q, this.relayId);
@@ -500,6 +501,8 @@ export class Relay extends EventEmitter<RelayEvents> {
   private isolateNext = false;
   /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
   private readAhead: { leases: string; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
+  /** The acknowledged batch being marked published while the next pass runs (at most one). */
+  private marking: { seqs: string[]; done: Promise<void> } | undefined;
 
   private async loop(): Promise<void> {
     let failures = 0;
@@ -513,6 +516,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       } catch (err) {
         failures++;
         this.readAhead = undefined;
+        await this.settleMarking().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
@@ -554,13 +558,16 @@ export class Relay extends EventEmitter<RelayEvents> {
     // A batch read ahead while the previous one was sent, if read under the same leases.
     const ahead = this.readAhead;
     this.readAhead = undefined;
+    // Rows of the batch being marked are still pending in the table: not read again meanwhile.
+    const marking = this.marking?.seqs ?? [];
     const rows =
       (ahead?.leases === leases ? await ahead.rows : undefined) ??
-      (await sql.readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure));
+      (await sql.readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, marking));
     if (rows.length === 0) return 0;
     const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
     if (this.isolateNext) {
+      await this.settleMarking();
       // The last batch failed: send one by one, so that a record at fault (too large, topic
       // gone...) is found and only it counts an attempt. A broker outage fails the first send
       // and the loop backs off. Back to batches once a whole pass went through.
@@ -578,15 +585,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     for (const r of rows) bytes += r.payload.length;
     if (rows.length >= o.batchSize || bytes >= o.maxBatchBytes / 2) {
       const next = sql
-        .readPending(
-          this.db,
-          this.q,
-          laneIds,
-          o.batchSize,
-          o.maxBatchBytes,
-          o.holdKeyBehindFailure,
-          rows.map((r) => r.seq),
-        )
+        .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
+          ...marking,
+          ...rows.map((r) => r.seq),
+        ])
         .catch(() => undefined); // the next pass reads again
       this.readAhead = { leases, rows: next };
     }
@@ -612,16 +614,29 @@ export class Relay extends EventEmitter<RelayEvents> {
       throw err;
     }
     await crashPoint('relay:after-send');
-    const marked = await sql.markPublished(
-      this.db,
-      this.q,
-      this.relayId,
-      sendable.map((r) => r.seq),
-      lanes,
-    );
-    this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
-    this.logger.debug({ count: sendable.length, marked }, 'published');
+    // The rows are marked while the next pass reads and sends (that pass skips them), so the
+    // marking is off the path of the next events' latency. At most one marking is in flight; a
+    // failed one surfaces here, on the next pass, and its rows are published again (at least once).
+    await this.settleMarking();
+    const seqs = sendable.map((r) => r.seq);
+    const done = sql.markPublished(this.db, this.q, this.relayId, seqs, lanes).then((marked) => {
+      this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
+      this.logger.debug({ count: sendable.length, marked }, 'published');
+    });
+    done.catch(() => undefined); // awaited by settleMarking()
+    this.marking = { seqs, done };
     return sendable.length;
+  }
+
+  /** Waits for the marking in flight, if any; rethrows its error. */
+  private async settleMarking(): Promise<void> {
+    const marking = this.marking;
+    if (!marking) return;
+    try {
+      await marking.done;
+    } finally {
+      if (this.marking === marking) this.marking = undefined;
+    }
   }
 
   /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
