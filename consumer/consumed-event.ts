@@ -3,8 +3,21 @@
  */
 import type { IHeaders, KafkaMessage } from 'kafkajs';
 import { validate as uuidValidate } from 'uuid';
+import { readCloudEventAttributes, type CloudEventAttributes } from '../src/outbox/cloud-events.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { InvalidMessageError } from './errors.js';
+
+/**
+ * Turns a message's value into the application's value, for example Avro through a Schema
+ * Registry (`(value) => registry.decode(value)`). May be async. Used by
+ * {@link ConsumedEvent.decoded}; set it with the consumer's `decode` option.
+ *
+ * What it throws reaches the handler through `decoded()`: let it propagate and the message is
+ * retried, then dead-lettered after `maxAttempts`; throw an `InvalidMessageError` (code
+ * `OUTBOXKIT_INVALID_MESSAGE`) for bytes that can never be decoded, and it is dead-lettered at
+ * once.
+ */
+export type EventDecoder = (value: Buffer, event: ConsumedEvent) => unknown;
 
 /** One Kafka message, as the handler sees it. */
 export interface ConsumedEvent {
@@ -23,6 +36,20 @@ export interface ConsumedEvent {
    *   propagate has the message dead-lettered at once, without retries.
    */
   json<T = unknown>(): T;
+  /**
+   * The value decoded by the consumer's `decode` hook (see {@link EventDecoder}), or, without a
+   * hook, parsed as JSON like {@link ConsumedEvent.json}. Decoded on first call, then memoised.
+   *
+   * @throws {@link InvalidMessageError} (rejects) when the value is null (a tombstone), or without a
+   *   hook when it is not JSON; otherwise whatever the hook throws.
+   */
+  decoded<T = unknown>(): Promise<T>;
+  /**
+   * The CloudEvents attributes of the message (binary content mode `ce_*` headers and
+   * `content-type`, CloudEvents Kafka Protocol Binding 1.0.2 §3.2), or null when a required one
+   * (`ce_specversion`, `ce_id`, `ce_source`, `ce_type`) is missing.
+   */
+  cloudEvent(): CloudEventAttributes | null;
   /**
    * Kafka headers decoded as UTF-8. When a header name occurs more than once, the last value
    * wins (Kafka's `Headers.lastHeader`). The dead-letter topic keeps the original bytes.
@@ -68,42 +95,97 @@ export function readEventId(headers: Readonly<Record<string, string>>, headerNam
   return id === NIL_UUID || id === MAX_UUID ? null : id;
 }
 
-/** Builds the {@link ConsumedEvent} of a message whose event id has been read. */
+/** The {@link ConsumedEvent} of one Kafka message (methods on the prototype: no closures per message). */
+class KafkaConsumedEvent implements ConsumedEvent {
+  readonly id: string;
+  readonly type: string | null;
+  readonly key: string | null;
+  readonly value: Buffer | null;
+  readonly headers: Readonly<Record<string, string>>;
+  readonly topic: string;
+  readonly partition: number;
+  readonly offset: string;
+  #parsed: { value: unknown } | undefined;
+  #decoded: Promise<unknown> | undefined;
+  #decoder: EventDecoder | undefined;
+
+  constructor(
+    topic: string,
+    partition: number,
+    message: KafkaMessage,
+    id: string,
+    headers: Readonly<Record<string, string>>,
+    decoder: EventDecoder | undefined,
+  ) {
+    this.id = id;
+    this.type = headers[HEADER_EVENT_TYPE] ?? null;
+    this.key = message.key === null ? null : message.key.toString('utf8');
+    this.value = message.value;
+    this.headers = headers;
+    this.topic = topic;
+    this.partition = partition;
+    this.offset = message.offset;
+    this.#decoder = decoder;
+  }
+
+  #where(): string {
+    return `Event ${this.id} (${this.topic}/${this.partition}@${this.offset})`;
+  }
+
+  json<T>(): T {
+    if (this.#parsed === undefined) {
+      if (this.value === null) throw new InvalidMessageError(`${this.#where()} has no value to parse as JSON.`);
+      try {
+        this.#parsed = { value: JSON.parse(this.value.toString('utf8')) as unknown };
+      } catch (err) {
+        throw new InvalidMessageError(`${this.#where()} is not valid JSON: ${(err as Error).message}`, { cause: err });
+      }
+    }
+    return this.#parsed.value as T;
+  }
+
+  decoded<T>(): Promise<T> {
+    this.#decoded ??= this.#decode();
+    return this.#decoded as Promise<T>;
+  }
+
+  async #decode(): Promise<unknown> {
+    const decoder = this.#decoder;
+    if (decoder === undefined) return this.json();
+    if (this.value === null) throw new InvalidMessageError(`${this.#where()} has no value to decode (a tombstone).`);
+    return await decoder(this.value, this);
+  }
+
+  cloudEvent(): CloudEventAttributes | null {
+    return readCloudEventAttributes(this.headers);
+  }
+
+  /** Sets the decoder before the handler sees the event (consumer/tracing.ts `runHandler`). */
+  useDecoder(decoder: EventDecoder): void {
+    if (this.#decoded === undefined) this.#decoder = decoder;
+  }
+}
+
+/**
+ * Builds the {@link ConsumedEvent} of a message whose event id has been read.
+ *
+ * @param decoder - the hook behind {@link ConsumedEvent.decoded}. @defaultValue JSON
+ */
 export function toConsumedEvent(
   topic: string,
   partition: number,
   message: KafkaMessage,
   id: string,
   headers: Readonly<Record<string, string>>,
+  decoder?: EventDecoder,
 ): ConsumedEvent {
-  let parsed: { value: unknown } | undefined;
-  const value = message.value;
-  return {
-    id,
-    type: headers[HEADER_EVENT_TYPE] ?? null,
-    key: message.key === null ? null : message.key.toString('utf8'),
-    value,
-    headers,
-    topic,
-    partition,
-    offset: message.offset,
-    json<T>(): T {
-      if (parsed === undefined) {
-        if (value === null) {
-          throw new InvalidMessageError(
-            `Event ${id} (${topic}/${partition}@${message.offset}) has no value to parse as JSON.`,
-          );
-        }
-        try {
-          parsed = { value: JSON.parse(value.toString('utf8')) as unknown };
-        } catch (err) {
-          throw new InvalidMessageError(
-            `Event ${id} (${topic}/${partition}@${message.offset}) is not valid JSON: ${(err as Error).message}`,
-            { cause: err },
-          );
-        }
-      }
-      return parsed.value as T;
-    },
-  };
+  return new KafkaConsumedEvent(topic, partition, message, id, headers, decoder);
+}
+
+/**
+ * Gives `event` the consumer's decoder (a no-op for an event this module did not build, or one
+ * already decoded).
+ */
+export function useDecoder(event: ConsumedEvent, decoder: EventDecoder): void {
+  if (event instanceof KafkaConsumedEvent) event.useDecoder(decoder);
 }

@@ -70,6 +70,7 @@ import {
   type InboxRow,
 } from './inbox-sql.js';
 import { startKeepAlive } from './keep-alive.js';
+import { runHandler } from './tracing.js';
 import {
   resolveDedupConsumerOptions,
   type DedupConsumerOptions,
@@ -630,7 +631,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       }
       if (!claimed) return 'duplicate';
       try {
-        await handler({ tx, event, signal, attempt });
+        await runHandler(handler, { tx, event, signal, attempt }, this.#o); // decode hook, tracing span
       } catch (err) {
         throw new HandlerFailure(err);
       }

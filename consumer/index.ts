@@ -10,7 +10,8 @@ export {
   type DedupHandler,
   type HandlerContext,
 } from './options.js';
-export type { ConsumedEvent } from './consumed-event.js';
+export type { ConsumedEvent, EventDecoder } from './consumed-event.js';
+export { readCloudEventAttributes, type CloudEventAttributes } from '../src/outbox/cloud-events.js';
 export type { DedupConsumerEvents, DedupConsumerListener, MessagePosition } from './events.js';
 export {
   DEAD_LETTER_REASON_INVALID_EVENT_ID,

@@ -11,7 +11,7 @@ import { noopLogger, type Logger } from '../src/logger.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 import { DEFAULT_SCHEMA } from '../src/schema.js';
 import { quoteSchema } from '../src/schema-name.js';
-import type { ConsumedEvent } from './consumed-event.js';
+import type { ConsumedEvent, EventDecoder } from './consumed-event.js';
 import { DEFAULT_INBOX_RETENTION_MS } from './inbox-cleanup.js';
 
 /** What the handler receives for one event. */
@@ -119,6 +119,19 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   logger?: Logger;
   /** Test-only hooks; see {@link DedupConsumerHooks}. @defaultValue none */
   hooks?: DedupConsumerHooks;
+  /**
+   * Deserialisation hook behind `event.decoded()`, for example `(value) => registry.decode(value)`
+   * for a Confluent Schema Registry. See {@link EventDecoder}. `event.value` (bytes) and
+   * `event.json()` stay available. @defaultValue none: `decoded()` parses JSON
+   */
+  decode?: EventDecoder;
+  /**
+   * Runs each handler inside an OpenTelemetry CONSUMER span (`<topic> process`), child of the
+   * trace context in the message's headers (W3C `traceparent`, written by `enqueue()`), when the
+   * optional peer `@opentelemetry/api` is installed and a tracer provider is registered; else
+   * costs one check per message. See docs/tracing.md. @defaultValue true
+   */
+  tracing?: boolean;
 }
 
 /** Default values of {@link DedupConsumerOptions}. */
@@ -138,12 +151,15 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   fromBeginning: false,
   inboxRetentionMs: DEFAULT_INBOX_RETENTION_MS,
   logger: noopLogger,
+  tracing: true,
 });
 
 /** Options after defaults and validation. */
 export interface ResolvedDedupConsumerOptions<D extends DatabaseHandle> extends Required<
-  Omit<DedupConsumerOptions<D>, 'hooks' | 'deadLetterTopic'>
+  Omit<DedupConsumerOptions<D>, 'hooks' | 'deadLetterTopic' | 'decode'>
 > {
+  /** The decode hook, if any. */
+  decode: EventDecoder | undefined;
   /** The quoted schema, ready for SQL. */
   schemaSql: string;
   /** Dead-letter topic of each consumed topic. */
@@ -270,6 +286,10 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   }
   const hooks = options.hooks ?? {};
   if (typeof hooks !== 'object' || hooks === null) fail('hooks must be an object.');
+  const decode = options.decode;
+  if (decode !== undefined && typeof decode !== 'function') fail('decode must be a function (value, event) => decoded value.');
+  const tracing = options.tracing ?? d.tracing;
+  if (typeof tracing !== 'boolean') fail('tracing must be a boolean.');
 
   return {
     kafka,
@@ -294,5 +314,7 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
     inboxRetentionMs,
     logger,
     hooks,
+    decode,
+    tracing,
   };
 }

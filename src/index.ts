@@ -9,6 +9,16 @@ export { enqueue, createOutbox, notifyChannel, OUTBOX_DEFAULTS } from './outbox/
 export type { Outbox, OutboxOptions, EnqueuedEvent } from './outbox/enqueue.js';
 export { HEADER_EVENT_ID, HEADER_EVENT_TYPE, laneOf } from './outbox/event.js';
 export type { OutboxEventInput } from './outbox/event.js';
+export type { EncodeContext, EncoderResult, PayloadEncoder } from './outbox/encoding.js';
+export {
+  CE_HEADERS,
+  CLOUDEVENTS_SPEC_VERSION,
+  HEADER_CONTENT_TYPE,
+  JSON_CONTENT_TYPE,
+  readCloudEventAttributes,
+} from './outbox/cloud-events.js';
+export type { CloudEventAttributes, CloudEventsOptions } from './outbox/cloud-events.js';
+export { HEADER_TRACEPARENT, HEADER_TRACESTATE } from './tracing.js';
 export { migrate, MIN_SERVER_VERSION_NUM } from './migrate.js';
 export type { MigrateOptions, MigrateResult } from './migrate.js';
 export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
@@ -28,6 +38,7 @@ export {
   TopicMissingError,
   LifecycleError,
   SchemaMissingError,
+  EventEncodingError,
   InvalidKafkaConfigError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';

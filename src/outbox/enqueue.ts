@@ -6,7 +6,19 @@ import { joinTransaction, type TransactionHandle } from '../database.js';
 import { InvalidEventError, InvalidOptionsError } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../schema.js';
 import { quoteSchema } from '../schema-name.js';
-import { prepareEvent, type OutboxEventInput, type PreparedEvent } from './event.js';
+import { activeContextHeaders } from '../tracing.js';
+import { resolveCloudEventsOptions, type CloudEventsOptions } from './cloud-events.js';
+import { encodeWith, type PayloadEncoder } from './encoding.js';
+import {
+  completeEvent,
+  encodeDefault,
+  isBytes,
+  prepareEnvelope,
+  prepareEvent,
+  type OutboxEventInput,
+  type PrepareEventOptions,
+  type PreparedEvent,
+} from './event.js';
 
 /** Options of {@link createOutbox}. */
 export interface OutboxOptions {
@@ -22,6 +34,27 @@ export interface OutboxOptions {
    * PostgreSQL folds identical notifications of one transaction into one. @defaultValue true
    */
   notify?: boolean;
+  /**
+   * Serialisation hook: turns each payload that is not already bytes into bytes, inside
+   * `enqueue()` and before the INSERT (async allowed, for example a Schema Registry's
+   * `registry.encode(schemaId, payload)`). A failure throws {@link EventEncodingError} and writes
+   * nothing. See {@link PayloadEncoder}. @defaultValue JSON (`JSON.stringify`, UTF-8)
+   */
+  encode?: PayloadEncoder;
+  /**
+   * Adds CloudEvents 1.0 attributes as Kafka headers in binary content mode (`ce_specversion`,
+   * `ce_id`, `ce_source`, `ce_type`, `ce_time`, `ce_subject`, `content-type`), stored with the
+   * event and published by the relay as is. See docs/events.md for the mapping.
+   * @defaultValue off
+   */
+  cloudEvents?: CloudEventsOptions;
+  /**
+   * Stores the active OpenTelemetry context (W3C `traceparent`, `tracestate`, through the global
+   * propagator) in each event's headers, so the relay carries it to Kafka and the dedup consumer
+   * continues the trace. Needs the optional peer `@opentelemetry/api`; without it, or without an
+   * active span, nothing is added. @defaultValue true
+   */
+  traceContext?: boolean;
 }
 
 /** An event as written: its durable id and its position. */
@@ -49,6 +82,7 @@ export interface Outbox {
    * @param events - one event or several.
    * @returns the written events, with their event ids, in the order given.
    * @throws {@link NotInTransactionError} when `tx` is not a live transaction (case C23).
+   * @throws {@link EventEncodingError} when the `encode` hook fails for an event (nothing is written).
    * @throws {@link InvalidEventError} when an event is invalid (nothing is written then), or when
    *   an `eventId` already exists in the outbox (the call's other events are written; the
    *   transaction stays usable, so the caller decides whether to roll back).
@@ -64,6 +98,7 @@ export const OUTBOX_DEFAULTS = Object.freeze({
   schema: DEFAULT_SCHEMA,
   maxPayloadBytes: 1_000_000,
   notify: true,
+  traceContext: true,
 });
 
 /** The NOTIFY channel of a schema. */
@@ -149,15 +184,53 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
   if (typeof resolved.notify !== 'boolean') {
     throw new InvalidOptionsError(`notify must be true or false, got ${JSON.stringify(resolved.notify)}.`);
   }
+  resolved.traceContext ??= OUTBOX_DEFAULTS.traceContext;
+  if (typeof resolved.traceContext !== 'boolean') {
+    throw new InvalidOptionsError(`traceContext must be true or false, got ${JSON.stringify(resolved.traceContext)}.`);
+  }
+  const encoder = resolved.encode;
+  if (encoder !== undefined && typeof encoder !== 'function') {
+    throw new InvalidOptionsError('encode must be a function (payload, event) => bytes | { value, contentType }.');
+  }
+  const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
+  const { maxPayloadBytes } = resolved;
+  const traceContext = resolved.traceContext;
+
+  /** Validates and encodes every event of a call; throws before anything is written. */
+  async function prepareAll(list: readonly OutboxEventInput[]): Promise<PreparedEvent[]> {
+    const options: PrepareEventOptions =
+      cloudEvents === undefined ? {} : { cloudEvents, time: new Date().toISOString() };
+    let prepared: PreparedEvent[];
+    if (encoder === undefined) {
+      prepared = list.map((e) => prepareEvent(e, maxPayloadBytes, options));
+    } else {
+      // Every envelope is checked before the first encoder call: an invalid event never reaches
+      // the encoder (a Schema Registry encoder may register schemas or call the network).
+      const envelopes = list.map((e) => prepareEnvelope(e));
+      const encoded = await Promise.all(
+        list.map((e, i) =>
+          isBytes(e.payload) ? encodeDefault(e.payload) : encodeWith(encoder, e.payload, envelopes[i]!),
+        ),
+      );
+      prepared = envelopes.map((envelope, i) => completeEvent(envelope, encoded[i]!, maxPayloadBytes, options));
+    }
+    const trace = traceContext ? activeContextHeaders() : undefined;
+    if (trace !== undefined) {
+      for (const e of prepared) {
+        for (const name of Object.keys(trace)) if (!Object.hasOwn(e.headers, name)) e.headers[name] = trace[name]!;
+      }
+    }
+    return prepared;
+  }
 
   return {
     channel,
     async enqueue(tx, input) {
       const list = Array.isArray(input) ? (input as readonly OutboxEventInput[]) : [input as OutboxEventInput];
       if (list.length === 0) return [];
-      // Validate everything before touching the database: an invalid event writes nothing.
-      const prepared = list.map((e) => prepareEvent(e, resolved.maxPayloadBytes));
+      // Validate and encode everything before touching the database: an invalid event writes nothing.
+      const prepared = await prepareAll(list);
       const ids = new Set(prepared.map((e) => e.eventId));
       if (ids.size !== prepared.length)
         throw new InvalidEventError('Two events of one enqueue() call have the same eventId.');

@@ -4,6 +4,7 @@
 import { v7 as uuidv7, validate as uuidValidate } from 'uuid';
 import { InvalidEventError } from '../errors.js';
 import { OUTBOX_LANES } from '../schema.js';
+import { addCloudEventHeaders, HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE, type CloudEventsOptions } from './cloud-events.js';
 
 /** An event to write to the outbox. */
 export interface OutboxEventInput {
@@ -17,12 +18,18 @@ export interface OutboxEventInput {
   /** Event type, for example `order.created`; carried in the `event-type` Kafka header. 1-255 chars. */
   type: string;
   /**
-   * The payload. A `Buffer`/`Uint8Array` is published byte for byte; anything else is serialised
-   * with `JSON.stringify` (a JS string becomes a JSON string). Values JSON cannot hold (BigInt,
-   * functions, `undefined`) are rejected: pass the encoded bytes instead.
+   * The payload. A `Buffer`/`Uint8Array` is published byte for byte (never passed to an encoder);
+   * anything else goes to the outbox's `encode` hook when it has one (see `OutboxOptions.encode`),
+   * else is serialised with `JSON.stringify` as UTF-8 (a JS string becomes a JSON string). Values
+   * JSON cannot hold (BigInt, functions, `undefined`) are rejected: pass the encoded bytes instead.
    */
   payload: unknown;
-  /** Extra Kafka headers (string values). The relay adds `event-id` and `event-type`. */
+  /**
+   * Extra Kafka headers (string values). The relay adds `event-id` and `event-type`; the writer
+   * may add `traceparent`/`tracestate` (active OpenTelemetry context), `content-type` (from an
+   * encoder) and `ce_*` (CloudEvents), never overwriting one set here except `ce_id`, `ce_type`,
+   * `ce_specversion` and `ce_source`.
+   */
   headers?: Record<string, string>;
   /** Aggregate type, for example `order`. */
   aggregateType?: string;
@@ -32,17 +39,36 @@ export interface OutboxEventInput {
   eventId?: string;
 }
 
-/** An event after validation, as it is stored. */
-export interface PreparedEvent {
+/** An event's envelope after validation: everything but the payload. */
+export interface EventEnvelope {
   eventId: string;
   topic: string;
   key: string | null;
   lane: number;
   type: string;
-  payload: Buffer;
   headers: Record<string, string>;
   aggregateType: string | null;
   aggregateId: string | null;
+}
+
+/** An event after validation, as it is stored. */
+export interface PreparedEvent extends EventEnvelope {
+  /** The payload bytes, stored as `bytea` and published as the Kafka value byte for byte. */
+  payload: Buffer;
+}
+
+/** A payload turned into bytes, and its content type when known (a MIME type, RFC 2046). */
+export interface EncodedPayload {
+  value: Buffer;
+  contentType: string | null;
+}
+
+/** Per-call settings of {@link prepareEvent} beyond the payload limit. */
+export interface PrepareEventOptions {
+  /** Add the CloudEvents binary-mode headers (see cloud-events.ts). @defaultValue off */
+  cloudEvents?: CloudEventsOptions;
+  /** The creation time written to `ce_time` (RFC 3339). @defaultValue now */
+  time?: string;
 }
 
 /** Kafka's legal topic names: 1-249 of `[a-zA-Z0-9._-]` (org.apache.kafka.common.internals.Topic). */
@@ -65,9 +91,28 @@ export function laneOf(key: string): number {
   return h % OUTBOX_LANES;
 }
 
-function encodePayload(payload: unknown): Buffer {
-  if (Buffer.isBuffer(payload)) return payload;
-  if (payload instanceof Uint8Array) return Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
+/** True for payloads published byte for byte (`Buffer`, any `Uint8Array`). */
+export function isBytes(payload: unknown): payload is Uint8Array {
+  return payload instanceof Uint8Array;
+}
+
+/** A `Buffer` view of bytes (no copy). */
+export function asBuffer(bytes: Uint8Array): Buffer {
+  return Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+/**
+ * The default encoding: bytes as given (content type unknown), anything else `JSON.stringify` as
+ * UTF-8 (`application/json`).
+ *
+ * @throws {@link InvalidEventError} when the value cannot be serialised to JSON.
+ */
+export function encodeDefault(payload: unknown): EncodedPayload {
+  if (isBytes(payload)) return { value: asBuffer(payload), contentType: null };
+  return { value: encodeJson(payload), contentType: JSON_CONTENT_TYPE };
+}
+
+function encodeJson(payload: unknown): Buffer {
   let text: string | undefined;
   try {
     text = JSON.stringify(payload);
@@ -105,13 +150,13 @@ function optionalText(value: unknown, name: string, max: number): string | null 
 }
 
 /**
- * Validates one event and turns it into the stored form.
+ * Validates everything of one event but its payload (cheap, synchronous; run it before any encoder
+ * so an invalid event never reaches one).
  *
- * @param maxPayloadBytes - the payload limit in bytes.
  * @throws {@link InvalidEventError} on a missing or illegal topic, a missing type, a bad key, bad
- *   headers, an unserialisable payload, a payload over `maxPayloadBytes`, or an invalid `eventId`.
+ *   headers or an invalid `eventId`.
  */
-export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): PreparedEvent {
+export function prepareEnvelope(event: OutboxEventInput): EventEnvelope {
   if (typeof event !== 'object' || event === null) throw new InvalidEventError('An outbox event must be an object.');
   if (typeof event.topic !== 'string' || !KAFKA_TOPIC_NAME.test(event.topic) || /^\.\.?$/.test(event.topic)) {
     throw new InvalidEventError(
@@ -140,22 +185,78 @@ export function prepareEvent(event: OutboxEventInput, maxPayloadBytes: number): 
       `Event id ${JSON.stringify(eventId)} is not a usable UUID (the nil and max UUIDs are reserved).`,
     );
   }
-  const payload = encodePayload(event.payload);
-  if (payload.length > maxPayloadBytes) {
-    throw new InvalidEventError(
-      `Event payload is ${payload.length} bytes, over the limit of ${maxPayloadBytes} bytes; ` +
-        "store large data elsewhere and publish a reference, or raise maxPayloadBytes (and the topic's max.message.bytes).",
-    );
-  }
   return {
     eventId: eventId.toLowerCase(),
     topic: event.topic,
     key: event.key,
     lane: laneOf(event.key ?? eventId),
     type,
-    payload,
     headers,
     aggregateType: optionalText(event.aggregateType, 'aggregateType', 255),
     aggregateId: optionalText(event.aggregateId, 'aggregateId', 255),
   };
+}
+
+/**
+ * Joins a validated envelope and its encoded payload into the stored form: checks the payload
+ * limit, sets `content-type` when the encoding names one and no header did, and adds the
+ * CloudEvents headers when asked.
+ *
+ * @param maxPayloadBytes - the payload limit in bytes.
+ * @throws {@link InvalidEventError} when the payload is over `maxPayloadBytes`, or its content type
+ *   contains a NUL character.
+ */
+export function completeEvent(
+  envelope: EventEnvelope,
+  encoded: EncodedPayload,
+  maxPayloadBytes: number,
+  options: PrepareEventOptions = {},
+): PreparedEvent {
+  const payload = encoded.value;
+  if (payload.length > maxPayloadBytes) {
+    throw new InvalidEventError(
+      `Event payload is ${payload.length} bytes, over the limit of ${maxPayloadBytes} bytes; ` +
+        "store large data elsewhere and publish a reference, or raise maxPayloadBytes (and the topic's max.message.bytes).",
+    );
+  }
+  const { headers } = envelope;
+  const given = headers[HEADER_CONTENT_TYPE];
+  const contentType = given ?? (encoded.contentType === null ? null : noNul(encoded.contentType, 'content type'));
+  // An encoder that names its content type (JSON is the documented default and goes unsaid unless
+  // CloudEvents asks for it) tells consumers how to decode the bytes.
+  if (given === undefined && contentType !== null && contentType !== JSON_CONTENT_TYPE) {
+    headers[HEADER_CONTENT_TYPE] = contentType;
+  }
+  if (options.cloudEvents !== undefined) {
+    addCloudEventHeaders(
+      headers,
+      {
+        eventId: envelope.eventId,
+        type: envelope.type,
+        key: envelope.key,
+        aggregateId: envelope.aggregateId,
+        contentType,
+        time: options.time ?? new Date().toISOString(),
+      },
+      options.cloudEvents,
+    );
+  }
+  return { ...envelope, payload };
+}
+
+/**
+ * Validates one event and turns it into the stored form with the default encoding (bytes as
+ * given, else JSON): {@link prepareEnvelope}, {@link encodeDefault}, {@link completeEvent}.
+ *
+ * @param maxPayloadBytes - the payload limit in bytes.
+ * @throws {@link InvalidEventError} on a missing or illegal topic, a missing type, a bad key, bad
+ *   headers, an unserialisable payload, a payload over `maxPayloadBytes`, or an invalid `eventId`.
+ */
+export function prepareEvent(
+  event: OutboxEventInput,
+  maxPayloadBytes: number,
+  options: PrepareEventOptions = {},
+): PreparedEvent {
+  const envelope = prepareEnvelope(event);
+  return completeEvent(envelope, encodeDefault(event.payload), maxPayloadBytes, options);
 }
