@@ -1,0 +1,142 @@
+/**
+ * Reads what a chaos run left behind, for the checker: PostgreSQL (orders, outbox, idempotency
+ * records, shipments) and Kafka (the topic and its dead-letter topic, read from the beginning up to
+ * the high watermarks of the moment).
+ */
+import { randomBytes } from 'node:crypto';
+import type { Kafka, KafkaMessage } from 'kafkajs';
+import type pg from 'pg';
+import { HEADER_DLQ_REASON } from '../consumer/dead-letter.js';
+import { HEADER_EVENT_ID } from '../src/outbox/event.js';
+import type { Observed } from './check.js';
+
+/** Waits until outbox rows are all published and every order is shipped or its event dead-lettered. */
+export async function pipelineBacklog(
+  pool: pg.Pool,
+  deadLettered: number,
+): Promise<{ pending: number; unshipped: number }> {
+  const r = await pool.query<{ pending: string; orders: string; shipments: string }>(
+    `SELECT (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL) AS pending,
+            (SELECT count(*) FROM orders_demo.orders) AS orders,
+            (SELECT count(*) FROM orders_demo.shipments) AS shipments`,
+  );
+  const row = r.rows[0]!;
+  return { pending: Number(row.pending), unshipped: Number(row.orders) - Number(row.shipments) - deadLettered };
+}
+
+export async function readDatabase(pool: pg.Pool): Promise<Omit<Observed, 'published' | 'deadLetters'>> {
+  const orders = await pool.query<{ id: string; tenant: string; cart_id: string; customer_id: string | null }>(
+    'SELECT id, tenant, cart_id, customer_id FROM orders_demo.orders',
+  );
+  const outbox = await pool.query<{ event_id: string; aggregate_id: string; key: string }>(
+    'SELECT event_id, aggregate_id, key FROM outboxkit.outbox_events',
+  );
+  const stuck = await pool.query<{ tenant: string; key: string; state: string }>(
+    `SELECT tenant, key, state FROM outboxkit.idempotency_keys WHERE state IN ('processing', 'uncertain')`,
+  );
+  const shipments = await pool.query<{
+    order_id: string;
+    event_id: string;
+    applications: number;
+    applied_seq: string;
+    customer_id: string | null;
+    customer_version: number | null;
+  }>('SELECT order_id, event_id, applications, applied_seq, customer_id, customer_version FROM orders_demo.shipments');
+  return {
+    orders: orders.rows.map((o) => ({ id: o.id, tenant: o.tenant, cartId: o.cart_id, customerId: o.customer_id })),
+    outbox: outbox.rows.map((e) => ({ eventId: e.event_id, orderId: e.aggregate_id, key: e.key })),
+    stuckKeys: stuck.rows,
+    shipments: shipments.rows.map((s) => ({
+      orderId: s.order_id,
+      eventId: s.event_id,
+      applications: s.applications,
+      appliedSeq: Number(s.applied_seq),
+      customerId: s.customer_id,
+      customerVersion: s.customer_version,
+    })),
+  };
+}
+
+/** Every message of `topic`, read by a throwaway consumer group up to the current high watermarks. */
+export async function readTopic(
+  kafka: Kafka,
+  topic: string,
+  timeoutMs = 60_000,
+): Promise<{ partition: number; message: KafkaMessage }[]> {
+  const admin = kafka.admin();
+  await admin.connect();
+  let ends: Map<number, bigint>;
+  try {
+    const offsets = await admin.fetchTopicOffsets(topic);
+    ends = new Map(offsets.map((o) => [o.partition, BigInt(o.high)]));
+  } finally {
+    await admin.disconnect();
+  }
+  const left = new Set([...ends].filter(([, high]) => high > 0n).map(([p]) => p));
+  const out: { partition: number; message: KafkaMessage }[] = [];
+  if (left.size === 0) return out;
+  const consumer = kafka.consumer({ groupId: `chaos-reader-${randomBytes(4).toString('hex')}` });
+  await consumer.connect();
+  try {
+    await consumer.subscribe({ topic, fromBeginning: true });
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`reading ${topic} timed out; partitions left: ${[...left].join(', ')}`)),
+        timeoutMs,
+      );
+      void consumer.run({
+        autoCommit: false,
+        eachMessage: async ({ partition, message }) => {
+          const high = ends.get(partition) ?? 0n;
+          if (BigInt(message.offset) < high) out.push({ partition, message });
+          if (BigInt(message.offset) >= high - 1n) left.delete(partition);
+          if (left.size === 0) {
+            clearTimeout(timer);
+            resolve();
+          }
+        },
+      });
+    });
+  } finally {
+    await consumer.disconnect();
+  }
+  return out;
+}
+
+const header = (m: KafkaMessage, name: string): string | undefined => {
+  const v = m.headers?.[name];
+  const one = Array.isArray(v) ? v[0] : v;
+  return one === undefined ? undefined : one.toString();
+};
+
+/** The orders topic as the checker wants it: event id (header), key, order id and version (payload). */
+export function toPublished(messages: { partition: number; message: KafkaMessage }[]): Observed['published'] {
+  return messages.map(({ partition, message }) => {
+    const payload = JSON.parse(message.value?.toString() ?? '{}') as { orderId?: string; customerVersion?: number };
+    return {
+      partition,
+      offset: message.offset,
+      eventId: header(message, HEADER_EVENT_ID) ?? '(none)',
+      key: message.key?.toString() ?? '',
+      orderId: payload.orderId ?? '(none)',
+      customerVersion: payload.customerVersion ?? null,
+    };
+  });
+}
+
+/** The dead-letter topic: event id, order id and the reason (`dlq-reason`). */
+export function toDeadLetters(messages: { partition: number; message: KafkaMessage }[]): Observed['deadLetters'] {
+  return messages.map(({ message }) => {
+    let orderId: string | undefined;
+    try {
+      orderId = (JSON.parse(message.value?.toString() ?? '') as { orderId?: string }).orderId;
+    } catch {
+      orderId = undefined;
+    }
+    return {
+      eventId: header(message, HEADER_EVENT_ID) ?? '(none)',
+      orderId,
+      reason: header(message, HEADER_DLQ_REASON) ?? '',
+    };
+  });
+}

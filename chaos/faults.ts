@@ -1,0 +1,213 @@
+/**
+ * The fault kinds of the chaos harness, the seeded schedule, and the injection of one fault.
+ */
+import type pg from 'pg';
+import type { Random } from './random.js';
+import type { Role, Service, Supervisor } from './supervisor.js';
+
+/** Every scheduled fault kind, with what it does (printed by the report and docs/chaos.md). */
+export const FAULT_KINDS = {
+  'kill-orders': 'SIGKILL of the orders service at a random moment; restarted',
+  'kill-relay': 'SIGKILL of one relay instance at a random moment; restarted',
+  'kill-consumer': 'SIGKILL of one consumer group member (its partitions move after the session timeout); restarted',
+  'crash-point': 'a named crash point armed (restart with OUTBOXKIT_CRASH_POINT); the process kills itself there',
+  'consumer-join': 'a consumer group member joins (rebalance)',
+  'consumer-leave': 'a consumer group member leaves gracefully (rebalance)',
+  'kill-broker': 'kill -9 of the Kafka broker, restarted 1-5 s later',
+  'pg-terminate-relay': "pg_terminate_backend on one relay's pooled connections",
+  'pg-terminate-consumer': "pg_terminate_backend on one consumer's connections",
+  'pg-terminate-listener': "pg_terminate_backend on one relay's LISTEN connection",
+  'clock-skew': 'one relay or consumer restarted under faketime with a skewed clock (or back to the true clock)',
+} as const;
+
+export type FaultKind = keyof typeof FAULT_KINDS;
+
+/** Crash points (src/crash-point.ts) and the role whose process reaches them. */
+export const CRASH_POINTS: readonly { point: string; role: Role; after: [number, number] }[] = [
+  { point: 'idempotency:after-claim', role: 'orders', after: [1, 40] },
+  { point: 'idempotency:before-commit', role: 'orders', after: [1, 40] },
+  { point: 'idempotency:after-commit', role: 'orders', after: [1, 40] },
+  { point: 'relay:before-send', role: 'relay', after: [1, 6] },
+  { point: 'relay:after-send', role: 'relay', after: [1, 6] },
+  { point: 'consumer:after-commit', role: 'consumer', after: [1, 40] },
+];
+
+/** Relative frequency of each kind after the first of each. */
+const WEIGHTS: Record<FaultKind, number> = {
+  'kill-orders': 3,
+  'kill-relay': 3,
+  'kill-consumer': 3,
+  'crash-point': 6,
+  'consumer-join': 2,
+  'consumer-leave': 2,
+  'kill-broker': 1,
+  'pg-terminate-relay': 2,
+  'pg-terminate-consumer': 2,
+  'pg-terminate-listener': 2,
+  'clock-skew': 1.5,
+};
+
+/** Clock offsets for `clock-skew` (faketime syntax). */
+const SKEWS = ['+30s', '-30s', '+90s', '-90s', '+10m', '-10m'];
+
+/** One planned fault. */
+export interface PlannedFault {
+  /** When, in ms from the start of the load. */
+  atMs: number;
+  kind: FaultKind;
+}
+
+/**
+ * Plans `count` faults at random moments of `[5%, 90%]` of `seconds`: one of each kind first (when
+ * `count` allows), the rest drawn by weight, shuffled. The same seed gives the same schedule.
+ */
+export function planFaults(
+  random: Random,
+  count: number,
+  seconds: number,
+  kinds: readonly FaultKind[],
+): PlannedFault[] {
+  const total = kinds.reduce((n, k) => n + WEIGHTS[k], 0);
+  const drawn: FaultKind[] = kinds.slice(0, count);
+  while (drawn.length < count) {
+    let x = random.next() * total;
+    const kind = kinds.find((k) => (x -= WEIGHTS[k]) < 0) ?? kinds[kinds.length - 1]!;
+    drawn.push(kind);
+  }
+  for (let i = drawn.length - 1; i > 0; i--) {
+    const j = random.int(0, i);
+    [drawn[i], drawn[j]] = [drawn[j]!, drawn[i]!];
+  }
+  const from = seconds * 50;
+  const to = seconds * 900;
+  const times = drawn.map(() => from + Math.floor(random.next() * (to - from))).sort((a, b) => a - b);
+  return drawn.map((kind, i) => ({ atMs: times[i]!, kind }));
+}
+
+/** A Kafka broker the harness may kill (its own scratch broker). */
+export interface KillableBroker {
+  kill(signal?: NodeJS.Signals): Promise<void>;
+  restart(): Promise<void>;
+}
+
+/** What injecting a fault needs. */
+export interface FaultContext {
+  supervisor: Supervisor;
+  random: Random;
+  /** A pool on the run's database (for pg_terminate_backend). */
+  pool: pg.Pool;
+  broker: KillableBroker | undefined;
+  /** Upper bound of live consumer members (joins stop there). */
+  maxConsumers: number;
+  /** Whether the broker is down (killed, not back yet). */
+  brokerDown: boolean;
+  /** Resolves when the broker killed by the last `kill-broker` is back (the harness waits for it). */
+  brokerBack: Promise<void>;
+  log(message: string): void;
+}
+
+/** The outcome of one fault: injected (with a detail for the log) or skipped (with the reason). */
+export interface FaultOutcome {
+  injected: boolean;
+  detail: string;
+  /** The crash point armed by a `crash-point` fault. */
+  armed?: string;
+}
+
+const skipped = (detail: string): FaultOutcome => ({ injected: false, detail });
+
+/** Injects one fault of `kind` now. */
+export async function injectFault(kind: FaultKind, c: FaultContext): Promise<FaultOutcome> {
+  const { supervisor: sup, random } = c;
+  const live = (role: Role) => sup.byRole(role).filter((s) => sup.isUp(s) && !s.stopping);
+  const one = (role: Role): Service | undefined => {
+    const up = live(role);
+    return up.length === 0 ? undefined : random.pick(up);
+  };
+  switch (kind) {
+    case 'kill-orders':
+    case 'kill-relay':
+    case 'kill-consumer': {
+      const s = one(kind === 'kill-orders' ? 'orders' : kind === 'kill-relay' ? 'relay' : 'consumer');
+      if (!s || !sup.kill(s)) return skipped('no live target');
+      return { injected: true, detail: `SIGKILL ${s.name}` };
+    }
+    case 'crash-point': {
+      const cp = random.pick(CRASH_POINTS);
+      const s = one(cp.role);
+      if (!s) return skipped(`no live ${cp.role} for ${cp.point}`);
+      const arming = { point: cp.point, after: random.int(cp.after[0], cp.after[1]) };
+      await sup.restart(s, { arming });
+      return { injected: true, detail: `${s.name} armed ${cp.point} at arrival ${arming.after}`, armed: cp.point };
+    }
+    case 'consumer-join': {
+      const idle = sup.byRole('consumer').filter((s) => !s.wanted);
+      if (live('consumer').length >= c.maxConsumers || idle.length === 0) return skipped('group at its largest');
+      const s = idle[0]!;
+      s.wanted = true;
+      sup.start(s);
+      return { injected: true, detail: `${s.name} joins` };
+    }
+    case 'consumer-leave': {
+      const members = live('consumer');
+      if (members.length <= 1) return skipped('one member left');
+      const s = random.pick(members);
+      await sup.restart(s, {}, true);
+      return { injected: true, detail: `${s.name} leaves` };
+    }
+    case 'kill-broker': {
+      if (!c.broker) return skipped('the broker is not the harness own (--brokers)');
+      if (c.brokerDown) return skipped('the broker is already down');
+      c.brokerDown = true;
+      const broker = c.broker;
+      await broker.kill('SIGKILL');
+      const downMs = random.int(1_000, 5_000);
+      c.brokerBack = (async () => {
+        await new Promise((r) => setTimeout(r, downMs));
+        // A restart can fail on a loaded machine (port still held, slow recovery): try again.
+        for (let attempt = 1; ; attempt++) {
+          try {
+            await broker.restart();
+            break;
+          } catch (err) {
+            if (attempt >= 5) throw err;
+            c.log(`broker restart failed (${(err as Error).message}); retrying`);
+            await new Promise((r) => setTimeout(r, 2_000));
+          }
+        }
+        c.brokerDown = false;
+      })();
+      return { injected: true, detail: `kill -9 broker, restart in ${downMs} ms` };
+    }
+    case 'pg-terminate-relay':
+    case 'pg-terminate-consumer':
+    case 'pg-terminate-listener': {
+      let pattern: string;
+      if (kind === 'pg-terminate-listener') {
+        pattern = 'outboxkit-relay-listener';
+      } else {
+        const s = one(kind === 'pg-terminate-relay' ? 'relay' : 'consumer');
+        if (!s) return skipped('no live target');
+        pattern = `chaos-${s.name}`;
+      }
+      // The listener's name is the relay's own (not the process's): pick one of them at random.
+      const r = await c.pool.query<{ pid: number; application_name: string }>(
+        `SELECT pid, application_name FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid()`,
+        [pattern],
+      );
+      const targets = kind === 'pg-terminate-listener' && r.rows.length > 0 ? [random.pick(r.rows)] : r.rows;
+      if (targets.length === 0) return skipped(`no backend named ${pattern}`);
+      await c.pool.query('SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid', [targets.map((t) => t.pid)]);
+      return { injected: true, detail: `pg_terminate_backend ${targets.length} backend(s) of ${pattern}` };
+    }
+    case 'clock-skew': {
+      if (!sup.faketime) return skipped('faketime is not installed (apt-get install faketime)');
+      const s = random.chance(0.7) ? one('relay') : one('consumer');
+      if (!s) return skipped('no live target');
+      const skew = s.skew === undefined ? random.pick(SKEWS) : undefined;
+      await sup.restart(s, { skew });
+      return { injected: true, detail: `${s.name} restarted ${skew ? `with clock ${skew}` : 'on the true clock'}` };
+    }
+  }
+}

@@ -1,0 +1,309 @@
+/**
+ * `npm run chaos -- [--profile tiny|short|long] [--faults N] [--seconds S] [--seed N] ...`
+ *
+ * Drives the orders example (HTTP with idempotency keys → outbox → relays → Kafka → dedup
+ * consumer) under load while injecting faults, then retries what was never answered, checks the
+ * invariants against the client ledger, PostgreSQL and Kafka, prints a report, and exits 0 (no
+ * violation) or 1. See docs/chaos.md.
+ *
+ * By default the run uses a database of its own on the PostgreSQL server (created and dropped)
+ * and a Kafka broker of its own (a scratch broker on a free port, killed and restarted by the
+ * faults), so that it never disturbs other work on the machine.
+ */
+import net from 'node:net';
+import { Command, Option } from 'commander';
+import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
+import { ensureDemoSchema } from '../examples/orders/db.js';
+import { createRunDatabase, waitUntil, type Child } from '../examples/orders/processes.js';
+import { ensurePostgres, startScratchBroker, type ScratchBroker } from '../scripts/services.js';
+import { migrate } from '../src/migrate.js';
+import { checkRun } from './check.js';
+import { pipelineBacklog, readDatabase, readTopic, toDeadLetters, toPublished } from './collect.js';
+import { CRASH_POINTS, FAULT_KINDS, injectFault, planFaults, type FaultContext, type FaultKind } from './faults.js';
+import { Ledger } from './ledger.js';
+import { retryUnanswered, runLoad } from './load.js';
+import {
+  positiveInt,
+  profileName,
+  resolveChaosOptions,
+  seedValue,
+  type ChaosOptions,
+  type ProfileName,
+} from './options.js';
+import { seededRandom } from './random.js';
+import { formatReport, type RunFacts } from './report.js';
+import { findFaketimeLibrary, Supervisor } from './supervisor.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** A free TCP port on 127.0.0.1 whose successor is free too (a scratch broker's controller). */
+async function freePortPair(): Promise<number> {
+  const tryListen = (port: number) =>
+    new Promise<number | undefined>((resolve) => {
+      const server = net.createServer();
+      server.once('error', () => resolve(undefined));
+      server.listen(port, '127.0.0.1', () => {
+        const p = (server.address() as net.AddressInfo).port;
+        server.close(() => resolve(p));
+      });
+    });
+  for (;;) {
+    const port = await tryListen(0);
+    if (port !== undefined && port < 65_535 && (await tryListen(port + 1)) !== undefined) return port;
+  }
+}
+
+function parseOptions(argv: string[]): ChaosOptions {
+  const flags = new Command('chaos')
+    .description('Run the orders pipeline under load and injected faults; check its invariants (docs/chaos.md).')
+    .addOption(new Option('--profile <name>', 'tiny, short (CI) or long').argParser(profileName).default('short'))
+    .option('--faults <n>', 'faults to inject (profile default)', positiveInt)
+    .option('--seconds <s>', 'length of the load and fault phase, in s (profile default)', positiveInt)
+    .option('--seed <n>', 'seed of the fault schedule and the load mix (default: random, printed)', seedValue)
+    .option('--relays <n>', 'relay instances: 2 or 3 (profile default)', positiveInt)
+    .option('--consumers <n>', 'consumer group members at the start; one more may join (profile default)', positiveInt)
+    .option('--rate <n>', 'new logical requests per second (profile default)', positiveInt)
+    .addOption(
+      new Option('--database-url <url>', 'PostgreSQL server; a database outboxkit_chaos_<pid> is created on it').env(
+        'CHAOS_DATABASE_URL',
+      ),
+    )
+    .addOption(
+      new Option('--brokers <list>', "Kafka brokers to use instead of the harness's own (no broker kill then)").env(
+        'CHAOS_BROKERS',
+      ),
+    )
+    .option('--drain-timeout-ms <ms>', 'how long the pipeline may take to drain after the faults', positiveInt)
+    .option('--keep', 'keep the database and the topics after the run')
+    .option('--verbose', 'print each fault as it is injected')
+    .parse(argv)
+    .opts<Omit<Partial<ChaosOptions>, 'brokers'> & { profile: ProfileName; brokers?: string }>();
+  return resolveChaosOptions({
+    ...flags,
+    brokers: flags.brokers
+      ?.split(',')
+      .map((b) => b.trim())
+      .filter(Boolean),
+  });
+}
+
+async function main(): Promise<number> {
+  const o = parseOptions(process.argv);
+  const startedAt = Date.now();
+  const log = (m: string) => console.log(`[chaos] ${m}`);
+  const faketime = findFaketimeLibrary();
+  log(
+    `profile ${o.profile}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers, seed ${o.seed}`,
+  );
+  if (!faketime) log('faketime is NOT installed: clock-skew faults will be skipped (apt-get install faketime)');
+
+  const serverUrl = o.databaseUrl ?? (await ensurePostgres(log));
+  let scratch: ScratchBroker | undefined;
+  const cleanups: (() => Promise<unknown>)[] = [];
+  const supervisorHolder: { sup?: Supervisor } = {};
+  try {
+    if (!o.brokers) {
+      const port = await freePortPair();
+      log(`starting a scratch Kafka broker of its own on 127.0.0.1:${port}`);
+      scratch = await startScratchBroker(port, log);
+      const s = scratch;
+      cleanups.push(() => s.destroy());
+    }
+    const brokers = o.brokers ?? scratch!.brokers;
+    const database = await createRunDatabase(serverUrl, `outboxkit_chaos_${process.pid}`);
+    if (!o.keep) cleanups.push(() => database.drop());
+    await migrate({ connectionString: database.url });
+    const pool = new pg.Pool({ connectionString: database.url, max: 4, application_name: 'chaos-harness' });
+    pool.on('error', () => undefined);
+    cleanups.push(() => pool.end());
+    await ensureDemoSchema(pool);
+
+    const topic = `chaos.orders.${process.pid}`;
+    const dlq = `${topic}.dlq`;
+    const kafka = new Kafka({ clientId: 'outboxkit-chaos', brokers, logLevel: logLevel.NOTHING });
+    const admin = kafka.admin();
+    await admin.connect();
+    await admin.createTopics({
+      waitForLeaders: true,
+      topics: [
+        { topic, numPartitions: 6, replicationFactor: 1 },
+        { topic: dlq, numPartitions: 1, replicationFactor: 1 },
+      ],
+    });
+    await admin.disconnect();
+    if (!o.keep && o.brokers)
+      cleanups.push(async () => {
+        const a = kafka.admin();
+        await a.connect();
+        await a.deleteTopics({ topics: [topic, dlq] }).catch(() => undefined);
+        await a.disconnect();
+      });
+    log(`database ${database.name}, topic ${topic}, brokers ${brokers.join(',')}`);
+
+    // Reports of the supervisor, kept for the report.
+    const crashPoints = new Map<string, { armed: number; fired: number }>();
+    const unexpectedExits: string[] = [];
+    const port = await freePortPair();
+    const random = seededRandom(o.seed);
+    const sup = new Supervisor({
+      env: {
+        DATABASE_URL: database.url,
+        KAFKA_BROKERS: brokers.join(','),
+        ORDERS_TOPIC: topic,
+        SHIPPING_GROUP: `chaos-shipping-${process.pid}`,
+        // Short sessions: a killed member's partitions move within seconds.
+        SHIPPING_SESSION_TIMEOUT_MS: '6000',
+        SHIPPING_HEARTBEAT_INTERVAL_MS: '1000',
+        OUTBOXKIT_LOG_LEVEL: 'warn',
+        OUTBOXKIT_METRICS_PORT: '-1',
+        PORT: String(port),
+      },
+      // Short leases: a dead relay's lanes are taken over within seconds. Published rows are kept
+      // for the check (the default retention could delete them during a long run).
+      relayArgs: ['relay', '--lease-ms', '3000', '--poll-interval-ms', '250', '--published-retention-ms', '604800000'],
+      random: seededRandom(o.seed + 3),
+      faketimeLibrary: faketime,
+      events: {
+        crashPointFired: (s, arming) => {
+          crashPoints.get(arming.point)!.fired++;
+          if (o.verbose) log(`${s.name} crashed at ${arming.point}`);
+        },
+        unexpectedExit: (s, code, signal, tail) => {
+          unexpectedExits.push(
+            `${s.name} exited (${signal ?? code}): ${tail.filter(Boolean).slice(-1)[0] ?? ''}`.slice(0, 300),
+          );
+          if (o.verbose) log(`${s.name} exited (${signal ?? code}):\n${tail.join('\n')}`);
+        },
+        log,
+      },
+    });
+    supervisorHolder.sup = sup;
+    sup.add('orders', 'orders');
+    for (let i = 1; i <= o.relays; i++) sup.add(`relay-${i}`, 'relay');
+    // One more member than at the start, idle, for the joins.
+    for (let i = 1; i <= o.consumers + 1; i++) sup.add(`consumer-${i}`, 'consumer', i <= o.consumers);
+    for (const s of sup.services.values()) if (s.wanted) sup.start(s);
+
+    const baseUrl = `http://127.0.0.1:${port}`;
+    // The supervisor restarts what dies: nothing to watch for here.
+    const upChildren = (): Child[] => [];
+    const ordersUp = async () => (await fetch(`${baseUrl}/healthz`, { signal: AbortSignal.timeout(2_000) })).ok;
+    const consumersReady = async () =>
+      sup.byRole('consumer').every((s) => !s.wanted || s.child?.lines.some((l) => l.includes('SHIPPING_READY')));
+    await waitUntil('the orders service', ordersUp, 90_000, upChildren);
+    await waitUntil('the consumers', consumersReady, 90_000, upChildren);
+    log(`pipeline up; load and faults for ${o.seconds} s`);
+
+    // The faults: planned up front from the seed, injected on time.
+    const kinds = (Object.keys(FAULT_KINDS) as FaultKind[]).filter((k) => k !== 'kill-broker' || scratch);
+    for (const cp of CRASH_POINTS) crashPoints.set(cp.point, { armed: 0, fired: 0 });
+    const plan = planFaults(random, o.faults, o.seconds, kinds);
+    const injected = new Map<FaultKind, number>();
+    const skipped = new Map<FaultKind, string[]>();
+    const ctx: FaultContext = {
+      supervisor: sup,
+      random: seededRandom(o.seed + 1),
+      pool,
+      broker: scratch,
+      maxConsumers: o.consumers + 1,
+      brokerDown: false,
+      brokerBack: Promise.resolve(),
+      log,
+    };
+    const loadStart = Date.now();
+    const faults = (async () => {
+      for (const f of plan) {
+        const wait = loadStart + f.atMs - Date.now();
+        if (wait > 0) await sleep(wait);
+        const outcome = await injectFault(f.kind, ctx).catch((err: Error) => ({
+          injected: false,
+          detail: `failed: ${err.message}`,
+        }));
+        if (outcome.injected) {
+          injected.set(f.kind, (injected.get(f.kind) ?? 0) + 1);
+          if ('armed' in outcome && outcome.armed) crashPoints.get(outcome.armed)!.armed++;
+        } else {
+          skipped.set(f.kind, [...(skipped.get(f.kind) ?? []), outcome.detail]);
+        }
+        if (o.verbose) log(`t+${((Date.now() - loadStart) / 1000).toFixed(1)} s ${f.kind}: ${outcome.detail}`);
+      }
+    })();
+    const ledger = new Ledger();
+    const load = await runLoad({
+      baseUrl,
+      ledger,
+      random: seededRandom(o.seed + 2),
+      rate: o.rate,
+      durationMs: o.seconds * 1_000,
+      customers: 40,
+      maxInFlight: 256,
+    });
+    await faults;
+    log('faults over; waiting for the broker and every service, then retrying unanswered requests');
+    await ctx.brokerBack;
+    sup.disarm();
+    for (const s of sup.services.values()) if (s.wanted && !sup.isUp(s)) sup.start(s);
+    await waitUntil('the orders service', ordersUp, 120_000, upChildren);
+    const retriedAtEnd = await retryUnanswered(baseUrl, ledger, 180_000);
+
+    log('draining: every event published, every order shipped or dead-lettered');
+    const dlqCount = async () => {
+      const a = kafka.admin();
+      await a.connect();
+      try {
+        return (await a.fetchTopicOffsets(dlq)).reduce((n, p) => n + Number(p.high), 0);
+      } finally {
+        await a.disconnect();
+      }
+    };
+    await waitUntil(
+      'the pipeline to drain',
+      async () => {
+        const b = await pipelineBacklog(pool, await dlqCount());
+        return b.pending === 0 && b.unshipped <= 0;
+      },
+      o.drainTimeoutMs,
+      upChildren,
+    ).catch((err: Error) => log(`${err.message}: checking anyway`));
+    // Late redeliveries (a rebalance in flight) would show now as second applications.
+    await sleep(3_000);
+    await sup.close();
+
+    const db = await readDatabase(pool);
+    const published = toPublished(await readTopic(kafka, topic));
+    const deadLetters = toDeadLetters(await readTopic(kafka, dlq));
+    const result = checkRun(ledger.all(), { ...db, published, deadLetters });
+    const facts: RunFacts = {
+      options: o,
+      injected,
+      skipped,
+      crashPoints,
+      unexpectedExits,
+      load,
+      attempts: ledger.all().reduce((n, op) => n + op.attempts.length + (op.reuse?.attempts.length ?? 0), 0),
+      retriedAtEnd,
+      messages: published.length,
+      faketime,
+      elapsedMs: Date.now() - startedAt,
+    };
+    for (const line of formatReport(facts, result)) console.log(line);
+    return result.violations === 0 ? 0 : 1;
+  } finally {
+    await supervisorHolder.sup?.close();
+    for (const c of cleanups.reverse()) await c().catch((err: Error) => log(`cleanup: ${err.message}`));
+  }
+}
+
+main().then(
+  (code) => {
+    process.exitCode = code;
+    // kafkajs and pg may keep sockets for a moment; the verdict is printed, do not wait for them.
+    setTimeout(() => process.exit(code), 1_000).unref();
+  },
+  (err: unknown) => {
+    console.error(err);
+    console.log('CHAOS FAIL: the harness itself failed (see the error above)');
+    process.exit(2);
+  },
+);
