@@ -69,7 +69,7 @@ import {
   setTransactionLockTimeout,
   type InboxRow,
 } from './inbox-sql.js';
-import { startKeepAlive } from './keep-alive.js';
+import { startKeepAlive, type KeepAlive } from './keep-alive.js';
 import { runHandler } from './tracing.js';
 import {
   resolveDedupConsumerOptions,
@@ -147,6 +147,38 @@ interface PendingMessage {
   infraFailures: number;
   /** Set once the consumer gave up, so a failed DLQ send retries the send, not the handler. */
   deadLetter?: { reason: string; error: unknown };
+}
+
+/** A message read for processing (see `#prepare`). */
+type Prepared = DeadLetterPrepared | EventPrepared;
+interface DeadLetterPrepared {
+  kind: 'dead-letter';
+  message: KafkaMessage;
+  position: MessagePosition;
+  eventId: string | null;
+  reason: string;
+  attempts: number;
+  error?: unknown;
+}
+interface EventPrepared {
+  kind: 'event';
+  message: KafkaMessage;
+  position: MessagePosition;
+  event: ConsumedEvent;
+  pending: PendingMessage;
+  /** This run's attempt number, from 1. */
+  attempt: number;
+}
+
+/** What one batch-mode transaction did (see `#applyRun`). */
+interface Run {
+  done: { prepared: EventPrepared; outcome: 'applied' | 'duplicate'; durationMs: number }[];
+  failure?: { prepared: EventPrepared; error: unknown };
+}
+
+/** A drizzle transaction, whose `transaction()` opens a savepoint. */
+interface NestingTransaction {
+  transaction<T>(fn: (tx: TransactionHandle) => Promise<T>): Promise<T>;
 }
 
 type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; delayMs: number };
@@ -470,9 +502,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // What the handlers of this batch see: aborted on stop() or when the partitions may go.
     const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
     try {
+      if (this.#o.transactionScope === 'batch') {
+        await this.#runBatchInTransactions(payload, keepAlive, signal);
+        return;
+      }
       for (const message of batch.messages) {
         // Stop promptly: on stop(), or when a seek made the rest of this batch stale.
-        if (this.#stopController.signal.aborted || !payload.isRunning() || payload.isStale()) return;
+        if (this.#mustStop(payload)) return;
         // The group is rebalancing: leave the rest to whoever owns the partition next.
         keepAlive.throwIfLost();
         const step = await this.#process(batch.topic, batch.partition, message, signal);
@@ -495,6 +531,70 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     }
   }
 
+  /** On stop(), or when a seek made the rest of this batch stale. */
+  #mustStop(payload: EachBatchPayload): boolean {
+    return this.#stopController.signal.aborted || !payload.isRunning() || payload.isStale();
+  }
+
+  /**
+   * `transactionScope: 'batch'`: the batch's messages in runs, one transaction per run (see
+   * {@link #applyRun}). The offsets of a run are resolved only after its COMMIT, in order, and a
+   * message that failed ends its run: the messages before it commit and are resolved, and it is
+   * retried (partition paused) or dead-lettered exactly as in `'message'` mode.
+   */
+  async #runBatchInTransactions(payload: EachBatchPayload, keepAlive: KeepAlive, signal: AbortSignal): Promise<void> {
+    const { batch } = payload;
+    let next = 0;
+    while (next < batch.messages.length) {
+      if (this.#mustStop(payload)) return;
+      keepAlive.throwIfLost();
+      const message = batch.messages[next]!;
+      const first = this.#prepare(batch.topic, batch.partition, message);
+      let step: Step = DONE;
+      let resolved = 0;
+      if (first.kind === 'dead-letter') {
+        // Nothing of an earlier run is left open: dead-letter it, then resolve it.
+        step = await this.#process(batch.topic, batch.partition, message, signal);
+        if (step.kind === 'done') resolved = 1;
+      } else {
+        const run = await this.#applyRun(payload, first, next, keepAlive, signal);
+        // Committed: run the after-commit hook of each message and resolve it, in order.
+        for (const done of run.done) {
+          try {
+            await this.#afterCommit(done.prepared.event, done.outcome);
+          } catch (err) {
+            step = await this.#failed(done.prepared, err, signal);
+            break;
+          }
+          this.#succeeded(done.prepared, done.outcome, done.durationMs);
+          payload.resolveOffset(done.prepared.message.offset);
+          resolved += 1;
+        }
+        if (step.kind === 'done' && run.failure) {
+          step = await this.#failed(run.failure.prepared, run.failure.error, signal);
+          if (step.kind === 'done') {
+            // Dead-lettered after the messages before it committed.
+            payload.resolveOffset(run.failure.prepared.message.offset);
+            resolved += 1;
+          }
+        }
+      }
+      if (step.kind === 'interrupted') {
+        keepAlive.throwIfLost();
+        return;
+      }
+      if (step.kind === 'retry-later') {
+        this.#pauseFor(payload.pause, step.delayMs);
+        return;
+      }
+      if (step.kind === 'done' && first.kind === 'dead-letter') payload.resolveOffset(message.offset);
+      next += resolved;
+      // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
+      await payload.heartbeat();
+      await payload.commitOffsetsIfNecessary();
+    }
+  }
+
   /** Pauses the partition of the current batch and resumes it after `delayMs`. */
   #pauseFor(pause: () => () => void, delayMs: number): void {
     const resume = pause();
@@ -512,74 +612,117 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#resumeTimers.add(timer);
   }
 
-  async #process(topic: string, partition: number, message: KafkaMessage, signal: AbortSignal): Promise<Step> {
-    const { maxAttempts, retryInitialMs, retryMaxMs, logger } = this.#o;
+  /**
+   * Reads what processing a message needs: its event id and retry state. A message without a
+   * usable event id (case C16: never guess one), or one the consumer already gave up on, only
+   * needs dead-lettering.
+   */
+  #prepare(topic: string, partition: number, message: KafkaMessage): Prepared {
     const position: MessagePosition = { topic, partition, offset: message.offset };
     const headers = decodeHeaders(message.headers);
     const eventId = readEventId(headers, this.#o.eventIdHeader);
     if (eventId === null) {
-      // Case C16: without an id there is nothing to deduplicate by; never guess one.
-      await this.#deadLetter(message, position, null, DEAD_LETTER_REASON_INVALID_EVENT_ID, 0);
-      return DONE;
-    }
-    const event = toConsumedEvent(topic, partition, message, eventId, headers);
-    const pending = this.#pendingOf(position);
-    if (pending.deadLetter) {
-      await this.#deadLetter(
+      return {
+        kind: 'dead-letter',
         message,
         position,
         eventId,
-        pending.deadLetter.reason,
-        pending.attempts,
-        pending.deadLetter.error,
-      );
+        reason: DEAD_LETTER_REASON_INVALID_EVENT_ID,
+        attempts: 0,
+      };
+    }
+    const pending = this.#pendingOf(position);
+    if (pending.deadLetter) {
+      return {
+        kind: 'dead-letter',
+        message,
+        position,
+        eventId,
+        reason: pending.deadLetter.reason,
+        attempts: pending.attempts,
+        error: pending.deadLetter.error,
+      };
+    }
+    const event = toConsumedEvent(topic, partition, message, eventId, headers);
+    return { kind: 'event', message, position, event, pending, attempt: pending.attempts + 1 };
+  }
+
+  async #process(topic: string, partition: number, message: KafkaMessage, signal: AbortSignal): Promise<Step> {
+    const prepared = this.#prepare(topic, partition, message);
+    if (prepared.kind === 'dead-letter') {
+      const { position, eventId, reason, attempts, error } = prepared;
+      await this.#deadLetter(message, position, eventId, reason, attempts, error);
       return DONE;
     }
-
-    const attempt = pending.attempts + 1;
-    const fields = { groupId: this.groupId, ...position, eventId, attempt };
     const startedAt = performance.now();
     let outcome: 'applied' | 'duplicate';
     try {
-      outcome = await this.#applyOnce(event, signal, attempt);
+      outcome = await this.#applyOnce(prepared.event, signal, prepared.attempt);
     } catch (err) {
-      if (signal.aborted) {
-        // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
-        logger.debug({ ...fields, err }, 'Handler interrupted; the event will run again.');
-        return INTERRUPTED;
+      return this.#failed(prepared, err, signal);
+    }
+    this.#succeeded(prepared, outcome, performance.now() - startedAt);
+    return DONE;
+  }
+
+  /**
+   * What follows a failed run of a message (rolled back): interrupted (stop or rebalance: not an
+   * attempt), retried later (partition paused for a backoff delay), or dead-lettered (an
+   * `InvalidMessageError`, or `maxAttempts` handler failures). Failures outside the handler
+   * (database, connection) are retried, never dead-lettered.
+   */
+  async #failed(prepared: EventPrepared, err: unknown, signal: AbortSignal): Promise<Step> {
+    const { maxAttempts, retryInitialMs, retryMaxMs, logger } = this.#o;
+    const { message, position, event, pending, attempt } = prepared;
+    const fields = { groupId: this.groupId, ...position, eventId: event.id, attempt };
+    // In batch mode later messages were prepared meanwhile: this one is the partition's unresolved one.
+    this.#pending.set(partitionKey(position.topic, position.partition), pending);
+    if (signal.aborted) {
+      // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
+      logger.debug({ ...fields, err }, 'Handler interrupted; the event will run again.');
+      return INTERRUPTED;
+    }
+    if (err instanceof HandlerFailure && !isConnectionError(err.error)) {
+      pending.attempts = attempt;
+      if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
+        pending.deadLetter = { reason: reasonOf(err.error), error: err.error };
+        await this.#deadLetter(message, position, event.id, pending.deadLetter.reason, attempt, err.error);
+        return DONE;
       }
-      if (err instanceof HandlerFailure && !isConnectionError(err.error)) {
-        pending.attempts = attempt;
-        if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
-          pending.deadLetter = { reason: reasonOf(err.error), error: err.error };
-          await this.#deadLetter(message, position, eventId, pending.deadLetter.reason, attempt, err.error);
-          return DONE;
-        }
-        const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);
-        logger.warn({ ...fields, err: err.error, delayMs }, 'Handler failed; rolled back, retrying later.');
-        this.#events.emit('consumer:retry', { event, attempt, delayMs, error: err.error });
-        return { kind: 'retry-later', delayMs };
-      }
-      const error = err instanceof HandlerFailure ? err.error : err;
-      pending.infraFailures += 1;
-      const delayMs = fullJitterBackoffMs(pending.infraFailures, retryInitialMs, retryMaxMs);
-      logger.error(
-        { ...fields, err: error, delayMs },
-        'Processing failed outside the handler (database); retrying later.',
-      );
-      this.#events.emit('consumer:error', { ...position, error, delayMs });
+      const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);
+      logger.warn({ ...fields, err: err.error, delayMs }, 'Handler failed; rolled back, retrying later.');
+      this.#events.emit('consumer:retry', { event, attempt, delayMs, error: err.error });
       return { kind: 'retry-later', delayMs };
     }
-    this.#pending.delete(partitionKey(topic, partition));
+    const error = err instanceof HandlerFailure ? err.error : err;
+    pending.infraFailures += 1;
+    const delayMs = fullJitterBackoffMs(pending.infraFailures, retryInitialMs, retryMaxMs);
+    logger.error(
+      { ...fields, err: error, delayMs },
+      'Processing failed outside the handler (database); retrying later.',
+    );
+    this.#events.emit('consumer:error', { ...position, error, delayMs });
+    return { kind: 'retry-later', delayMs };
+  }
+
+  /** Bookkeeping of a committed message (applied, or skipped as a duplicate). */
+  #succeeded(prepared: EventPrepared, outcome: 'applied' | 'duplicate', durationMs: number): void {
+    const { position, event, attempt } = prepared;
+    const pending = this.#pending.get(partitionKey(position.topic, position.partition));
+    if (pending?.offset === position.offset) this.#pending.delete(partitionKey(position.topic, position.partition));
     if (outcome === 'applied') {
-      const durationMs = performance.now() - startedAt;
-      logger.debug({ ...fields, durationMs }, 'Event applied.');
+      this.#o.logger.debug(
+        { groupId: this.groupId, ...position, eventId: event.id, attempt, durationMs },
+        'Event applied.',
+      );
       this.#events.emit('consumer:applied', { event, attempt, durationMs });
     } else {
-      logger.debug(fields, 'Duplicate event skipped.');
+      this.#o.logger.debug(
+        { groupId: this.groupId, ...position, eventId: event.id, attempt },
+        'Duplicate event skipped.',
+      );
       this.#events.emit('consumer:duplicate', { event });
     }
-    return DONE;
   }
 
   /** The retry state of the partition's unresolved message (fresh when the message changed). */
@@ -591,6 +734,153 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       this.#pending.set(key, pending);
     }
     return pending;
+  }
+
+  /** Runs the application's handler; what it throws comes out wrapped in a {@link HandlerFailure}. */
+  async #runHandler(tx: TransactionOf<D>, event: ConsumedEvent, signal: AbortSignal, attempt: number): Promise<void> {
+    try {
+      await runHandler(this.#o.handler, { tx, event, signal, attempt }, this.#o); // decode hook, tracing span
+    } catch (err) {
+      throw new HandlerFailure(err);
+    }
+  }
+
+  /** After a message's transaction committed: the test-only hook, then the test-only crash point. */
+  async #afterCommit(event: ConsumedEvent, outcome: 'applied' | 'duplicate'): Promise<void> {
+    await this.#o.hooks.afterCommit?.(event, outcome);
+    // Test-only (OUTBOXKIT_CRASH_POINT=consumer:after-commit): SIGKILL between the committed
+    // transaction and the offset, the window in which Kafka redelivers an applied event.
+    await crashPoint(CRASH_POINT_AFTER_COMMIT);
+  }
+
+  /**
+   * `transactionScope: 'batch'`: one transaction over `first` and the messages that follow it in
+   * the batch, each inside its own SAVEPOINT (`outboxkit_<n>`, a new name per message, so that a
+   * ROLLBACK TO can only ever undo the message it belongs to: it fails, and the whole transaction
+   * rolls back, if that savepoint was never made). The run ends before a message when it holds
+   * `batchMaxMessages`, when it has been open for `batchMaxMs`, on stop/seek/rebalance, or when
+   * the next message only needs dead-lettering; it ends after a message whose claim or handler
+   * failed, rolled back to its savepoint. Then COMMIT.
+   *
+   * With a `pg.Pool`, per message: `RELEASE SAVEPOINT` (of the previous one), `SAVEPOINT` and the
+   * inbox claim as one simple-protocol query (merged into BEGIN for the first), then the handler;
+   * a handler that swallowed a failed statement is seen without a round trip (the connection
+   * reports the transaction as failed). With drizzle, each message is a nested `tx.transaction()`
+   * (drizzle's savepoints) and a `SELECT 1` proves each one still works.
+   *
+   * @returns the messages committed, in order, and the failed message that ended the run (if
+   *   any). When the transaction as a whole failed (BEGIN, a ROLLBACK TO, COMMIT), nothing is
+   *   committed and the failure is the first message's.
+   */
+  async #applyRun(
+    payload: EachBatchPayload,
+    first: EventPrepared,
+    from: number,
+    keepAlive: KeepAlive,
+    signal: AbortSignal,
+  ): Promise<Run> {
+    const { database, schemaSql, groupId, lockTimeoutMs, batchMaxMessages, batchMaxMs } = this.#o;
+    const { batch } = payload;
+    const openedAt = performance.now();
+    let done: Run['done'] = [];
+    let failure: Run['failure'];
+    const rowOf = (p: EventPrepared): InboxRow => ({
+      groupId,
+      eventId: p.event.id,
+      topic: p.event.topic,
+      partition: p.event.partition,
+      offset: p.event.offset,
+    });
+    /** The next message that may join the run, or null when the run ends here. */
+    const takeNext = (): EventPrepared | null => {
+      const message = batch.messages[from + done.length];
+      if (message === undefined || done.length >= batchMaxMessages) return null;
+      if (performance.now() - openedAt >= batchMaxMs) return null;
+      if (this.#mustStop(payload) || keepAlive.signal.aborted) return null;
+      const next = this.#prepare(batch.topic, batch.partition, message);
+      return next.kind === 'event' ? next : null;
+    };
+    try {
+      if (isPgPool(database)) {
+        await withPgTransaction(
+          database,
+          async (client, begun) => {
+            let claimed = claimedByLast(begun);
+            let current = first;
+            for (let n = 0; ;) {
+              const startedAt = performance.now();
+              try {
+                if (claimed) {
+                  await this.#runHandler(client as TransactionOf<D>, current.event, signal, current.attempt);
+                  // 'E': a statement failed inside the handler, which caught it (pg tracks this
+                  // from ReadyForQuery; no round trip).
+                  if (client.getTransactionStatus() === 'E') throw swallowedFailure(new Error('Transaction status E'));
+                }
+                done.push({
+                  prepared: current,
+                  outcome: claimed ? 'applied' : 'duplicate',
+                  durationMs: performance.now() - startedAt,
+                });
+              } catch (err) {
+                await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
+                failure = { prepared: current, error: err };
+                return;
+              }
+              const next = takeNext();
+              if (next === null) return;
+              current = next;
+              n += 1;
+              try {
+                const claim = await client.query(
+                  `RELEASE SAVEPOINT outboxkit_${n - 1}; SAVEPOINT outboxkit_${n}; ${this.#claimText(rowOf(current))}`,
+                );
+                claimed = claimedByLast(claim as pg.QueryResult | pg.QueryResult[]);
+              } catch (err) {
+                await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
+                failure = { prepared: current, error: err };
+                return;
+              }
+            }
+          },
+          { beginSql: `${this.#beginSql}; SAVEPOINT outboxkit_0; ${this.#claimText(rowOf(first))}` },
+        );
+      } else {
+        await runTransaction(database, async (tx) => {
+          const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
+          await setTransactionLockTimeout(q, lockTimeoutMs);
+          for (let current: EventPrepared | null = first; current !== null; current = takeNext()) {
+            const p: EventPrepared = current;
+            const startedAt = performance.now();
+            try {
+              // A nested drizzle transaction is a savepoint, rolled back when the callback throws.
+              const outcome = await (tx as unknown as NestingTransaction).transaction(async (sp) => {
+                const claimed = await claimInboxRow(joinTransaction(sp, 'the dedup consumer'), schemaSql, rowOf(p));
+                if (!claimed) return 'duplicate' as const;
+                await this.#runHandler(sp as TransactionOf<D>, p.event, signal, p.attempt);
+                try {
+                  await assertTransactionUsable(joinTransaction(sp, 'the dedup consumer'));
+                } catch (err) {
+                  throw swallowedFailure(err);
+                }
+                return 'applied' as const;
+              });
+              done.push({ prepared: p, outcome, durationMs: performance.now() - startedAt });
+            } catch (err) {
+              // drizzle answers the COMMIT of an aborted transaction without an error: prove the
+              // ROLLBACK TO worked before the messages run so far are committed.
+              await assertTransactionUsable(q);
+              failure = { prepared: p, error: err };
+              return;
+            }
+          }
+        });
+      }
+    } catch (err) {
+      // The transaction as a whole rolled back: none of the run is applied.
+      done = [];
+      failure = { prepared: first, error: err };
+    }
+    return { done, failure };
   }
 
   /**
@@ -612,7 +902,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    *   commit).
    */
   async #applyOnce(event: ConsumedEvent, signal: AbortSignal, attempt: number): Promise<'applied' | 'duplicate'> {
-    const { database, handler, schemaSql, groupId, lockTimeoutMs, hooks } = this.#o;
+    const { database, schemaSql, groupId, lockTimeoutMs } = this.#o;
     const pool = isPgPool(database);
     let handlerReturned = false;
     const row = { groupId, eventId: event.id, topic: event.topic, partition: event.partition, offset: event.offset };
@@ -630,11 +920,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         claimed = await claimInboxRow(q, schemaSql, row);
       }
       if (!claimed) return 'duplicate';
-      try {
-        await runHandler(handler, { tx, event, signal, attempt }, this.#o); // decode hook, tracing span
-      } catch (err) {
-        throw new HandlerFailure(err);
-      }
+      await this.#runHandler(tx, event, signal, attempt);
       if (!pool) {
         try {
           await assertTransactionUsable(joinTransaction(tx as TransactionHandle, 'the dedup consumer'));
@@ -659,10 +945,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       if (handlerReturned && isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')) throw swallowedFailure(err);
       throw err;
     }
-    await hooks.afterCommit?.(event, outcome);
-    // Test-only (OUTBOXKIT_CRASH_POINT=consumer:after-commit): SIGKILL between the committed
-    // transaction and the offset, the window in which Kafka redelivers an applied event.
-    await crashPoint(CRASH_POINT_AFTER_COMMIT);
+    await this.#afterCommit(event, outcome);
     return outcome;
   }
 

@@ -88,6 +88,34 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    * @defaultValue 5_000
    */
   lockTimeoutMs?: number;
+  /**
+   * What one PostgreSQL transaction covers.
+   * - `'message'`: one transaction per message (inbox claim, handler, COMMIT), then its offset is
+   *   resolved. Every applied message costs one commit (one WAL flush).
+   * - `'batch'`: consecutive messages of one fetched batch (one partition) share a transaction,
+   *   at most `batchMaxMessages` of them and open for at most `batchMaxMs`; each message runs
+   *   inside its own SAVEPOINT, so a failing handler rolls back only its own message (which is
+   *   retried or dead-lettered as in `'message'` mode, after the messages before it committed).
+   *   One COMMIT per transaction; the offsets of its messages are resolved only after it.
+   *   The inbox rows of the messages already run stay locked until that COMMIT, so a concurrent
+   *   delivery of one of them waits longer (still bounded by `lockTimeoutMs`); a crash before the
+   *   COMMIT runs the whole group again (each effect still once).
+   * @defaultValue 'message'
+   */
+  transactionScope?: 'message' | 'batch';
+  /**
+   * `transactionScope: 'batch'` only: most messages in one transaction. Every message that writes
+   * takes a subtransaction id; PostgreSQL caches 64 of them per transaction
+   * (`PGPROC_MAX_CACHED_SUBXIDS`), beyond which every session's snapshots get slower while the
+   * transaction is open, so keep it below 64. @defaultValue 50
+   */
+  batchMaxMessages?: number;
+  /**
+   * `transactionScope: 'batch'` only: no further message joins a transaction open for this long,
+   * in ms (the commit follows the message in flight). Bounds how long inbox rows stay locked and
+   * offsets wait. @defaultValue 1_000
+   */
+  batchMaxMs?: number;
   /** Partitions handled at once (kafkajs `partitionsConsumedConcurrently`); one message at a time within a partition. @defaultValue 3 */
   partitionsConsumedConcurrently?: number;
   /** The Kafka header that carries the event id (a UUID). @defaultValue 'event-id' */
@@ -142,6 +170,9 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   retryInitialMs: 100,
   retryMaxMs: 5_000,
   lockTimeoutMs: 5_000,
+  transactionScope: 'message' as 'message' | 'batch',
+  batchMaxMessages: 50,
+  batchMaxMs: 1_000,
   partitionsConsumedConcurrently: 3,
   eventIdHeader: HEADER_EVENT_ID,
   sessionTimeoutMs: 30_000,
@@ -253,6 +284,12 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   if (retryMaxMs < retryInitialMs)
     fail(`retryMaxMs (${retryMaxMs}) must not be below retryInitialMs (${retryInitialMs}).`);
   const lockTimeoutMs = integer('lockTimeoutMs', options.lockTimeoutMs ?? d.lockTimeoutMs, 0, 2_147_483_647);
+  const transactionScope = options.transactionScope ?? d.transactionScope;
+  if (transactionScope !== 'message' && transactionScope !== 'batch') {
+    fail(`transactionScope must be 'message' or 'batch', got ${JSON.stringify(transactionScope)}.`);
+  }
+  const batchMaxMessages = integer('batchMaxMessages', options.batchMaxMessages ?? d.batchMaxMessages, 1, 10_000);
+  const batchMaxMs = integer('batchMaxMs', options.batchMaxMs ?? d.batchMaxMs, 0, 2_147_483_647);
   const partitionsConsumedConcurrently = integer(
     'partitionsConsumedConcurrently',
     options.partitionsConsumedConcurrently ?? d.partitionsConsumedConcurrently,
@@ -287,7 +324,8 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   const hooks = options.hooks ?? {};
   if (typeof hooks !== 'object' || hooks === null) fail('hooks must be an object.');
   const decode = options.decode;
-  if (decode !== undefined && typeof decode !== 'function') fail('decode must be a function (value, event) => decoded value.');
+  if (decode !== undefined && typeof decode !== 'function')
+    fail('decode must be a function (value, event) => decoded value.');
   const tracing = options.tracing ?? d.tracing;
   if (typeof tracing !== 'boolean') fail('tracing must be a boolean.');
 
@@ -304,6 +342,9 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
     retryInitialMs,
     retryMaxMs,
     lockTimeoutMs,
+    transactionScope,
+    batchMaxMessages,
+    batchMaxMs,
     partitionsConsumedConcurrently,
     eventIdHeader,
     sessionTimeoutMs,
