@@ -15,9 +15,23 @@ import { registerRelay } from './commands/relay.js';
 import { registerStatus } from './commands/status.js';
 import { registerTopics } from './commands/topics.js';
 
+/** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */
+let jsonErrors = false;
+
 const program = new Command('outboxkit')
   .description('Safe retries across PostgreSQL and Apache Kafka: outbox relay, migrations and operator commands.')
-  .showHelpAfterError();
+  .showHelpAfterError()
+  // Usage errors (unknown option, bad argument) go through main()'s handler, so `--json` gets JSON.
+  .exitOverride()
+  .configureOutput({
+    // With --json, stderr carries only the JSON error main() prints (no usage text).
+    writeErr: (text) => {
+      if (!jsonErrors) process.stderr.write(text);
+    },
+    outputError: (text, write) => {
+      if (!jsonErrors) write(text);
+    },
+  });
 
 registerMigrate(program);
 registerRelay(program);
@@ -29,17 +43,41 @@ registerKeys(program);
 registerDlq(program);
 registerInbox(program);
 
+/**
+ * The error as `{ code, message }`: an outboxkit code, a commander code (`commander.unknownOption`),
+ * a SQLSTATE or Node.js code, else the error's class name (`KafkaJSConnectionError`).
+ */
+export function describeError(err: unknown): { code: string; message: string } {
+  const e = err as { code?: unknown; name?: unknown; message?: unknown };
+  const code = typeof e?.code === 'string' && e.code !== '' ? e.code : typeof e?.name === 'string' ? e.name : 'ERROR';
+  const hint = code === '42P01' ? " (outboxkit's tables are missing: run `outboxkit migrate`)" : '';
+  const message = typeof e?.message === 'string' ? e.message : String(err);
+  return { code, message: `${message.replace(/^error: /, '')}${hint}` };
+}
+
 export async function main(argv: string[] = process.argv): Promise<void> {
+  // Options end at `--`; anything after it is an argument.
+  const end = argv.indexOf('--');
+  jsonErrors = (end === -1 ? argv : argv.slice(0, end)).includes('--json');
   try {
     await program.parseAsync(argv);
   } catch (err) {
-    const code = (err as { code?: unknown }).code;
-    const hint = code === '42P01' ? " (outboxkit's tables are missing: run `outboxkit migrate`)" : '';
-    const message = isOutboxkitError(err)
-      ? `${err.code}: ${err.message}`
-      : `${(err as Error).message ?? String(err)}${hint}`;
-    console.error(`outboxkit: ${message}`);
-    process.exitCode = 1;
+    const { code, message } = describeError(err);
+    // --help and --version end through exitOverride too, with exit code 0.
+    if (code === 'commander.helpDisplayed' || code === 'commander.version' || code === 'commander.help') {
+      process.exitCode = 0;
+      return;
+    }
+    if (jsonErrors) {
+      const field = (err as { field?: unknown }).field; // InvalidKafkaConfigError names the setting
+      const error = typeof field === 'string' ? { code, message, field } : { code, message };
+      process.stderr.write(`${JSON.stringify({ error })}\n`);
+    } else if (code.startsWith('commander.')) {
+      // commander printed the usage error already (outputError).
+    } else {
+      console.error(`outboxkit: ${isOutboxkitError(err) ? `${code}: ${message}` : message}`);
+    }
+    process.exitCode = (err as { exitCode?: number }).exitCode || 1;
   }
 }
 

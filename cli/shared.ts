@@ -2,12 +2,14 @@
  * What every `outboxkit` command shares: option builders (flag > env > default), parsers, and a
  * short-lived pool for operator commands.
  */
-import { InvalidArgumentError, Option } from 'commander';
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
 import type { Queryable } from '../src/database.js';
+import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
+import type { Logger } from '../src/logger.js';
 
 export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
-export const DEFAULT_BROKERS = '127.0.0.1:9092';
 
 export function int(value: string): number {
   const n = Number(value);
@@ -27,10 +29,118 @@ export const databaseOption = () =>
     .default(DEFAULT_DATABASE_URL);
 export const schemaOption = () =>
   new Option('--schema <name>', "schema of outboxkit's tables").env('OUTBOXKIT_SCHEMA').default('outboxkit');
-export const brokersOption = () =>
-  new Option('--brokers <list>', 'Kafka brokers, comma-separated host:port')
-    .env('KAFKA_BROKERS')
-    .default(DEFAULT_BROKERS);
+
+/**
+ * Adds the Kafka connection options (docs/kafka.md) to `cmd`. They carry no commander default or
+ * env binding: {@link kafkaFromOptions} resolves flag > environment > `--kafka-config` file >
+ * default per setting, which commander alone cannot do (its defaults would hide the file).
+ *
+ * @param options.producer - also add the relay's producer settings.
+ */
+export function addKafkaOptions(cmd: Command, options: { producer?: boolean; clientId?: string } = {}): Command {
+  const d = KAFKA_CONFIG_DEFAULTS;
+  const opt = (flags: string, description: string, env?: string) =>
+    cmd.addOption(new Option(flags, env ? `${description} [env: ${env}]` : description));
+  opt(
+    '--brokers <list>',
+    `Kafka brokers, comma-separated host:port (default: ${d.brokers.join(',')})`,
+    'KAFKA_BROKERS',
+  );
+  opt('--client-id <id>', `Kafka client id (default: ${options.clientId ?? 'outboxkit-cli'})`, 'KAFKA_CLIENT_ID');
+  opt('--kafka-config <file>', 'JSON file of Kafka settings, below flags and env (docs/kafka.md)', 'KAFKA_CONFIG_FILE');
+  opt('--kafka-ssl', 'connect with TLS (implied by any --kafka-ssl-* file)', 'KAFKA_SSL');
+  opt('--no-kafka-ssl', 'connect without TLS');
+  opt('--kafka-ssl-ca-file <file>', 'PEM file of the CA certificates to trust', 'KAFKA_SSL_CA_FILE');
+  opt('--kafka-ssl-cert-file <file>', 'PEM client certificate (mutual TLS)', 'KAFKA_SSL_CERT_FILE');
+  opt('--kafka-ssl-key-file <file>', 'PEM private key of the client certificate', 'KAFKA_SSL_KEY_FILE');
+  opt('--kafka-ssl-key-password-file <file>', 'file holding the private key passphrase', 'KAFKA_SSL_KEY_PASSWORD_FILE');
+  opt(
+    '--kafka-ssl-reject-unauthorized <bool>',
+    "verify the brokers' certificates (default: true)",
+    'KAFKA_SSL_REJECT_UNAUTHORIZED',
+  );
+  opt('--kafka-ssl-servername <name>', 'TLS server name (SNI) to verify', 'KAFKA_SSL_SERVERNAME');
+  opt('--kafka-sasl-mechanism <name>', 'SASL mechanism: plain, scram-sha-256, scram-sha-512', 'KAFKA_SASL_MECHANISM');
+  opt('--kafka-sasl-username <name>', 'SASL username', 'KAFKA_SASL_USERNAME');
+  opt('--kafka-sasl-password-file <file>', 'file holding the SASL password (preferred)', 'KAFKA_SASL_PASSWORD_FILE');
+  opt(
+    '--kafka-sasl-password <password>',
+    'SASL password (discouraged: visible in ps; use the file or the env var)',
+    'KAFKA_SASL_PASSWORD',
+  );
+  opt(
+    '--kafka-connection-timeout-ms <ms>',
+    `TCP/TLS connect timeout (default: ${d.connectionTimeoutMs})`,
+    'KAFKA_CONNECTION_TIMEOUT_MS',
+  );
+  opt(
+    '--kafka-authentication-timeout-ms <ms>',
+    `SASL authentication timeout (default: ${d.authenticationTimeoutMs})`,
+    'KAFKA_AUTHENTICATION_TIMEOUT_MS',
+  );
+  opt(
+    '--kafka-request-timeout-ms <ms>',
+    `request timeout (default: ${d.requestTimeoutMs})`,
+    'KAFKA_REQUEST_TIMEOUT_MS',
+  );
+  opt('--kafka-retries <n>', `client retries (default: ${d.retries})`, 'KAFKA_RETRIES');
+  opt('--kafka-retry-initial-ms <ms>', `first retry delay (default: ${d.retryInitialMs})`, 'KAFKA_RETRY_INITIAL_MS');
+  opt('--kafka-retry-max-ms <ms>', `largest retry delay (default: ${d.retryMaxMs})`, 'KAFKA_RETRY_MAX_MS');
+  if (options.producer) {
+    opt(
+      '--producer-compression <codec>',
+      'record batch compression: none, gzip (default: none)',
+      'KAFKA_PRODUCER_COMPRESSION',
+    );
+    opt(
+      '--producer-request-timeout-ms <ms>',
+      `broker acknowledgement timeout of one send (default: ${d.producerRequestTimeoutMs})`,
+      'KAFKA_PRODUCER_REQUEST_TIMEOUT_MS',
+    );
+    opt('--producer-retries <n>', `retries inside one send (default: ${d.producerRetries})`, 'KAFKA_PRODUCER_RETRIES');
+  }
+  return cmd;
+}
+
+/** kafkajs log entries through a pino-style logger (the CLI's), at `level` and above. */
+export function kafkajsLogCreator(logger: Logger): logCreator {
+  return () =>
+    ({ level, log }) => {
+      const { message, timestamp: _t, logger: _l, ...fields } = log as Record<string, unknown>;
+      const text = `kafkajs: ${String(message)}`;
+      if (level <= kafkaLogLevel.ERROR) logger.error(fields, text);
+      else if (level === kafkaLogLevel.WARN) logger.warn(fields, text);
+      else if (level === kafkaLogLevel.INFO) logger.info(fields, text);
+      else logger.debug(fields, text);
+    };
+}
+
+/**
+ * A kafkajs client from the options {@link addKafkaOptions} added, resolved by
+ * `resolveKafkaConfig()` (flag > env > file > default). Warnings (password given as a flag, PLAIN
+ * without TLS, verification off) go to `logger`, or to stderr.
+ *
+ * @throws InvalidKafkaConfigError naming the flag, variable or file key at fault.
+ */
+export function kafkaFromOptions(
+  opts: Record<string, unknown>,
+  options: { clientId: string; logger?: Logger; logLevel?: kafkaLogLevel },
+): { kafka: Kafka; resolved: ResolvedKafkaConfig } {
+  const resolved = resolveKafkaConfig({
+    flags: opts as Record<string, string | boolean | undefined>,
+    defaults: { clientId: options.clientId },
+  });
+  for (const warning of resolved.warnings) {
+    if (options.logger) options.logger.warn({}, warning);
+    else console.error(`outboxkit: warning: ${warning}`);
+  }
+  const kafka = new Kafka({
+    ...resolved.kafkaConfig,
+    logLevel: options.logLevel ?? kafkaLogLevel.NOTHING,
+    ...(options.logger ? { logCreator: kafkajsLogCreator(options.logger) } : {}),
+  });
+  return { kafka, resolved };
+}
 
 export async function withPool(url: string, fn: (pool: pg.Pool) => Promise<void>): Promise<void> {
   const pool = new pg.Pool({ connectionString: url, max: 1 });

@@ -1,11 +1,10 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { Kafka, logLevel } from 'kafkajs';
 import { readDeadLetters, replayDeadLetters } from '../../consumer/dead-letter-replay.js';
 import type { DeadLetterSummary } from '../../consumer/dead-letter.js';
-import { brokersOption, int } from '../shared.js';
+import { addKafkaOptions, int, kafkaFromOptions } from '../shared.js';
 
-function cliKafka(brokers: string): Kafka {
-  return new Kafka({ clientId: 'outboxkit-cli', brokers: brokers.split(','), logLevel: logLevel.NOTHING });
+function cliKafka(opts: Record<string, unknown>) {
+  return kafkaFromOptions(opts, { clientId: 'outboxkit-cli' }).kafka;
 }
 
 const eventIdHeaderOption = () =>
@@ -31,22 +30,19 @@ function line(s: DeadLetterSummary): string {
 /** `outboxkit dlq list|replay`. */
 export function registerDlq(program: Command): void {
   const dlq = program.command('dlq').description("the dedup consumer's dead-letter topics");
-  dlq
+  const list = dlq
     .command('list')
     .description('list dead letters (origin, reason, attempts, failed-at, event id; never the payload)')
-    .argument('<dlq-topic>', 'the dead-letter topic, for example orders.dlq')
-    .addOption(brokersOption())
+    .argument('<dlq-topic>', 'the dead-letter topic, for example orders.dlq');
+  addKafkaOptions(list)
     .option('--limit <n>', 'most records, from the beginning of the topic', int, 100)
     .option('--json', 'print JSON')
     .addOption(eventIdHeaderOption())
     .addOption(timeoutOption())
     .action(
-      async (
-        topic: string,
-        opts: { brokers: string; limit: number; json?: boolean; eventIdHeader: string; timeoutMs: number },
-      ) => {
+      async (topic: string, opts: { limit: number; json?: boolean; eventIdHeader: string; timeoutMs: number }) => {
         if (opts.limit < 1) throw new InvalidArgumentError('--limit must be at least 1.');
-        const { records, complete } = await readDeadLetters(cliKafka(opts.brokers), topic, {
+        const { records, complete } = await readDeadLetters(cliKafka(opts), topic, {
           limit: opts.limit,
           eventIdHeader: opts.eventIdHeader,
           timeoutMs: opts.timeoutMs,
@@ -59,14 +55,14 @@ export function registerDlq(program: Command): void {
         else if (summaries.length === opts.limit) console.log(`(first ${opts.limit}; use --limit for more)`);
       },
     );
-  dlq
+  const replay = dlq
     .command('replay')
     .description(
       'produce dead letters again to their original topic (or --to) with their key, value and headers minus dlq-*; ' +
         'the dedup consumer applies each event at most once, however often it is replayed',
     )
-    .argument('<dlq-topic>', 'the dead-letter topic')
-    .addOption(brokersOption())
+    .argument('<dlq-topic>', 'the dead-letter topic');
+  addKafkaOptions(replay)
     .option('--event-id <ids...>', 'event ids to replay')
     .option('--all', 'every dead letter that has a usable event id')
     .option('--to <topic>', 'produce to this topic instead of the original one')
@@ -77,7 +73,6 @@ export function registerDlq(program: Command): void {
       async (
         topic: string,
         opts: {
-          brokers: string;
           eventId?: string[];
           all?: boolean;
           to?: string;
@@ -88,7 +83,7 @@ export function registerDlq(program: Command): void {
       ) => {
         if (!opts.all && !opts.eventId?.length) throw new InvalidArgumentError('Give --event-id <ids...> or --all.');
         if (opts.all && opts.eventId?.length) throw new InvalidArgumentError('Give --event-id or --all, not both.');
-        const result = await replayDeadLetters(cliKafka(opts.brokers), topic, {
+        const result = await replayDeadLetters(cliKafka(opts), topic, {
           eventIds: opts.eventId,
           all: opts.all,
           to: opts.to,

@@ -1,21 +1,20 @@
 import { Option, type Command } from 'commander';
-import { Kafka, logLevel } from 'kafkajs';
+import { logLevel } from 'kafkajs';
 import pg from 'pg';
 import { pino } from 'pino';
 import client from 'prom-client';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
-import { relayMetrics, serveMetrics } from '../../relay/metrics.js';
-import { bool, brokersOption, databaseOption, int, schemaOption } from '../shared.js';
+import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
+import { addKafkaOptions, bool, databaseOption, int, kafkaFromOptions, schemaOption } from '../shared.js';
 
 /** `outboxkit relay`: the relay daemon. */
 export function registerRelay(program: Command): void {
-  program
+  const command = program
     .command('relay')
     .description('run the relay daemon: publish committed outbox events to Kafka')
     .addOption(databaseOption())
-    .addOption(schemaOption())
-    .addOption(brokersOption())
-    .addOption(new Option('--client-id <id>', 'Kafka client id').env('OUTBOXKIT_CLIENT_ID').default('outboxkit-relay'))
+    .addOption(schemaOption());
+  addKafkaOptions(command, { producer: true, clientId: 'outboxkit-relay' })
     .addOption(new Option('--relay-id <id>', 'this instance id (default: host-pid-random)').env('OUTBOXKIT_RELAY_ID'))
     .addOption(
       new Option('--batch-size <rows>', 'most rows per pass')
@@ -69,18 +68,18 @@ export function registerRelay(program: Command): void {
     .addOption(new Option('--log-level <level>', 'pino log level').env('OUTBOXKIT_LOG_LEVEL').default('info'))
     .action(async (opts: Record<string, string | number | boolean | undefined>) => {
       const logger = pino({ name: 'outboxkit-relay', level: String(opts.logLevel) });
-      const pool = new pg.Pool({ connectionString: String(opts.databaseUrl), max: 4, keepAlive: true });
-      const kafka = new Kafka({
-        clientId: String(opts.clientId),
-        brokers: String(opts.brokers)
-          .split(',')
-          .map((b) => b.trim())
-          .filter(Boolean),
+      // Resolved (and validated) before anything connects; warnings and the redacted settings are logged.
+      const { kafka, resolved } = kafkaFromOptions(opts, {
+        clientId: 'outboxkit-relay',
+        logger,
         logLevel: logLevel.WARN,
       });
+      logger.info({ kafka: resolved.description }, 'Kafka connection settings');
+      const pool = new pg.Pool({ connectionString: String(opts.databaseUrl), max: 4, keepAlive: true });
       const relay = new Relay({
         pool,
         kafka,
+        producerOptions: resolved.producer,
         schema: String(opts.schema),
         relayId: opts.relayId === undefined ? undefined : String(opts.relayId),
         batchSize: Number(opts.batchSize),
@@ -98,10 +97,7 @@ export function registerRelay(program: Command): void {
       relayMetrics(relay, pool, registry);
       const port = Number(opts.metricsPort);
       if (port >= 0) {
-        const server = await serveMetrics(registry, port, async () => {
-          await pool.query('SELECT 1');
-          return true;
-        });
+        const server = await serveMetrics(registry, port, relayReadiness(relay, pool));
         const address = server.address();
         logger.info(
           { port: typeof address === 'object' && address ? address.port : port },

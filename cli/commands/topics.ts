@@ -1,23 +1,18 @@
 import { Option, type Command } from 'commander';
-import { Kafka, logLevel } from 'kafkajs';
-import { brokersOption, int } from '../shared.js';
+import { addKafkaOptions, int, kafkaFromOptions } from '../shared.js';
 
 /** `outboxkit topics ensure`. */
 export function registerTopics(program: Command): void {
   const topics = program.command('topics').description('Kafka topic operations');
-  topics
+  const ensure = topics
     .command('ensure')
     .description('create the given topics if they do not exist')
-    .argument('<topics...>', 'topic names')
-    .addOption(brokersOption())
+    .argument('<topics...>', 'topic names');
+  addKafkaOptions(ensure)
     .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(int).default(3))
     .addOption(new Option('--replication-factor <n>', 'replication factor of new topics').argParser(int).default(1))
-    .action(async (names: string[], opts: { brokers: string; partitions: number; replicationFactor: number }) => {
-      const kafka = new Kafka({
-        clientId: 'outboxkit-cli',
-        brokers: opts.brokers.split(','),
-        logLevel: logLevel.NOTHING,
-      });
+    .action(async (names: string[], opts: { partitions: number; replicationFactor: number }) => {
+      const { kafka } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
       const admin = kafka.admin();
       await admin.connect();
       try {
@@ -38,6 +33,4 @@ export function registerTopics(program: Command): void {
         await admin.disconnect();
       }
     });
-
-  /** Runs the CLI with `argv` (process.argv by default). */
 }
