@@ -77,11 +77,13 @@ async function runTraced<D extends DatabaseHandle>(
   const { context, propagation, trace, SpanKind, SpanStatusCode } = otel.api;
   // The producer's context from the headers; without one, the span starts from the active context.
   const parent = propagation.extract(context.active(), ctx.event.headers);
-  const span: Span = otel.tracer.startSpan(
-    `${ctx.event.topic} process`,
-    { kind: SpanKind.CONSUMER, attributes: processSpanAttributes(ctx as HandlerContext<DatabaseHandle>, groupId) },
-    parent,
-  );
+  const span: Span = otel
+    .tracer()
+    .startSpan(
+      `${ctx.event.topic} process`,
+      { kind: SpanKind.CONSUMER, attributes: processSpanAttributes(ctx as HandlerContext<DatabaseHandle>, groupId) },
+      parent,
+    );
   try {
     // The handler's own spans (pg, HTTP calls) become children of this one.
     await context.with(trace.setSpan(parent, span), () => handler(ctx));

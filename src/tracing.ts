@@ -29,8 +29,12 @@ export interface OpenTelemetry {
    * recorded. False with the API's no-op provider: then outboxkit starts no span at all.
    */
   tracingEnabled(): boolean;
-  /** outboxkit's tracer (instrumentation scope `outboxkit`), resolved lazily by the API's proxy. */
-  readonly tracer: Api.Tracer;
+  /**
+   * outboxkit's tracer (instrumentation scope `outboxkit`) from the provider registered now. Not
+   * cached here: the API's ProxyTracer keeps the first delegate it saw, so a provider registered
+   * again (tests, hot reload) would be missed; the SDK caches tracers by name itself.
+   */
+  tracer(): Api.Tracer;
 }
 
 /** The instrumentation scope name of outboxkit's spans. */
@@ -63,7 +67,7 @@ export function wrapOpenTelemetry(api: unknown): OpenTelemetry | undefined {
   const noop = new otel.ProxyTracerProvider().getDelegate();
   return {
     api: otel,
-    tracer: otel.trace.getTracer(TRACER_NAME),
+    tracer: () => otel.trace.getTracer(TRACER_NAME),
     tracingEnabled(): boolean {
       const provider = otel.trace.getTracerProvider() as Api.TracerProvider & { getDelegate?: () => unknown };
       const delegate = typeof provider.getDelegate === 'function' ? provider.getDelegate() : provider;

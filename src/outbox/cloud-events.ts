@@ -60,7 +60,7 @@ export interface CloudEventAttributes {
 
 // A URI-reference (RFC 3986 §4.1) has no whitespace or control characters; anything else, relative
 // or absolute, is left to the application.
-const URI_REFERENCE_SHAPE = /^[^\s\u0000-\u001f\u007f]+$/;
+const URI_REFERENCE_SHAPE = /^[^\s\p{Cc}]+$/u;
 
 /**
  * Validates the `cloudEvents` option once.
@@ -125,7 +125,7 @@ export function addCloudEventHeaders(
 
 /**
  * Reads the CloudEvents attributes of a Kafka message in binary content mode (decoded headers, as
- * {@link ConsumedEvent.headers} gives them).
+ * `ConsumedEvent.headers` gives them).
  *
  * @returns the attributes, or null when a required one (`ce_specversion`, `ce_id`, `ce_source`,
  *   `ce_type`) is missing or empty. Extension attributes stay in the headers (`ce_<name>`).

@@ -4,7 +4,12 @@
 import { v7 as uuidv7, validate as uuidValidate } from 'uuid';
 import { InvalidEventError } from '../errors.js';
 import { OUTBOX_LANES } from '../schema.js';
-import { addCloudEventHeaders, HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE, type CloudEventsOptions } from './cloud-events.js';
+import {
+  addCloudEventHeaders,
+  HEADER_CONTENT_TYPE,
+  JSON_CONTENT_TYPE,
+  type CloudEventsOptions,
+} from './cloud-events.js';
 
 /** An event to write to the outbox. */
 export interface OutboxEventInput {
