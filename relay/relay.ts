@@ -298,11 +298,12 @@ export class Relay extends EventEmitter<RelayEvents> {
         this.logger.warn({ err }, 'could not check the topics of pending events at start'),
       );
     }
-    this.producer = this.makeProducer();
-    await this.producer.connect().catch((err: Error) => {
-      this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff');
-      this.producer = undefined;
-    });
+    // Kept only once connected: `producerConnected` (readiness) must not count a connect in flight.
+    const producer = this.makeProducer();
+    await producer.connect().then(
+      () => (this.producer = producer),
+      (err: Error) => this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
+    );
     if (this.options.listen) await this.startListener();
     await this.maintainLanes();
     this.maintainTimer = setInterval(
