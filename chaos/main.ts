@@ -91,7 +91,7 @@ function parseOptions(argv: string[]): ChaosOptions {
 async function main(): Promise<number> {
   const o = parseOptions(process.argv);
   const startedAt = Date.now();
-  const log = (m: string) => console.log(`[chaos] ${m}`);
+  const log = (m: string) => console.log(`[chaos +${((Date.now() - startedAt) / 1000).toFixed(0)} s] ${m}`);
   const faketime = findFaketimeLibrary();
   log(
     `profile ${o.profile}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers, seed ${o.seed}`,
@@ -212,22 +212,28 @@ async function main(): Promise<number> {
       log,
     };
     const loadStart = Date.now();
+    const inject = async (kind: FaultKind) => {
+      const outcome = await injectFault(kind, ctx).catch((err: Error) => ({
+        injected: false,
+        detail: `failed: ${err.message}`,
+      }));
+      if (outcome.injected) {
+        injected.set(kind, (injected.get(kind) ?? 0) + 1);
+        if ('armed' in outcome && outcome.armed) crashPoints.get(outcome.armed)!.armed++;
+      } else {
+        skipped.set(kind, [...(skipped.get(kind) ?? []), outcome.detail]);
+      }
+      if (o.verbose) log(`t+${((Date.now() - loadStart) / 1000).toFixed(1)} s ${kind}: ${outcome.detail}`);
+    };
+    // On time, whatever the previous fault still does (a graceful restart takes seconds).
     const faults = (async () => {
+      const running: Promise<void>[] = [];
       for (const f of plan) {
         const wait = loadStart + f.atMs - Date.now();
         if (wait > 0) await sleep(wait);
-        const outcome = await injectFault(f.kind, ctx).catch((err: Error) => ({
-          injected: false,
-          detail: `failed: ${err.message}`,
-        }));
-        if (outcome.injected) {
-          injected.set(f.kind, (injected.get(f.kind) ?? 0) + 1);
-          if ('armed' in outcome && outcome.armed) crashPoints.get(outcome.armed)!.armed++;
-        } else {
-          skipped.set(f.kind, [...(skipped.get(f.kind) ?? []), outcome.detail]);
-        }
-        if (o.verbose) log(`t+${((Date.now() - loadStart) / 1000).toFixed(1)} s ${f.kind}: ${outcome.detail}`);
+        running.push(inject(f.kind));
       }
+      await Promise.all(running);
     })();
     const ledger = new Ledger();
     const load = await runLoad({
