@@ -2,17 +2,23 @@
  * B4 · the dedup consumer's cost (`npm run bench -- consumer`).
  *
  * N events (BENCH_CONSUMER_EVENTS, default 200,000) on a 3-partition topic; every handler writes
- * one row. Three consumers read all of them, each in a fresh consumer group:
- * - baseline: a plain kafkajs `eachBatch` consumer that runs BEGIN; INSERT; COMMIT per message
- *   (resolveOffset and heartbeat per message, auto-commit), i.e. the same handler transaction
- *   without the inbox row;
- * - dedup: the dedup consumer with the same handler (inbox claim in the same transaction);
+ * one row. Per transaction scope (BENCH_CONSUMER_SCOPES, default `message,batch`), three
+ * consumers read all of them, each in a fresh consumer group:
+ * - baseline: a plain kafkajs `eachBatch` consumer with the same handler transaction without the
+ *   inbox row. Scope `message`: BEGIN; INSERT; COMMIT per message (resolveOffset and heartbeat per
+ *   message, auto-commit). Scope `batch`: BEGIN; up to 50 INSERTs; COMMIT per run of a fetched
+ *   batch, offsets resolved after the COMMIT (the same bound as the dedup consumer's default
+ *   `batchMaxMessages`);
+ * - dedup: the dedup consumer with the same handler and `transactionScope` (inbox claim in the
+ *   same transaction);
  * - duplicates: the dedup consumer of the same group again after its offsets were deleted, so
  *   every event is a duplicate (inbox hit, handler skipped).
  * Both sides use the same partition concurrency (3), pool size and fetch settings. Throughput is
  * timed from the first to the last processed message (group join and fetch start-up excluded).
- * BENCH_CONSUMER_ROUNDS (default 2) repeats the three, alternating the order of baseline and
- * dedup; the median ratio of the rounds is reported.
+ * BENCH_CONSUMER_ROUNDS (default 2) repeats the runs, alternating the order of baseline and
+ * dedup; the median ratio of the rounds is reported. The headline B4 ratios compare like with
+ * like (scope `message` against the per-message baseline); the batch scope is also shown against
+ * the per-message baseline, labelled as such.
  */
 import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel, type Consumer } from 'kafkajs';
@@ -24,6 +30,10 @@ import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 
 const EVENTS = Number(process.env.BENCH_CONSUMER_EVENTS ?? 200_000);
 const ROUNDS = Number(process.env.BENCH_CONSUMER_ROUNDS ?? 2);
+type Scope = 'message' | 'batch';
+const SCOPES = (process.env.BENCH_CONSUMER_SCOPES ?? 'message,batch').split(',') as Scope[];
+/** The baseline's batch bound: the dedup consumer's default `batchMaxMessages`. */
+const BATCH_MAX_MESSAGES = 50;
 const PARTITIONS = 3;
 const CONCURRENCY = 3;
 const POOL_SIZE = 4;
@@ -88,7 +98,7 @@ export async function run(): Promise<string> {
   const kadmin = kafka.admin();
   await kadmin.connect();
   const topic = `bench-consumer-${randomBytes(4).toString('hex')}`;
-  const rows: { round: number; baseline: number; dedup: number; duplicates: number }[] = [];
+  const rows: { round: number; scope: Scope; baseline: number; dedup: number; duplicates: number }[] = [];
   try {
     await pool.query('CREATE TABLE bench_effects (event_id uuid NOT NULL, payload text NOT NULL)');
     await kadmin.createTopics({
@@ -118,7 +128,7 @@ export async function run(): Promise<string> {
 
     const handlerSql = 'INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)';
 
-    async function baseline(): Promise<number> {
+    async function baseline(scope: Scope): Promise<number> {
       const c = clock(EVENTS);
       const consumer: Consumer = kafka.consumer({
         groupId: `bench-baseline-${randomBytes(4).toString('hex')}`,
@@ -126,6 +136,7 @@ export async function run(): Promise<string> {
         heartbeatInterval: 3_000,
         maxWaitTimeInMs: 5_000,
       });
+      const step = scope === 'message' ? 1 : BATCH_MAX_MESSAGES;
       await consumer.connect();
       await consumer.subscribe({ topics: [topic], fromBeginning: true });
       await consumer.run({
@@ -134,34 +145,39 @@ export async function run(): Promise<string> {
         autoCommitInterval: 5_000,
         partitionsConsumedConcurrently: CONCURRENCY,
         eachBatch: async ({ batch, resolveOffset, heartbeat, isRunning, isStale }) => {
-          for (const message of batch.messages) {
+          for (let i = 0; i < batch.messages.length; i += step) {
             if (!isRunning() || isStale()) return;
+            const run = batch.messages.slice(i, i + step);
             const client = await pool.connect();
             try {
               await client.query('BEGIN');
-              await client.query(handlerSql, [
-                message.headers![HEADER_EVENT_ID]!.toString(),
-                message.value!.toString(),
-              ]);
+              for (const message of run) {
+                await client.query(handlerSql, [
+                  message.headers![HEADER_EVENT_ID]!.toString(),
+                  message.value!.toString(),
+                ]);
+              }
               await client.query('COMMIT');
             } finally {
               client.release();
             }
-            resolveOffset(message.offset);
-            c.tick();
+            for (const message of run) {
+              resolveOffset(message.offset);
+              c.tick();
+            }
             await heartbeat();
           }
         },
       });
       try {
-        await withTimeout(c.done, RUN_TIMEOUT_MS, 'baseline');
+        await withTimeout(c.done, RUN_TIMEOUT_MS, `baseline (${scope})`);
       } finally {
         await consumer.disconnect();
       }
       return rate(c);
     }
 
-    async function dedup(groupId: string, expect: 'applied' | 'duplicate'): Promise<number> {
+    async function dedup(groupId: string, expect: 'applied' | 'duplicate', scope: Scope): Promise<number> {
       const c = clock(EVENTS);
       const consumer: DedupConsumer = createDedupConsumer({
         kafka,
@@ -170,6 +186,7 @@ export async function run(): Promise<string> {
         database: pool,
         fromBeginning: true,
         partitionsConsumedConcurrently: CONCURRENCY,
+        transactionScope: scope,
         handler: async ({ tx, event }) => {
           await tx.query(handlerSql, [event.id, event.value!.toString()]);
         },
@@ -180,53 +197,102 @@ export async function run(): Promise<string> {
       consumer.on('consumer:dead-lettered', () => unexpected++);
       await consumer.start();
       try {
-        await withTimeout(c.done, RUN_TIMEOUT_MS, `dedup (${expect})`);
+        await withTimeout(c.done, RUN_TIMEOUT_MS, `dedup (${expect}, ${scope})`);
       } finally {
         await consumer.stop();
       }
-      if (unexpected > 0) throw new Error(`dedup run (${expect}): ${unexpected} unexpected outcomes`);
+      if (unexpected > 0) throw new Error(`dedup run (${expect}, ${scope}): ${unexpected} unexpected outcomes`);
       return rate(c);
     }
 
     for (let round = 1; round <= ROUNDS; round++) {
-      await pool.query('TRUNCATE bench_effects');
-      await pool.query('TRUNCATE outboxkit.inbox');
-      await pool.query('CHECKPOINT');
-      const groupId = `bench-dedup-${randomBytes(4).toString('hex')}`;
-      let b: number;
-      let d: number;
-      // Alternate which side goes first, so neither always runs on a warmer (or more tired) machine.
-      if (round % 2 === 1) {
-        b = await baseline();
+      for (const scope of SCOPES) {
         await pool.query('TRUNCATE bench_effects');
-        d = await dedup(groupId, 'applied');
-      } else {
-        d = await dedup(groupId, 'applied');
-        await pool.query('TRUNCATE bench_effects');
-        b = await baseline();
+        await pool.query('TRUNCATE outboxkit.inbox');
+        await pool.query('CHECKPOINT');
+        const groupId = `bench-dedup-${randomBytes(4).toString('hex')}`;
+        let b: number;
+        let d: number;
+        // Alternate which side goes first, so neither always runs on a warmer (or more tired) machine.
+        if (round % 2 === 1) {
+          b = await baseline(scope);
+          await pool.query('TRUNCATE bench_effects');
+          d = await dedup(groupId, 'applied', scope);
+        } else {
+          d = await dedup(groupId, 'applied', scope);
+          await pool.query('TRUNCATE bench_effects');
+          b = await baseline(scope);
+        }
+        const { rows: count } = await pool.query<{ n: number }>(
+          'SELECT count(*)::int AS n FROM outboxkit.inbox WHERE consumer_group = $1',
+          [groupId],
+        );
+        if (count[0]!.n !== EVENTS) throw new Error(`inbox holds ${count[0]!.n} rows, expected ${EVENTS}`);
+        // Reset the group's offsets: the same group reads everything again, all duplicates.
+        await kadmin.deleteGroups([groupId]);
+        const dup = await dedup(groupId, 'duplicate', scope);
+        rows.push({ round, scope, baseline: b, dedup: d, duplicates: dup });
+        console.error(
+          `round ${round} (${scope}): baseline ${b.toFixed(0)}/s, dedup ${d.toFixed(0)}/s, duplicates ${dup.toFixed(0)}/s`,
+        );
       }
-      const { rows: count } = await pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.inbox');
-      if (count[0]!.n !== EVENTS) throw new Error(`inbox holds ${count[0]!.n} rows, expected ${EVENTS}`);
-      // Reset the group's offsets: the same group reads everything again, all duplicates.
-      await kadmin.deleteGroups([groupId]);
-      const dup = await dedup(groupId, 'duplicate');
-      rows.push({ round, baseline: b, dedup: d, duplicates: dup });
-      console.error(
-        `round ${round}: baseline ${b.toFixed(0)}/s, dedup ${d.toFixed(0)}/s, duplicates ${dup.toFixed(0)}/s`,
-      );
     }
 
-    const dedupRatios = rows.map((r) => r.dedup / r.baseline);
-    const dupRatios = rows.map((r) => r.duplicates / r.baseline);
+    const baselineName: Record<Scope, string> = {
+      message: 'plain eachBatch, BEGIN; INSERT; COMMIT per message',
+      batch: `plain eachBatch, BEGIN; ≤ ${BATCH_MAX_MESSAGES} INSERTs; COMMIT`,
+    };
     const lines = [
       `${EVENTS.toLocaleString('en-US')} events, ${PARTITIONS} partitions, ${CONCURRENCY} partitions consumed concurrently, pool of ${POOL_SIZE}; ` +
         `produced in ${produceSeconds.toFixed(1)} s; ${ROUNDS} round(s).`,
       '',
       '| measure | baseline | ratio (median) | rounds | candidate msg/s (median) | baseline msg/s (median) | target |',
       '| --- | --- | --- | --- | --- | --- | --- |',
-      `| B4 dedup consumer, new events | plain eachBatch, BEGIN; INSERT; COMMIT | **${median(dedupRatios).toFixed(3)}** | ${dedupRatios.map((x) => x.toFixed(2)).join(' ')} | ${median(rows.map((r) => r.dedup)).toFixed(0)} | ${median(rows.map((r) => r.baseline)).toFixed(0)} | ≥ 0.85 |`,
-      `| B4 dedup consumer, all duplicates | plain eachBatch, BEGIN; INSERT; COMMIT | **${median(dupRatios).toFixed(3)}** | ${dupRatios.map((x) => x.toFixed(2)).join(' ')} | ${median(rows.map((r) => r.duplicates)).toFixed(0)} | ${median(rows.map((r) => r.baseline)).toFixed(0)} | ≥ 1.0 |`,
     ];
+    const row = (name: string, base: string, cand: number[], bases: number[], target: string) => {
+      const ratios = cand.map((x, i) => x / bases[i]!);
+      lines.push(
+        `| ${name} | ${base} | **${median(ratios).toFixed(3)}** | ${ratios.map((x) => x.toFixed(2)).join(' ')} | ${median(cand).toFixed(0)} | ${median(bases).toFixed(0)} | ${target} |`,
+      );
+    };
+    const of = (scope: Scope) => rows.filter((r) => r.scope === scope);
+    for (const scope of SCOPES) {
+      const r = of(scope);
+      const label = scope === 'message' ? 'B4' : "transactionScope 'batch'";
+      row(
+        `${label}, new events`,
+        baselineName[scope],
+        r.map((x) => x.dedup),
+        r.map((x) => x.baseline),
+        '≥ 0.85',
+      );
+      row(
+        `${label}, all duplicates`,
+        baselineName[scope],
+        r.map((x) => x.duplicates),
+        r.map((x) => x.baseline),
+        '≥ 1.0',
+      );
+    }
+    if (SCOPES.includes('message') && SCOPES.includes('batch')) {
+      // Rounds pair up: the batch runs of a round against the per-message baseline of the same round.
+      const m = of('message');
+      const b = of('batch');
+      row(
+        "transactionScope 'batch', new events (not like with like)",
+        baselineName.message,
+        b.map((x) => x.dedup),
+        m.map((x) => x.baseline),
+        '—',
+      );
+      row(
+        "transactionScope 'batch', all duplicates (not like with like)",
+        baselineName.message,
+        b.map((x) => x.duplicates),
+        m.map((x) => x.baseline),
+        '—',
+      );
+    }
     return lines.join('\n');
   } finally {
     await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => {});
