@@ -11,7 +11,8 @@ export function registerTopics(program: Command): void {
   addKafkaOptions(ensure)
     .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(int).default(3))
     .addOption(new Option('--replication-factor <n>', 'replication factor of new topics').argParser(int).default(1))
-    .action(async (names: string[], opts: { partitions: number; replicationFactor: number }) => {
+    .option('--json', 'print JSON')
+    .action(async (names: string[], opts: { partitions: number; replicationFactor: number; json?: boolean }) => {
       const { kafka } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
       const admin = kafka.admin();
       await admin.connect();
@@ -28,7 +29,9 @@ export function registerTopics(program: Command): void {
             })),
           });
         }
-        console.log(missing.length ? `created: ${missing.join(', ')}` : 'all topics exist');
+        if (opts.json)
+          console.log(JSON.stringify({ created: missing, existing: names.filter((t) => existing.has(t)) }));
+        else console.log(missing.length ? `created: ${missing.join(', ')}` : 'all topics exist');
       } finally {
         await admin.disconnect();
       }
