@@ -1,6 +1,7 @@
 /**
  * An Express 5 adapter for idempotent routes: the same contract as the Fastify adapter
- * (./fastify.ts), over `executeIdempotent()`.
+ * (./fastify.ts), over `executeIdempotent()` (one-transaction mode) and `executeLeased()` (lease
+ * mode, with the operation resource of policy `async`).
  *
  * Only types are imported from express: this module has no run-time dependency on it (declare
  * `express` >= 5 as an optional peer dependency).
@@ -33,9 +34,20 @@ import { InvalidOptionsError } from '../errors.js';
 import { BodyInvalidError } from '../idempotency/errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import type { FingerprintInput } from '../idempotency/fingerprint.js';
+import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
-import { resolveRoute, runIdempotentRoute, type RouteIdempotencyOptions } from './route-options.js';
+import {
+  operationRoute,
+  resolveLeaseRoute,
+  resolveRoute,
+  runIdempotentRoute,
+  runLeaseRoute,
+  type RouteIdempotencyOptions,
+  type RouteLeaseOptions,
+  type RouteOperationOptions,
+  type RouteRequest,
+} from './route-options.js';
 
 export { DEFAULT_MAX_BODY_BYTES } from './route-options.js';
 
@@ -54,8 +66,7 @@ export type ExpressIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  *
  * The handler gets the request, the transaction and `ctx` (`return ctx.reject(422, problem)` ends
  * it with a stored business rejection, its writes rolled back to the claim's savepoint). This is
- * the one-transaction mode; the lease mode (`leasedHandler` of the Fastify adapter) has no Express
- * counterpart yet.
+ * the one-transaction mode; see {@link leasedHandler} for lease mode.
  *
  * The body must reach it as raw bytes: put `express.raw({ type: 'application/json' })` before it
  * on the route. A body that a JSON parser (`express.json()`) already parsed is refused with an
@@ -77,28 +88,104 @@ export function idempotentHandler<D extends DatabaseHandle>(
   return async function idempotentRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
     let result: IdempotentResult;
     try {
-      result = await runIdempotentRoute(
-        route,
-        req,
-        {
-          headers: req.headers,
-          method: req.method,
-          rawBody: rawBodyOf(req),
-          setBody: (body) => (req.body = body),
-        },
-        (tx, ctx) => handler(req, tx, ctx),
-      );
+      result = await runIdempotentRoute(route, req, partsOf(req), (tx, ctx) => handler(req, tx, ctx));
     } catch (err) {
       if (!isProblemError(err)) return next(err);
-      const problem = toProblem(err, opts);
-      return send(res, {
-        status: problem.status,
-        headers: problem.headers,
-        body: Buffer.from(JSON.stringify(problem.body), 'utf8'),
-      });
+      return sendProblem(res, err, opts);
     }
     send(res, result.response);
   };
+}
+
+/** Options of {@link leasedHandler}: see {@link RouteLeaseOptions}. */
+export type ExpressLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D, Request>;
+
+/**
+ * Builds an Express 5 route handler in **lease mode** (see `executeLeased()`), the counterpart of
+ * the Fastify adapter's `leasedHandler`: the claim commits first, `handler(req, ctx)` runs under
+ * a lease with an owner token (its local writes in the fenced `ctx.transaction(fn)`), and its
+ * response is stored fenced by that token. The key is always required. Policies:
+ * - `reject` (default): 409 with `Retry-After` (the seconds left on the lease);
+ * - `wait`: the duplicate waits, woken through LISTEN/NOTIFY with a bounded poll, at most
+ *   `waitTimeoutMs` and never past `deadline(req)`, then replays (or takes over an expired lease);
+ * - `async`: 202 with `Location: operationLocation(operationId)`; serve it with
+ *   {@link operationHandler}.
+ * With `renewEveryMs`, the lease is renewed while the handler runs; `ctx.signal` aborts when the
+ * lease is lost, and the handler's result is then not stored (`LeaseLostError`, 409
+ * `lease-lost`).
+ *
+ * Same body rules as {@link idempotentHandler} (`express.raw({ type: 'application/json' })` before
+ * it), same problem responses; errors the handler throws go to `next(err)`.
+ *
+ * @throws {@link InvalidOptionsError} at once on invalid options (policy `async` without
+ *   `operationLocation`, a lease not shorter than the retention, ...).
+ */
+export function leasedHandler<D extends DatabaseHandle>(
+  options: ExpressLeaseOptions<D>,
+  handler: (req: Request, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
+): RequestHandler {
+  const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
+  const opts = route.opts.base;
+
+  return async function leasedRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
+    let response: IdempotentResponse;
+    try {
+      response = (await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx))).response;
+    } catch (err) {
+      if (!isProblemError(err)) return next(err);
+      return sendProblem(res, err, opts);
+    }
+    send(res, response);
+  };
+}
+
+/** Options of {@link operationHandler}: see {@link RouteOperationOptions}. */
+export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOptions<D, Request>;
+
+/**
+ * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
+ * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
+ * stored result once finished (with `Idempotent-Replayed: true`), 202 with `Retry-After` while
+ * pending, 404 for an unknown id or another tenant's.
+ *
+ * @example
+ * ```ts
+ * app.get('/operations/payments/:operationId', operationHandler({ db: pool, operation: 'pay', resolveTenant }));
+ * ```
+ * @throws {@link InvalidOptionsError} at once on invalid options.
+ */
+export function operationHandler<D extends DatabaseHandle>(options: ExpressOperationOptions<D>): RequestHandler {
+  const serve = operationRoute(options, 'operationHandler()');
+  return async function operationResource(req: Request, res: Response, next: NextFunction): Promise<void> {
+    let response: IdempotentResponse;
+    try {
+      const id = req.params.operationId;
+      response = await serve(req, typeof id === 'string' ? id : '');
+    } catch (err) {
+      if (!isProblemError(err)) return next(err);
+      return sendProblem(res, err, {});
+    }
+    send(res, response);
+  };
+}
+
+/** The parts of an Express request the shared flows read. */
+function partsOf(req: Request): RouteRequest {
+  return {
+    headers: req.headers,
+    method: req.method,
+    rawBody: rawBodyOf(req),
+    setBody: (body) => (req.body = body),
+  };
+}
+
+function sendProblem(res: Response, err: unknown, opts: { retryAfterSeconds?: number }): void {
+  const problem = toProblem(err, opts);
+  send(res, {
+    status: problem.status,
+    headers: problem.headers,
+    body: Buffer.from(JSON.stringify(problem.body), 'utf8'),
+  });
 }
 
 /** Writes a response as is: no ETag, no charset added to the content type (unlike `res.send`). */

@@ -32,20 +32,20 @@ import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
 import { InvalidOptionsError } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
-import { fingerprintAndParse, type FingerprintInput } from '../idempotency/fingerprint.js';
-import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
-import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
-import { executeLeased, type LeaseContext } from '../idempotency/lease.js';
-import { resolveLeaseOptions, type LeaseOptions } from '../idempotency/lease-options.js';
-import { serveOperation } from '../idempotency/reconcile.js';
+import type { FingerprintInput } from '../idempotency/fingerprint.js';
+import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
 import {
-  DEFAULT_MAX_BODY_BYTES,
-  pickHeaders,
+  operationRoute,
+  resolveLeaseRoute,
   resolveRoute,
   runIdempotentRoute,
+  runLeaseRoute,
   type RouteIdempotencyOptions,
+  type RouteLeaseOptions,
+  type RouteOperationOptions,
+  type RouteRequest,
 } from './route-options.js';
 
 export { DEFAULT_MAX_BODY_BYTES } from './route-options.js';
@@ -79,17 +79,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
   return async function idempotentRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
     let result: IdempotentResult;
     try {
-      result = await runIdempotentRoute(
-        route,
-        req,
-        {
-          headers: req.headers,
-          method: req.method,
-          rawBody: rawBodyOf(req),
-          setBody: (body) => (req.body = body),
-        },
-        (tx, ctx) => handler(req, tx, ctx),
-      );
+      result = await runIdempotentRoute(route, req, partsOf(req), (tx, ctx) => handler(req, tx, ctx));
     } catch (err) {
       if (!isProblemError(err)) throw err;
       return sendProblem(reply, err, opts);
@@ -100,22 +90,16 @@ export function idempotentHandler<D extends DatabaseHandle>(
   };
 }
 
-/** Options of {@link leasedHandler}: {@link FastifyIdempotencyOptions} with the lease-mode options. */
-export interface FastifyLeaseOptions<D extends DatabaseHandle>
-  extends Omit<FastifyIdempotencyOptions<D>, 'policy' | 'required'>, LeaseOptions {
-  /**
-   * The caller's deadline for this request, in ms since the epoch (bounds policy `wait`), for
-   * example from a `Request-Timeout` header. @defaultValue none (only `waitTimeoutMs` bounds it)
-   */
-  deadline?(req: FastifyRequest): number | undefined;
-}
+/** Options of {@link leasedHandler}: see {@link RouteLeaseOptions}. */
+export type FastifyLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D, FastifyRequest>;
 
 /**
  * Builds a Fastify route handler in **lease mode** (see `executeLeased()`): the claim commits
  * first, `handler(req, ctx)` runs under a lease with an owner token, and its response is stored
  * fenced by that token. The key is always required. Same parsing, fingerprinting and problem
  * responses as {@link idempotentHandler}; answers 202 (policy `async`, or an uncertain outcome)
- * with the operation's `Location`. Serve that location with {@link operationHandler}.
+ * with the operation's `Location`. Serve that location with {@link operationHandler}. With
+ * `renewEveryMs`, the lease is renewed while the handler runs and `ctx.signal` aborts if it is lost.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options.
  */
@@ -123,75 +107,55 @@ export function leasedHandler<D extends DatabaseHandle>(
   options: FastifyLeaseOptions<D>,
   handler: (req: FastifyRequest, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
-  const opts = resolveLeaseOptions(options);
-  const { db, operation } = options;
-  assertValidOperation(operation, 'leasedHandler()');
-  if (typeof options.resolveTenant !== 'function') {
-    throw new InvalidOptionsError('leasedHandler() needs resolveTenant(req): the caller scope of each key.');
-  }
-  if (typeof handler !== 'function') throw new InvalidOptionsError('leasedHandler() needs a handler function.');
-  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
-  const semanticHeaders = (options.semanticHeaders ?? []).map((h) => h.toLowerCase());
+  const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
+  const opts = route.opts.base;
 
   return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
     let response: IdempotentResponse;
     try {
-      const key = parseIdempotencyKey(req.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
-      const tenant = assertValidTenant(await options.resolveTenant(req));
-      const { fingerprint, body } = fingerprintAndParse({
-        tenant,
-        operation,
-        method: req.method,
-        body: rawBodyOf(req),
-        semanticHeaders: pickHeaders(req.headers, semanticHeaders),
-        maxBodyBytes,
-      });
-      req.body = body;
-      const deadline = options.deadline?.(req);
-      const result = await executeLeased(
-        db,
-        { tenant, operation, key, fingerprint, ...(deadline === undefined ? {} : { deadline }) },
-        (ctx) => handler(req, ctx),
-        opts,
-      );
+      const result = await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx));
       response = result.response;
     } catch (err) {
       if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, opts.base);
+      return sendProblem(reply, err, opts);
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
 }
 
+/** Options of {@link operationHandler}: see {@link RouteOperationOptions}. */
+export type FastifyOperationOptions<D extends DatabaseHandle> = RouteOperationOptions<D, FastifyRequest>;
+
 /**
  * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
  * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
  * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's.
+ *
+ * @throws {@link InvalidOptionsError} at once on invalid options.
  */
-export function operationHandler<D extends DatabaseHandle>(options: {
-  db: D;
-  operation: string;
-  schema?: string;
-  resolveTenant(req: FastifyRequest): string | undefined | Promise<string | undefined>;
-}): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
-  assertValidOperation(options.operation, 'operationHandler()');
-  if (typeof options.resolveTenant !== 'function') {
-    throw new InvalidOptionsError('operationHandler() needs resolveTenant(req): the caller scope of each key.');
-  }
-  return async function operationRoute(req, reply) {
+export function operationHandler<D extends DatabaseHandle>(
+  options: FastifyOperationOptions<D>,
+): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
+  const serve = operationRoute(options, 'operationHandler()');
+  return async function operationResource(req, reply) {
     let response: IdempotentResponse;
     try {
-      const tenant = assertValidTenant(await options.resolveTenant(req));
-      response = await serveOperation(
-        options.db,
-        { tenant, operation: options.operation, operationId: req.params.operationId },
-        options.schema === undefined ? {} : { schema: options.schema },
-      );
+      response = await serve(req, req.params.operationId);
     } catch (err) {
       if (!isProblemError(err)) throw err;
       return sendProblem(reply, err, {});
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
+  };
+}
+
+/** The parts of a Fastify request the shared flows read. */
+function partsOf(req: FastifyRequest): RouteRequest {
+  return {
+    headers: req.headers,
+    method: req.method,
+    rawBody: rawBodyOf(req),
+    setBody: (body) => (req.body = body),
   };
 }
 

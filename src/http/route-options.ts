@@ -1,18 +1,26 @@
 /**
  * What the framework adapters (Fastify, Express) share: the options of an idempotent route and
- * the one-transaction request flow.
+ * the request flows of both modes (one-transaction, lease) and of the operation resource.
  */
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
 import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
-import { fingerprintAndParse, parseJsonBody, type FingerprintInput } from '../idempotency/fingerprint.js';
+import {
+  fingerprintAndParse,
+  parseJsonBody,
+  type Fingerprint,
+  type FingerprintInput,
+} from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
+import { executeLeased, type LeaseContext, type LeasedResult } from '../idempotency/lease.js';
+import { resolveLeaseOptions, type LeaseOptions, type ResolvedLeaseOptions } from '../idempotency/lease-options.js';
 import {
   resolveIdempotencyOptions,
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
 } from '../idempotency/options.js';
-import type { HandlerResponse, IdempotentResult } from '../idempotency/state-machine.js';
+import { serveOperation } from '../idempotency/reconcile.js';
+import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
 
 /** Default `maxBodyBytes`, in bytes: 1 MiB, the default body limit of Fastify and of `express.raw`. */
@@ -50,14 +58,46 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
 }
 
 /** An idempotent route's options, validated once, as both adapters run them. */
-export interface ResolvedRoute<D extends DatabaseHandle, Req> {
-  db: D;
-  operation: string;
+export interface ResolvedRoute<D extends DatabaseHandle, Req> extends RouteScope<D, Req> {
   opts: ResolvedIdempotencyOptions;
   required: boolean;
+}
+
+/** What both modes resolve the same way: where, what, who, and the fingerprint's inputs. */
+interface RouteScope<D extends DatabaseHandle, Req> {
+  db: D;
+  operation: string;
   maxBodyBytes: number;
+  /** Lower-cased, once per route. */
   semanticHeaders: readonly string[];
   resolveTenant(req: Req): string | undefined | Promise<string | undefined>;
+}
+
+function resolveScope<D extends DatabaseHandle, Req>(
+  options: Omit<RouteIdempotencyOptions<D, Req>, keyof IdempotencyOptions>,
+  handler: unknown,
+  what: string,
+): RouteScope<D, Req> {
+  assertValidOperation(options.operation, what);
+  if (typeof options.resolveTenant !== 'function') {
+    throw new InvalidOptionsError(`${what} needs resolveTenant(req): the caller scope of each key.`);
+  }
+  if (typeof handler !== 'function') throw new InvalidOptionsError(`${what} needs a handler function.`);
+  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
+    throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${String(maxBodyBytes)}.`);
+  }
+  const semanticHeaders = options.semanticHeaders ?? [];
+  if (!Array.isArray(semanticHeaders) || semanticHeaders.some((h) => typeof h !== 'string')) {
+    throw new InvalidOptionsError('semanticHeaders must be an array of header names.');
+  }
+  return {
+    db: options.db,
+    operation: options.operation,
+    maxBodyBytes,
+    semanticHeaders: Object.freeze(semanticHeaders.map((h) => h.toLowerCase())),
+    resolveTenant: options.resolveTenant.bind(options),
+  };
 }
 
 /**
@@ -70,24 +110,7 @@ export function resolveRoute<D extends DatabaseHandle, Req>(
   what: string,
 ): ResolvedRoute<D, Req> {
   const opts = resolveIdempotencyOptions(options);
-  assertValidOperation(options.operation, what);
-  if (typeof options.resolveTenant !== 'function') {
-    throw new InvalidOptionsError(`${what} needs resolveTenant(req): the caller scope of each key.`);
-  }
-  if (typeof handler !== 'function') throw new InvalidOptionsError(`${what} needs a handler function.`);
-  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
-  if (!Number.isSafeInteger(maxBodyBytes) || maxBodyBytes < 0) {
-    throw new InvalidOptionsError(`maxBodyBytes must be a non-negative integer (bytes), got ${String(maxBodyBytes)}.`);
-  }
-  return {
-    db: options.db,
-    operation: options.operation,
-    opts,
-    required: options.required ?? true,
-    maxBodyBytes,
-    semanticHeaders: (options.semanticHeaders ?? []).map((h) => h.toLowerCase()),
-    resolveTenant: (req) => options.resolveTenant(req),
-  };
+  return { ...resolveScope(options, handler, what), opts, required: options.required ?? true };
 }
 
 /** What the flow needs of a framework's request. */
@@ -100,8 +123,11 @@ export interface RouteRequest {
   setBody(body: unknown): void;
 }
 
+const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
+
 /** The declared semantic headers of a request, lower-cased, repeated values joined by ", ". */
 export function pickHeaders(headers: RouteRequest['headers'], names: readonly string[]): Record<string, string> {
+  if (names.length === 0) return NO_HEADERS;
   const picked: Record<string, string> = {};
   for (const name of names) {
     const value = headers[name];
@@ -109,6 +135,29 @@ export function pickHeaders(headers: RouteRequest['headers'], names: readonly st
     picked[name] = Array.isArray(value) ? value.join(', ') : String(value);
   }
   return picked;
+}
+
+/**
+ * Resolves the tenant and fingerprints the raw body and the semantic headers of a keyed request,
+ * then hands the parsed body to the request (`setBody`).
+ */
+async function identify<D extends DatabaseHandle, Req>(
+  route: RouteScope<D, Req>,
+  req: Req,
+  parts: RouteRequest,
+  key: string,
+): Promise<{ tenant: string; operation: string; key: string; fingerprint: Fingerprint }> {
+  const tenant = assertValidTenant(await route.resolveTenant(req));
+  const { fingerprint, body } = fingerprintAndParse({
+    tenant,
+    operation: route.operation,
+    method: parts.method,
+    body: parts.rawBody,
+    semanticHeaders: pickHeaders(parts.headers, route.semanticHeaders),
+    maxBodyBytes: route.maxBodyBytes,
+  });
+  parts.setBody(body);
+  return { tenant, operation: route.operation, key, fingerprint };
 }
 
 /**
@@ -128,15 +177,88 @@ export async function runIdempotentRoute<D extends DatabaseHandle, Req>(
     parts.setBody(parsed.present ? parsed.value : undefined);
     return executeWithoutKey(route.db, handler, route.opts);
   }
-  const tenant = assertValidTenant(await route.resolveTenant(req));
-  const { fingerprint, body } = fingerprintAndParse({
-    tenant,
-    operation: route.operation,
-    method: parts.method,
-    body: parts.rawBody,
-    semanticHeaders: pickHeaders(parts.headers, route.semanticHeaders),
-    maxBodyBytes: route.maxBodyBytes,
-  });
-  parts.setBody(body);
-  return executeIdempotent(route.db, { tenant, operation: route.operation, key, fingerprint }, handler, route.opts);
+  return executeIdempotent(route.db, await identify(route, req, parts, key), handler, route.opts);
+}
+
+/** Options of a lease-mode route: {@link RouteIdempotencyOptions} with the lease-mode options. */
+export interface RouteLeaseOptions<D extends DatabaseHandle, Req>
+  extends Omit<RouteIdempotencyOptions<D, Req>, 'policy' | 'required'>, LeaseOptions {
+  /**
+   * The caller's deadline for this request, in ms since the epoch (bounds policy `wait`), for
+   * example from a `Request-Timeout` header. @defaultValue none (only `waitTimeoutMs` bounds it)
+   */
+  deadline?(req: Req): number | undefined;
+}
+
+/** A lease-mode route's options, validated once, as both adapters run them. */
+export interface ResolvedLeaseRoute<D extends DatabaseHandle, Req> extends RouteScope<D, Req> {
+  opts: ResolvedLeaseOptions;
+  deadline: ((req: Req) => number | undefined) | undefined;
+}
+
+/**
+ * Validates a lease-mode adapter's options once, when the route is built.
+ * @throws {@link InvalidOptionsError} on invalid options (see `resolveLeaseOptions()` too).
+ */
+export function resolveLeaseRoute<D extends DatabaseHandle, Req>(
+  options: RouteLeaseOptions<D, Req>,
+  handler: unknown,
+  what: string,
+): ResolvedLeaseRoute<D, Req> {
+  const opts = resolveLeaseOptions(options);
+  if (options.deadline !== undefined && typeof options.deadline !== 'function') {
+    throw new InvalidOptionsError(`${what}: deadline must be a function (req) => ms since the epoch.`);
+  }
+  return { ...resolveScope(options, handler, what), opts, deadline: options.deadline?.bind(options) };
+}
+
+/**
+ * The lease-mode flow of both adapters: parse the key (always required), resolve the tenant,
+ * fingerprint the raw body, then run `handler` through `executeLeased()`. Throws outboxkit's
+ * problem errors for the adapter to answer.
+ */
+export async function runLeaseRoute<D extends DatabaseHandle, Req>(
+  route: ResolvedLeaseRoute<D, Req>,
+  req: Req,
+  parts: RouteRequest,
+  handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
+): Promise<LeasedResult> {
+  const key = parseIdempotencyKey(parts.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
+  const request = await identify(route, req, parts, key);
+  const deadline = route.deadline?.(req);
+  return executeLeased(route.db, deadline === undefined ? request : { ...request, deadline }, handler, route.opts);
+}
+
+/** Options of an operation resource route (the `Location` of a 202 under policy `async`). */
+export interface RouteOperationOptions<D extends DatabaseHandle, Req> {
+  /** The database of the lease-mode route. */
+  db: D;
+  /** The operation of the lease-mode route. */
+  operation: string;
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+  /** The same caller scope as the lease-mode route's: another tenant's id is 404. */
+  resolveTenant(req: Req): string | undefined | Promise<string | undefined>;
+}
+
+/**
+ * Validates an operation resource's options once and returns the flow of its `GET`: the stored
+ * result once finished, 202 while pending, 404 for an unknown id or another tenant's (see
+ * `serveOperation()`). Throws outboxkit's problem errors for the adapter to answer.
+ * @throws {@link InvalidOptionsError} at once on an invalid operation or tenant resolver.
+ */
+export function operationRoute<D extends DatabaseHandle, Req>(
+  options: RouteOperationOptions<D, Req>,
+  what: string,
+): (req: Req, operationId: string) => Promise<IdempotentResponse> {
+  assertValidOperation(options.operation, what);
+  if (typeof options.resolveTenant !== 'function') {
+    throw new InvalidOptionsError(`${what} needs resolveTenant(req): the caller scope of each key.`);
+  }
+  const { db, operation } = options;
+  const serveOptions = options.schema === undefined ? {} : { schema: options.schema };
+  return async (req, operationId) => {
+    const tenant = assertValidTenant(await options.resolveTenant(req));
+    return serveOperation(db, { tenant, operation, operationId }, serveOptions);
+  };
 }

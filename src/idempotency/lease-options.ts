@@ -30,6 +30,18 @@ export interface LeaseOptions extends Omit<IdempotencyOptions, 'policy'> {
   /** Under `wait`: the bounded poll interval between notifications, in milliseconds. @defaultValue 500 */
   pollIntervalMs?: number;
   /**
+   * Automatic renewal (opt-in): while the handler runs, the lease is extended by `leaseMs` every
+   * `renewEveryMs` milliseconds (one fenced UPDATE in its own short transaction, database clock),
+   * so a handler may outlive `leaseMs` without being taken over. Renewal stops when the handler
+   * ends. When a renewal finds that another execution took over, renewal stops, `ctx.signal` is
+   * aborted with the {@link LeaseLostError}, and the handler's result is not stored (the
+   * execution ends with that error). A renewal that fails for another reason (the database
+   * unreachable) is logged and tried again at the next interval; the lease may then expire.
+   * Must be shorter than `leaseMs`; a third of it leaves room for two missed renewals.
+   * @defaultValue none (no automatic renewal; the handler may call `ctx.renew()`)
+   */
+  renewEveryMs?: number;
+  /**
    * Under `async` (required) and for uncertain outcomes: the URL of the operation resource of a
    * record, from its opaque `operationId` (never the key), for example
    * `(id) => '/operations/create-order/' + id`.
@@ -43,6 +55,8 @@ export interface ResolvedLeaseOptions {
   readonly policy: LeasePolicy;
   readonly leaseMs: number;
   readonly pollIntervalMs: number;
+  /** Automatic renewal interval in ms, or `undefined` (off). */
+  readonly renewEveryMs: number | undefined;
   readonly operationLocation: ((operationId: string) => string) | undefined;
   readonly channel: string;
 }
@@ -62,7 +76,8 @@ function ms(name: string, value: unknown, min: number, max: number): number {
 /**
  * Applies defaults to `options` and validates them once.
  * @throws {@link InvalidOptionsError} on an unknown policy, a duration out of range, `async`
- *   without `operationLocation`, or a lease not shorter than the retention.
+ *   without `operationLocation`, a lease not shorter than the retention, or a `renewEveryMs` not
+ *   shorter than the lease.
  */
 export function resolveLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions = {}): ResolvedLeaseOptions {
   if (resolved.has(options)) return options as ResolvedLeaseOptions;
@@ -76,6 +91,7 @@ export function resolveLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions
   if (leaseMs >= base.retentionMs) {
     throw new InvalidOptionsError(`leaseMs (${leaseMs}) must be shorter than retentionMs (${base.retentionMs}).`);
   }
+  const renewEveryMs = o.renewEveryMs === undefined ? undefined : ms('renewEveryMs', o.renewEveryMs, 10, leaseMs - 1);
   if (o.operationLocation !== undefined && typeof o.operationLocation !== 'function') {
     throw new InvalidOptionsError('operationLocation must be a function (operationId) => URL.');
   }
@@ -87,6 +103,7 @@ export function resolveLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions
     policy,
     leaseMs,
     pollIntervalMs: ms('pollIntervalMs', o.pollIntervalMs ?? LEASE_DEFAULTS.pollIntervalMs, 10, 60_000),
+    renewEveryMs,
     operationLocation: o.operationLocation,
     channel: leaseChannel(base.schema),
   });

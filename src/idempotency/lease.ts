@@ -73,13 +73,21 @@ export interface UncertainOutcome extends HandlerResponse {
 export interface LeaseContext<D extends DatabaseHandle> {
   /** This execution's owner token (fencing): send it downstream as the external idempotency key. */
   readonly ownerToken: string;
+  /**
+   * Aborted when this execution learns that it has lost its lease (another execution took over):
+   * by the automatic renewal (`renewEveryMs`), `renew()` or `transaction()`. Its `reason` is the
+   * {@link LeaseLostError}. Pass it to long calls (`fetch(url, { signal })`) to stop work whose
+   * result can no longer be stored. Never aborted while this execution owns the record.
+   */
+  readonly signal: AbortSignal;
   /** 1 for the first execution, + 1 per takeover. */
   readonly generation: number;
   /** The record's public id (operation resource, NOTIFY payload); never the key. */
   readonly operationId: string;
   /**
-   * Extends the lease by `leaseMs` from now (database clock).
-   * @throws {@link LeaseLostError} when another execution has taken over.
+   * Extends the lease by `leaseMs` from now (database clock). With `renewEveryMs` this happens on
+   * its own while the handler runs.
+   * @throws {@link LeaseLostError} when another execution has taken over (and aborts `signal`).
    */
   renew(): Promise<void>;
   /**
@@ -167,7 +175,8 @@ function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause
  *    replay; `processing` (live lease) or `uncertain` → the policy (`reject` 409, `wait`, `async`
  *    202).
  * 3. `handler(ctx)` runs outside any transaction; its local writes go through the fenced
- *    `ctx.transaction()`; it may `ctx.renew()` the lease.
+ *    `ctx.transaction()`; it may `ctx.renew()` the lease, or let `renewEveryMs` renew it while it
+ *    runs (`ctx.signal` aborts if a renewal finds the lease lost).
  * 4. Its response is stored with a statement fenced by the owner token (`completed` for 2xx/3xx,
  *    `failed` for a 4xx, `uncertain` for `ctx.uncertain()`), or the record is released (an error
  *    or a 5xx/408/409/425/429 before any effect). After an effect, an error or such a status is
@@ -319,13 +328,25 @@ async function runOwned<D extends DatabaseHandle>(
   let effects = false;
   const inTx = <T>(fn: (q: ReturnType<typeof joinTransaction>) => Promise<T>): Promise<T> =>
     runTransaction(db, (tx) => fn(joinTransaction(tx as TransactionHandle, 'executeLeased()')));
+  // Set once this execution knows it lost the record; `signal` carries it to the handler.
+  let lost: LeaseLostError | undefined;
+  const controller = new AbortController();
+  const loseLease = (what: string): LeaseLostError => {
+    if (lost === undefined) {
+      lost = notOwner(scope, what);
+      base.logger.warn({ ...log, generation: claim.generation }, 'idempotency lease lost to another execution');
+      controller.abort(lost);
+    }
+    return lost;
+  };
   const ctx: LeaseContext<D> = {
     ownerToken,
     generation: claim.generation,
     operationId,
+    signal: controller.signal,
     async renew() {
       if (!(await inTx((q) => renewLease(q, table, scope, ownerToken, opts.leaseMs)))) {
-        throw notOwner(scope, 'the lease was not renewed');
+        throw loseLease('the lease was not renewed');
       }
     },
     effect() {
@@ -335,7 +356,7 @@ async function runOwned<D extends DatabaseHandle>(
       effects = true;
       return runTransaction(db, async (tx) => {
         const q = joinTransaction(tx as TransactionHandle, 'ctx.transaction()');
-        if (!(await fenceLease(q, table, scope, ownerToken))) throw notOwner(scope, 'nothing was written');
+        if (!(await fenceLease(q, table, scope, ownerToken))) throw loseLease('nothing was written');
         return fn(tx);
       });
     },
@@ -354,6 +375,14 @@ async function runOwned<D extends DatabaseHandle>(
   let returned: HandlerResponse;
   let marker: UncertainOutcome[typeof UNCERTAIN] | undefined;
   let response: IdempotentResponse | undefined;
+  const renewal =
+    opts.renewEveryMs === undefined
+      ? undefined
+      : renewEvery(opts.renewEveryMs, () => inTx((q) => renewLease(q, table, scope, ownerToken, opts.leaseMs)), {
+          lost: () => loseLease('the lease was not renewed'),
+          failed: (err) => base.logger.warn({ ...log, err }, 'idempotency lease renewal failed; trying again'),
+          renewed: () => base.logger.debug({ ...log, generation: claim.generation }, 'idempotency lease renewed'),
+        });
   try {
     returned = await handler(ctx);
     marker = (returned as Partial<UncertainOutcome> | null | undefined)?.[UNCERTAIN];
@@ -362,7 +391,11 @@ async function runOwned<D extends DatabaseHandle>(
     // key (no effect yet) or is stored as failed (after an effect), never leaves it processing.
     if (marker === undefined) response = normaliseResponse(returned);
   } catch (err) {
+    renewal?.stop();
     if (isOutboxkitError(err, 'OUTBOXKIT_LEASE_LOST')) throw err;
+    // The handler failed after learning that it lost the lease (an abort through `signal`):
+    // nothing of this execution may be stored or released; the new owner decides.
+    if (lost !== undefined) throw lost;
     if (!effects) {
       const released = await inTx((q) => releaseLease(q, table, opts.channel, scope, ownerToken)).catch(() => false);
       base.logger.debug({ ...log, released }, 'leased handler failed before any effect: key released');
@@ -382,6 +415,7 @@ async function runOwned<D extends DatabaseHandle>(
     });
     return store(response, 'failed');
   }
+  renewal?.stop();
 
   if (marker !== undefined || response === undefined) {
     const reason = marker?.reason ?? 'outcome unknown';
@@ -429,6 +463,52 @@ async function runOwned<D extends DatabaseHandle>(
     base.logger.debug({ ...log, status: response.status, generation: claim.generation }, 'leased request executed');
     return { replayed: false, outcome: 'executed', response };
   }
+}
+
+/**
+ * Calls `renew` every `intervalMs` until stopped or until it reports the lease lost (`false`).
+ * One renewal at a time: the next interval starts when the previous renewal has settled. After
+ * `stop()`, a renewal still in flight is ignored (its UPDATE is fenced: once the record is
+ * stored, released or marked uncertain it changes nothing).
+ */
+function renewEvery(
+  intervalMs: number,
+  renew: () => Promise<boolean>,
+  on: { lost(): void; failed(err: unknown): void; renewed(): void },
+): { stop(): void } {
+  let stopped = false;
+  let timer: NodeJS.Timeout | undefined;
+  const tick = async (): Promise<void> => {
+    let owned: boolean;
+    try {
+      owned = await renew();
+    } catch (err) {
+      if (stopped) return;
+      on.failed(err);
+      schedule();
+      return;
+    }
+    if (stopped) return;
+    if (!owned) {
+      stopped = true;
+      on.lost();
+      return;
+    }
+    on.renewed();
+    schedule();
+  };
+  const schedule = () => {
+    timer = setTimeout(() => void tick(), intervalMs);
+    // A renewal never keeps the process alive on its own: the handler's work does.
+    timer.unref();
+  };
+  schedule();
+  return {
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+    },
+  };
 }
 
 function translate(
