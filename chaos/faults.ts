@@ -24,12 +24,12 @@ export type FaultKind = keyof typeof FAULT_KINDS;
 
 /** Crash points (src/crash-point.ts) and the role whose process reaches them. */
 export const CRASH_POINTS: readonly { point: string; role: Role; after: [number, number] }[] = [
-  { point: 'idempotency:after-claim', role: 'orders', after: [1, 40] },
-  { point: 'idempotency:before-commit', role: 'orders', after: [1, 40] },
-  { point: 'idempotency:after-commit', role: 'orders', after: [1, 40] },
-  { point: 'relay:before-send', role: 'relay', after: [1, 6] },
-  { point: 'relay:after-send', role: 'relay', after: [1, 6] },
-  { point: 'consumer:after-commit', role: 'consumer', after: [1, 40] },
+  { point: 'idempotency:after-claim', role: 'orders', after: [1, 10] },
+  { point: 'idempotency:before-commit', role: 'orders', after: [1, 10] },
+  { point: 'idempotency:after-commit', role: 'orders', after: [1, 10] },
+  { point: 'relay:before-send', role: 'relay', after: [1, 4] },
+  { point: 'relay:after-send', role: 'relay', after: [1, 4] },
+  { point: 'consumer:after-commit', role: 'consumer', after: [1, 10] },
 ];
 
 /** Relative frequency of each kind after the first of each. */
@@ -112,6 +112,8 @@ export interface FaultOutcome {
   detail: string;
   /** The crash point armed by a `crash-point` fault. */
   armed?: string;
+  /** Skipped for good (the target can never exist in this run): not worth a second try. */
+  final?: boolean;
 }
 
 const skipped = (detail: string): FaultOutcome => ({ injected: false, detail });
@@ -156,7 +158,7 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       return { injected: true, detail: `${s.name} leaves` };
     }
     case 'kill-broker': {
-      if (!c.broker) return skipped('the broker is not the harness own (--brokers)');
+      if (!c.broker) return { ...skipped('the broker is not the harness own (--brokers)'), final: true };
       if (c.brokerDown) return skipped('the broker is already down');
       c.brokerDown = true;
       const broker = c.broker;
@@ -202,7 +204,7 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       return { injected: true, detail: `pg_terminate_backend ${targets.length} backend(s) of ${pattern}` };
     }
     case 'clock-skew': {
-      if (!sup.faketime) return skipped('faketime is not installed (apt-get install faketime)');
+      if (!sup.faketime) return { ...skipped('faketime is not installed (apt-get install faketime)'), final: true };
       const s = random.chance(0.7) ? one('relay') : one('consumer');
       if (!s) return skipped('no live target');
       const skew = s.skew === undefined ? random.pick(SKEWS) : undefined;

@@ -20,7 +20,15 @@ import { ensurePostgres, startScratchBroker, type ScratchBroker } from '../scrip
 import { migrate } from '../src/migrate.js';
 import { checkRun } from './check.js';
 import { pipelineBacklog, readDatabase, readTopic, toDeadLetters, toPublished } from './collect.js';
-import { CRASH_POINTS, FAULT_KINDS, injectFault, planFaults, type FaultContext, type FaultKind } from './faults.js';
+import {
+  CRASH_POINTS,
+  FAULT_KINDS,
+  injectFault,
+  planFaults,
+  type FaultContext,
+  type FaultKind,
+  type FaultOutcome,
+} from './faults.js';
 import { Ledger } from './ledger.js';
 import { retryUnanswered, runLoad } from './load.js';
 import {
@@ -213,13 +221,19 @@ async function main(): Promise<number> {
     };
     const loadStart = Date.now();
     const inject = async (kind: FaultKind) => {
-      const outcome = await injectFault(kind, ctx).catch((err: Error) => ({
-        injected: false,
-        detail: `failed: ${err.message}`,
-      }));
+      // A target that is down now (restarting, the broker recovering) is tried again a few times.
+      let outcome: FaultOutcome = { injected: false, detail: '' };
+      for (let attempt = 1; attempt <= 4; attempt++) {
+        outcome = await injectFault(kind, ctx).catch((err: Error) => ({
+          injected: false,
+          detail: `failed: ${err.message}`,
+        }));
+        if (outcome.injected || outcome.final) break;
+        await sleep(2_500);
+      }
       if (outcome.injected) {
         injected.set(kind, (injected.get(kind) ?? 0) + 1);
-        if ('armed' in outcome && outcome.armed) crashPoints.get(outcome.armed)!.armed++;
+        if (outcome.armed) crashPoints.get(outcome.armed)!.armed++;
       } else {
         skipped.set(kind, [...(skipped.get(kind) ?? []), outcome.detail]);
       }

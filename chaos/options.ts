@@ -21,7 +21,7 @@ export interface Profile {
  */
 export const PROFILES: Readonly<Record<'tiny' | 'short' | 'long', Readonly<Profile>>> = Object.freeze({
   tiny: Object.freeze({ faults: 10, seconds: 25, rate: 10, relays: 2, consumers: 2 }),
-  short: Object.freeze({ faults: 60, seconds: 150, rate: 15, relays: 3, consumers: 2 }),
+  short: Object.freeze({ faults: 64, seconds: 150, rate: 15, relays: 3, consumers: 2 }),
   long: Object.freeze({ faults: 600, seconds: 1_800, rate: 25, relays: 3, consumers: 3 }),
 });
 
