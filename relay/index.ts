@@ -2,5 +2,8 @@
 export { Relay, createRelay, RELAY_DEFAULTS, resolveRelayOptions } from './relay.js';
 export type { RelayOptions, ResolvedRelayOptions, RelayEvents } from './relay.js';
 export { createKafkajsProducer, SAFE_PRODUCER_CONFIG } from './producer.js';
-export type { RelayProducer, OutboundRecord } from './producer.js';
+export type { RelayProducer, OutboundRecord, KafkajsProducerOptions } from './producer.js';
 export { releaseOwner, laneOwners, backlog } from './sql.js';
+// Metrics and health endpoints, for a relay embedded in an application process.
+export { relayMetrics, relayReadiness, serveMetrics, PUBLISH_DURATION_BUCKETS } from './metrics.js';
+export type { RelayReadiness } from './metrics.js';
