@@ -427,12 +427,16 @@ export interface Probe {
   at: number;
   /** The database clock, ISO text, at the probe. */
   dbNow: string;
-  /** Outbox events created so far (the sequence's last value: one event per order here). */
-  created: number;
-  /** Committed events not yet published. */
+  /** Outbox events of every topic created so far (the sequence's last value). */
+  createdAll: number;
+  /** Committed events of every topic not yet published (the relay's backlog). */
   pending: number;
-  /** created − pending. */
+  /** createdAll − pending: events published, every topic. */
   published: number;
+  /** Events of the orders topic created so far (createdAll minus {@link Pipeline.otherEvents}). */
+  created: number;
+  /** Events of the orders topic not yet published. */
+  pendingOrders: number;
   /** Events applied by the consumer (inbox rows of its group). */
   applied: number;
 }
@@ -474,6 +478,8 @@ export class Pipeline {
   relays: Child[] = [];
   consumer: Child | undefined;
   baseUrl = '';
+  /** Events committed to other topics than the orders topic so far (set by a bench that writes some). */
+  otherEvents: () => number = () => 0;
   private anchor = { at: '', base: 0 };
   private relayCount = 0;
 
@@ -615,21 +621,30 @@ export class Pipeline {
   /** Counts now (cheap enough to run every few hundred ms). */
   async probe(): Promise<Probe> {
     if (this.anchor.at === '') await this.rebase();
-    const { rows } = await this.monitor.query<{ now: string; created: string; pending: number; applied: number }>(
+    const { rows } = await this.monitor.query<{
+      now: string;
+      created: string;
+      pending: number;
+      pending_orders: number;
+      applied: number;
+    }>(
       `SELECT clock_timestamp()::text AS now,
               (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outboxkit.outbox_events_seq_seq)::text AS created,
               (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL)::int AS pending,
+              (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL AND topic = $3)::int AS pending_orders,
               (SELECT count(*) FROM outboxkit.inbox WHERE consumer_group = $1 AND processed_at >= $2::timestamptz)::int AS applied`,
-      [this.group, this.anchor.at],
+      [this.group, this.anchor.at, this.topic],
     );
     const r = rows[0]!;
-    const created = Number(r.created);
+    const createdAll = Number(r.created);
     return {
       at: performance.now(),
       dbNow: r.now,
-      created,
+      createdAll,
       pending: r.pending,
-      published: created - r.pending,
+      published: createdAll - r.pending,
+      created: createdAll - this.otherEvents(),
+      pendingOrders: r.pending_orders,
       applied: this.anchor.base + r.applied,
     };
   }
@@ -726,7 +741,7 @@ export interface Window {
   shed: number;
   /** Least-squares growth, per second, of the outbox backlog (pending rows). */
   backlogSlope: number;
-  /** ... of the consumer lag (published − applied). */
+  /** ... of the consumer lag (orders events published − applied). */
   lagSlope: number;
   /** ... of everything in flight (created − applied). */
   inFlightSlope: number;
@@ -776,7 +791,7 @@ export async function measureWindow(
   const dt = (last.at - first.at) / 1000;
   const xs = (f: (q: Probe) => number) => probes.map((q) => ({ x: (q.at - first.at) / 1000, y: f(q) }));
   const backlogSlope = slope(xs((q) => q.pending));
-  const lagSlope = slope(xs((q) => q.published - q.applied));
+  const lagSlope = slope(xs((q) => q.created - q.pendingOrders - q.applied));
   const inFlightSlope = slope(xs((q) => q.created - q.applied));
   const achieved = (c1.ok - c0.ok) / dt;
   const errors = c1.errors - c0.errors;
