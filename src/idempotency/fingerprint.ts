@@ -232,15 +232,19 @@ function checkIJson(text: string): void {
       i++;
     } else if (c === 0x22 /* " */) {
       let j = i + 1;
+      let escaped = false;
       while (j < n) {
         const d = text.charCodeAt(j);
-        if (d === 0x5c) j += 2;
-        else if (d === 0x22) break;
+        if (d === 0x5c) {
+          escaped = true;
+          j += 2;
+        } else if (d === 0x22) break;
         else j++;
       }
       const top = stack[stack.length - 1];
       if (top?.object && top.expectKey && top.keys) {
-        const name = JSON.parse(text.slice(i, j + 1)) as string;
+        // Without a backslash the name is the text between the quotes (JSON.parse accepted it).
+        const name = escaped ? (JSON.parse(text.slice(i, j + 1)) as string) : text.slice(i + 1, j);
         if (top.keys.has(name)) {
           throw new BodyInvalidError(
             `The request body has the member ${JSON.stringify(name)} twice in one object; I-JSON (RFC 7493) forbids duplicate names.`,
@@ -251,8 +255,18 @@ function checkIJson(text: string): void {
       i = j + 1;
     } else if (c === 0x2d /* - */ || (c >= 0x30 && c <= 0x39)) {
       let j = i + 1;
-      while (j < n && /[0-9eE.+-]/.test(text[j] as string)) j++;
-      checkNumber(text.slice(i, j));
+      let integer = true;
+      for (; j < n; j++) {
+        const d = text.charCodeAt(j);
+        if (d >= 0x30 && d <= 0x39) continue;
+        // . e E + -
+        if (d === 0x2e || d === 0x65 || d === 0x45 || d === 0x2b || d === 0x2d) integer = false;
+        else break;
+      }
+      // An integer of at most 15 digits is below 2^53: a double holds it exactly, and
+      // JSON.stringify prints it as written (JSON allows no leading zeros). Others are checked.
+      const digits = c === 0x2d ? j - i - 1 : j - i;
+      if (!integer || digits > 15) checkNumber(text.slice(i, j));
       i = j;
     } else {
       i++; // whitespace, or the letters of true/false/null

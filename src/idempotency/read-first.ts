@@ -49,10 +49,29 @@ function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
  * offers neither (the read-first path is then skipped, the claim alone decides).
  */
 export function autocommitQueryable(db: DatabaseHandle): Queryable | undefined {
+  let q = autocommit.get(db);
+  if (q === undefined && !autocommit.has(db)) {
+    q = makeAutocommitQueryable(db);
+    autocommit.set(db, q);
+  }
+  return q;
+}
+
+// One adapter per database handle, built on its first request rather than on every one.
+const autocommit = new WeakMap<object, Queryable | undefined>();
+
+function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
   if (isPgPool(db)) {
     return {
-      async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
-        const r = await db.query(text, values as unknown[]);
+      async query<R>(
+        text: string,
+        values: readonly unknown[] = [],
+        options?: { name?: string },
+      ): Promise<QueryResult<R>> {
+        const r =
+          options?.name === undefined
+            ? await db.query(text, values as unknown[])
+            : await db.query({ name: options.name, text, values: values as unknown[] });
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };

@@ -5,6 +5,7 @@
  *
  * `table` is the quoted, validated `"schema".idempotency_keys` from {@link idempotencyTable}.
  */
+import { createHash } from 'node:crypto';
 import type { Queryable } from '../database.js';
 import type { IdempotencyState } from '../schema.js';
 import type { Fingerprint } from './fingerprint.js';
@@ -248,14 +249,52 @@ export async function lookupTerminalRecord(
   table: string,
   scope: KeyScope,
 ): Promise<StoredRecord | undefined> {
-  const { rows } = await db.query<RecordRow>(
-    `SELECT state, fingerprint, fingerprint_version, response_status, response_headers, response_body
-       FROM ${table}
+  const statement = lookupStatement(table);
+  const { rows } = await db.query<RecordRow>(statement.text, [scope.tenant, scope.operation, scope.key], statement);
+  return toStoredRecord(rows[0]);
+}
+
+/** A statement's text and the stable name under which node-postgres prepares it per connection. */
+interface NamedStatement {
+  readonly text: string;
+  readonly name: string;
+}
+
+/**
+ * Names a hot-path statement of `table` (once per table and statement): the name is derived from
+ * the text, so one name always goes with one text, as node-postgres requires. With a `pg` client,
+ * a named statement is parsed and planned once per connection instead of once per request (the
+ * read-first SELECT of every replay, the completion of every new key); drizzle ignores the name.
+ * Behind PgBouncer in transaction mode this needs PgBouncer 1.21 or later with
+ * `max_prepared_statements` set (as `enqueue()`).
+ */
+function namedStatement(
+  cache: Map<string, NamedStatement>,
+  table: string,
+  build: (t: string) => string,
+): NamedStatement {
+  let statement = cache.get(table);
+  if (statement === undefined) {
+    const text = build(table);
+    const name = `outboxkit_idem_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
+    statement = Object.freeze({ text, name });
+    cache.set(table, statement);
+  }
+  return statement;
+}
+
+const lookupStatements = new Map<string, NamedStatement>();
+const completeStatements = new Map<string, NamedStatement>();
+
+function lookupStatement(table: string): NamedStatement {
+  return namedStatement(
+    lookupStatements,
+    table,
+    (t) => `SELECT state, fingerprint, fingerprint_version, response_status, response_headers, response_body
+       FROM ${t}
       WHERE tenant = $1 AND operation = $2 AND key = $3
         AND state IN ('completed', 'failed') AND expires_at > now()`,
-    [scope.tenant, scope.operation, scope.key],
   );
-  return toStoredRecord(rows[0]);
 }
 
 function toStoredRecord(r: RecordRow | undefined): StoredRecord | undefined {
@@ -295,8 +334,10 @@ export async function completeKey(
   completion: Completion,
   retentionMs: number,
 ): Promise<boolean> {
-  const { rowCount } = await db.query(
-    `UPDATE ${table}
+  const statement = namedStatement(
+    completeStatements,
+    table,
+    (t) => `UPDATE ${t}
         SET state = $5,
             response_status = $6::smallint,
             response_headers = $7::jsonb,
@@ -306,6 +347,9 @@ export async function completeKey(
             expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
       WHERE tenant = $1 AND operation = $2 AND key = $3
         AND state = 'processing' AND owner_token = $4::uuid`,
+  );
+  const { rowCount } = await db.query(
+    statement.text,
     [
       scope.tenant,
       scope.operation,
@@ -317,6 +361,7 @@ export async function completeKey(
       completion.body,
       retentionMs,
     ],
+    statement,
   );
   return rowCount === 1;
 }
