@@ -44,7 +44,7 @@ const RATE = knob('BENCH_CATCHUP_RATE', 200);
 const SEQ_RATE = knob('BENCH_CATCHUP_SEQ_RATE', 100);
 const SEQ_KEYS = knob('BENCH_CATCHUP_SEQ_KEYS', 50);
 const WARM_S = knob('BENCH_CATCHUP_WARM_S', 20);
-const STOP_S = knob('BENCH_CATCHUP_STOP_S', 45);
+const STOP_S = knob('BENCH_CATCHUP_STOP_S', 60);
 const AFTER_S = knob('BENCH_CATCHUP_AFTER_S', 15);
 const RELAYS = knob('BENCH_CATCHUP_RELAYS', 1);
 const SIGKILL = knob('BENCH_CATCHUP_SIGKILL', 0) === 1;
