@@ -1,7 +1,7 @@
 /**
- * Authenticated Kafka: the relay (CLI daemon and embedded) against a private broker with a
- * SASL_PLAINTEXT listener (SCRAM-SHA-256 and PLAIN users). TLS is not covered here: it needs
- * certificates and a TLS listener (see docs/kafka.md, "What is tested").
+ * Real-cluster connection settings against a private broker (test/relay/secure-broker.ts):
+ * SASL_PLAINTEXT (SCRAM-SHA-256 and PLAIN), SASL_SSL (TLS with a test CA + SCRAM-SHA-256) and
+ * mutual TLS, through the CLI daemon, the CLI commands and an embedded relay.
  */
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -13,17 +13,17 @@ import { Relay } from '../../relay/index.js';
 import { enqueue, kafkaConfigFromEnv } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { randomName } from '../helpers/kafka.js';
-import { kill, spawnRelay } from '../helpers/processes.js';
+import { kill, spawnCli, spawnRelay } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
-import { startSaslBroker, type SaslBroker } from './sasl-broker.js';
+import { startSecureBroker, type SecureBroker } from './secure-broker.js';
 
-let broker: SaslBroker;
+let broker: SecureBroker;
 let db: TestDatabase;
 const dir = mkdtempSync(path.join(tmpdir(), 'outboxkit-sasl-'));
 
 beforeAll(async () => {
-  // A random base port; the broker also uses port + 1 and port + 2.
-  broker = await startSaslBroker(21_000 + Math.floor(Math.random() * 10_000));
+  // A random base port; the broker also uses port + 1 to port + 4.
+  broker = await startSecureBroker(21_000 + Math.floor(Math.random() * 10_000));
   db = await createTestDatabase();
 }, 150_000);
 afterAll(async () => {
@@ -173,5 +173,60 @@ describe('relay over SASL', () => {
     } finally {
       await relay.stop();
     }
+  });
+});
+
+describe('relay and CLI over TLS', () => {
+  it('the CLI relay publishes through SASL_SSL (CA file, SCRAM, password file) set by --kafka-config', async () => {
+    const topic = await createTopic('sasl-ssl');
+    await enqueueEvents(topic, 3);
+    const passwordFile = path.join(dir, 'scram-password');
+    writeFileSync(passwordFile, `${broker.users.scram.password}\n`);
+    const file = path.join(dir, 'sasl-ssl.json');
+    writeFileSync(
+      file,
+      JSON.stringify({
+        brokers: broker.saslSslBrokers,
+        ssl: { caFile: broker.tls.caFile },
+        sasl: { mechanism: 'scram-sha-256', username: broker.users.scram.username, passwordFile },
+      }),
+    );
+    const relay = spawnRelay(db.url, { KAFKA_BROKERS: '' }, ['--kafka-config', file, '--log-level', 'debug']);
+    await waitFor(async () => (await pending(topic)) === 0, { timeoutMs: 30_000, message: relay.output.join('') });
+    expect(await messagesIn(topic)).toBe(3);
+    await kill(relay.proc, 'SIGTERM');
+    const logs = relay.output.join('');
+    expect(logs).toContain('"ssl":true');
+    expect(logs).not.toContain(broker.users.scram.password);
+  });
+
+  it('TLS without the CA that signed the broker certificate fails with a clear certificate error', async () => {
+    const r = spawnCli(['topics', 'ensure', randomName('untrusted'), '--json', '--kafka-ssl', '--kafka-retries', '0'], {
+      KAFKA_BROKERS: broker.saslSslBrokers.join(','),
+      KAFKA_SASL_MECHANISM: 'scram-sha-256',
+      KAFKA_SASL_USERNAME: broker.users.scram.username,
+      KAFKA_SASL_PASSWORD: broker.users.scram.password,
+    });
+    expect((await r.exited).code).toBe(1);
+    const stderr = r.output.join('').replace(r.stdout.join(''), '');
+    expect(JSON.parse(stderr).error.message).toMatch(/self[- ]signed certificate|unable to verify|certificate/i);
+  });
+
+  it('mutual TLS: a client certificate with an encrypted key and its passphrase file; refused without the certificate', async () => {
+    const env = {
+      KAFKA_BROKERS: broker.mtlsBrokers.join(','),
+      KAFKA_SSL_CA_FILE: broker.tls.caFile,
+    };
+    const topic = randomName('mtls');
+    const ok = spawnCli(['topics', 'ensure', topic, '--json'], {
+      ...env,
+      KAFKA_SSL_CERT_FILE: broker.tls.clientCertFile,
+      KAFKA_SSL_KEY_FILE: broker.tls.clientKeyFile,
+      KAFKA_SSL_KEY_PASSWORD_FILE: broker.tls.clientKeyPasswordFile,
+    });
+    expect((await ok.exited).code, ok.output.join('')).toBe(0);
+    expect(JSON.parse(ok.stdout.join(''))).toEqual({ created: [topic], existing: [] });
+    const refused = spawnCli(['topics', 'ensure', randomName('mtls-no-cert'), '--json', '--kafka-retries', '0'], env);
+    expect((await refused.exited).code).toBe(1);
   });
 });
