@@ -176,6 +176,31 @@ describe('relay over SASL', () => {
   });
 });
 
+describe('CLI over SCRAM-SHA-512', () => {
+  it('topics ensure authenticates with SCRAM-SHA-512 (mechanism in any case, password from a file)', async () => {
+    const passwordFile = path.join(dir, 'scram512-password');
+    writeFileSync(passwordFile, broker.users.scram512.password);
+    const topic = randomName('scram512');
+    const r = spawnCli(['topics', 'ensure', topic, '--json'], {
+      KAFKA_BROKERS: broker.brokers.join(','),
+      KAFKA_SASL_MECHANISM: 'SCRAM-SHA-512',
+      KAFKA_SASL_USERNAME: broker.users.scram512.username,
+      KAFKA_SASL_PASSWORD_FILE: passwordFile,
+    });
+    expect((await r.exited).code, r.output.join('')).toBe(0);
+    expect(JSON.parse(r.stdout.join(''))).toEqual({ created: [topic], existing: [] });
+    // The same user with the SHA-256 mechanism has no credentials: refused.
+    const wrong = spawnCli(['topics', 'ensure', randomName('scram512-wrong'), '--json', '--kafka-retries', '0'], {
+      KAFKA_BROKERS: broker.brokers.join(','),
+      KAFKA_SASL_MECHANISM: 'scram-sha-256',
+      KAFKA_SASL_USERNAME: broker.users.scram512.username,
+      KAFKA_SASL_PASSWORD_FILE: passwordFile,
+    });
+    expect((await wrong.exited).code).toBe(1);
+    expect(wrong.output.join('')).toMatch(/SASL SCRAM SHA256 authentication failed/);
+  });
+});
+
 describe('relay and CLI over TLS', () => {
   it('the CLI relay publishes through SASL_SSL (CA file, SCRAM, password file) set by --kafka-config', async () => {
     const topic = await createTopic('sasl-ssl');

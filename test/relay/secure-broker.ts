@@ -5,7 +5,7 @@
  * deleted by `destroy()`. Nothing here touches the shared broker.
  *
  * Listeners (all on 127.0.0.1):
- * - `port`: SASL_PLAINTEXT, users for PLAIN and SCRAM-SHA-256;
+ * - `port`: SASL_PLAINTEXT, users for PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512;
  * - `port + 1`: PLAINTEXT, the broker to itself; `port + 2`: the KRaft controller;
  * - `port + 3`: SASL_SSL (TLS + SCRAM-SHA-256), server certificate signed by a test CA;
  * - `port + 4`: SSL with client authentication required (mutual TLS).
@@ -26,7 +26,7 @@ export interface SecureBroker {
   saslSslBrokers: string[];
   /** host:port of the SSL listener that requires a client certificate. */
   mtlsBrokers: string[];
-  users: { plain: { username: string; password: string }; scram: { username: string; password: string } };
+  users: Record<'plain' | 'scram' | 'scram512', { username: string; password: string }>;
   /** PEM files: the CA that signed the broker's certificate, a client certificate and its encrypted key. */
   tls: { caFile: string; clientCertFile: string; clientKeyFile: string; clientKeyPasswordFile: string };
   destroy(): Promise<void>;
@@ -146,6 +146,7 @@ export async function startSecureBroker(port: number): Promise<SecureBroker> {
   const users = {
     plain: { username: 'plain-user', password: `plain-${Math.random().toString(36).slice(2)}` },
     scram: { username: 'scram-user', password: `scram-${Math.random().toString(36).slice(2)}` },
+    scram512: { username: 'scram512-user', password: `scram512-${Math.random().toString(36).slice(2)}` },
   };
   const props = path.join(home, 'server.properties');
   fs.writeFileSync(
@@ -161,10 +162,11 @@ export async function startSecureBroker(port: number): Promise<SecureBroker> {
       'inter.broker.listener.name=INTERNAL',
       'controller.listener.names=CONTROLLER',
       'listener.security.protocol.map=CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL',
-      'sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256',
+      'sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512',
       'listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required ' +
         `user_${users.plain.username}="${users.plain.password}";`,
       'listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;',
+      'listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;',
       'listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-256',
       'listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;',
       'ssl.keystore.type=PEM',
@@ -209,6 +211,8 @@ export async function startSecureBroker(port: number): Promise<SecureBroker> {
       props,
       '--add-scram',
       `SCRAM-SHA-256=[name=${users.scram.username},password=${users.scram.password}]`,
+      '--add-scram',
+      `SCRAM-SHA-512=[name=${users.scram512.username},password=${users.scram512.password}]`,
     ],
     home,
   );
