@@ -393,6 +393,12 @@ export async function run(): Promise<string> {
       '',
       `Sum of the stages alone: ${f3(sumStages)} CPU-s per 1,000 events; whole pipeline: ${f3(per1k(wholeStage))}.`,
       `**B5 CPU ratio pipeline / sum of stages = ${f3(ratio)}** (target ≤ 1.3).`,
+      `(info) Fixed cost in that figure: the idle rates below over the pipeline window come to ${f3(
+        (groupsShown.reduce((a, g) => a + ((idleTo[g] ?? 0) - (idleFrom[g] ?? 0)) / idleS, 0) *
+          wholeStage.seconds *
+          1000) /
+          wholeStage.events,
+      )} CPU-s per 1,000 events (heartbeats, polls, lane leases; it weighs more at low rates).`,
       '',
       `Idle (everything up, no load, ${idleS} s), CPU-s per second: ${groupsShown
         .map((g) => `${g} ${f3(((idleTo[g] ?? 0) - (idleFrom[g] ?? 0)) / idleS)}`)
