@@ -63,9 +63,10 @@ export async function main(argv: string[] = process.argv): Promise<void> {
     await program.parseAsync(argv);
   } catch (err) {
     const { code, message } = describeError(err);
-    // --help and --version end through exitOverride too, with exit code 0.
+    const exitCode = (err as { exitCode?: unknown }).exitCode;
+    // Help (asked for, or shown for a missing command) ends through exitOverride too, already printed.
     if (code === 'commander.helpDisplayed' || code === 'commander.version' || code === 'commander.help') {
-      process.exitCode = 0;
+      process.exitCode = typeof exitCode === 'number' ? exitCode : 0;
       return;
     }
     if (jsonErrors) {
@@ -77,7 +78,7 @@ export async function main(argv: string[] = process.argv): Promise<void> {
     } else {
       console.error(`outboxkit: ${isOutboxkitError(err) ? `${code}: ${message}` : message}`);
     }
-    process.exitCode = (err as { exitCode?: number }).exitCode || 1;
+    process.exitCode = typeof exitCode === 'number' && exitCode !== 0 ? exitCode : 1;
   }
 }
 

@@ -3,6 +3,9 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { inspect } from 'node:util';
 import { CompressionTypes } from 'kafkajs';
+import type pg from 'pg';
+import type { DedupConsumerOptions } from '../../consumer/options.js';
+import type { RelayOptions } from '../../relay/relay.js';
 import { describe, expect, it } from 'vitest';
 import { isOutboxkitError, type InvalidKafkaConfigError } from '../../src/errors.js';
 import { kafkaConfigFromEnv, resolveKafkaConfig, type ResolveKafkaConfigOptions } from '../../src/kafka-config.js';
@@ -99,6 +102,14 @@ describe('resolveKafkaConfig: defaults and precedence', () => {
     const cfg = json('consumer.json', { consumer: { sessionTimeoutMs: 45_000, heartbeatIntervalMs: 3_000 } });
     const r = resolve({ env: { KAFKA_CONFIG_FILE: cfg, KAFKA_CONSUMER_FETCH_MAX_WAIT_MS: '500' } });
     expect(r.consumer).toEqual({ sessionTimeoutMs: 45_000, heartbeatIntervalMs: 3_000, fetchMaxWaitMs: 500 });
+  });
+
+  it('the producer and consumer settings fit the relay and dedup consumer options (typechecked)', () => {
+    const r = resolve({ env: { KAFKA_CONSUMER_SESSION_TIMEOUT_MS: '45000', KAFKA_PRODUCER_RETRIES: '7' } });
+    const consumer: Partial<DedupConsumerOptions<pg.Pool>> = { ...r.consumer };
+    const producer: RelayOptions['producerOptions'] = r.producer;
+    expect(consumer.sessionTimeoutMs).toBe(45_000);
+    expect(producer?.retries).toBe(7);
   });
 
   it('kafkaConfigFromEnv reads process.env-shaped input and ignores nothing', () => {
