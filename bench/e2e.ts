@@ -387,7 +387,7 @@ export async function run(): Promise<string> {
           s.events,
           f1(s.seconds),
           ...groupsShown.map((g) => (s.groups.includes(g) ? f2((s.to[g] ?? 0) - (s.from[g] ?? 0)) : '–')),
-          f3(per1k(s)),
+          s.events < 200 ? `${f3(per1k(s))} (only ${s.events} events: lengthen BENCH_E2E_CPU_S)` : f3(per1k(s)),
         ]),
       ),
       '',
