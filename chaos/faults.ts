@@ -57,9 +57,19 @@ export interface PlannedFault {
   kind: FaultKind;
 }
 
+/** Draws one fault kind by {@link WEIGHTS} (the replacements of skipped faults, the plan's rest). */
+export function drawKind(random: Random, kinds: readonly FaultKind[]): FaultKind {
+  const total = kinds.reduce((n, k) => n + WEIGHTS[k], 0);
+  let x = random.next() * total;
+  return kinds.find((k) => (x -= WEIGHTS[k]) < 0) ?? kinds[kinds.length - 1]!;
+}
+
 /**
- * Plans `count` faults at random moments of `[5%, 90%]` of `seconds`: one of each kind first (when
- * `count` allows), the rest drawn by weight, shuffled. The same seed gives the same schedule.
+ * Plans `count` faults over `[5%, 90%]` of `seconds`: one of each kind first (when `count`
+ * allows), then more `crash-point` faults up to one per crash point (so that each point is armed
+ * at least once), the rest drawn by weight; shuffled. The window is cut into `count` equal slots
+ * with one fault at a random moment of each, so that faults never bunch up and the pipeline makes
+ * progress between them. The same seed gives the same schedule.
  */
 export function planFaults(
   random: Random,
@@ -67,21 +77,49 @@ export function planFaults(
   seconds: number,
   kinds: readonly FaultKind[],
 ): PlannedFault[] {
-  const total = kinds.reduce((n, k) => n + WEIGHTS[k], 0);
-  const drawn: FaultKind[] = kinds.slice(0, count);
-  while (drawn.length < count) {
-    let x = random.next() * total;
-    const kind = kinds.find((k) => (x -= WEIGHTS[k]) < 0) ?? kinds[kinds.length - 1]!;
-    drawn.push(kind);
-  }
+  const firsts: FaultKind[] = [...kinds];
+  if (kinds.includes('crash-point')) for (let i = 1; i < CRASH_POINTS.length; i++) firsts.push('crash-point');
+  const drawn: FaultKind[] = firsts.slice(0, count);
+  while (drawn.length < count) drawn.push(drawKind(random, kinds));
   for (let i = drawn.length - 1; i > 0; i--) {
     const j = random.int(0, i);
     [drawn[i], drawn[j]] = [drawn[j]!, drawn[i]!];
   }
   const from = seconds * 50;
-  const to = seconds * 900;
-  const times = drawn.map(() => from + Math.floor(random.next() * (to - from))).sort((a, b) => a - b);
-  return drawn.map((kind, i) => ({ atMs: times[i]!, kind }));
+  const slot = (seconds * 900 - from) / Math.max(count, 1);
+  return drawn.map((kind, i) => ({ atMs: Math.floor(from + (i + random.next()) * slot), kind }));
+}
+
+/** How often each crash point was armed and fired (the report's table). */
+export type CrashPointStats = ReadonlyMap<string, { armed: number; fired: number }>;
+
+/**
+ * Chooses the crash point to arm: among the points whose role has a target now (`available`) and
+ * that no process has armed already, first the `first` points not armed yet, in their order (a
+ * sabotaged run's witnesses), then the points never armed, then those armed that never fired,
+ * then any. Random within the first of these groups that is not empty; undefined when no point
+ * can be armed.
+ */
+export function chooseCrashPoint(
+  random: Random,
+  stats: CrashPointStats,
+  available: (role: Role) => boolean,
+  armedNow: ReadonlySet<string>,
+  first: readonly string[] = [],
+): (typeof CRASH_POINTS)[number] | undefined {
+  const open = CRASH_POINTS.filter((cp) => available(cp.role) && !armedNow.has(cp.point));
+  const count = (cp: (typeof CRASH_POINTS)[number]) => stats.get(cp.point) ?? { armed: 0, fired: 0 };
+  const witness = first
+    .map((point) => open.find((cp) => cp.point === point && count(cp).armed === 0))
+    .find((cp) => cp !== undefined);
+  const tiers = [
+    witness ? [witness] : [],
+    open.filter((cp) => count(cp).armed === 0),
+    open.filter((cp) => count(cp).fired === 0),
+    open,
+  ];
+  const tier = tiers.find((t) => t.length > 0);
+  return tier === undefined ? undefined : random.pick(tier);
 }
 
 /** A Kafka broker the harness may kill (its own scratch broker). */
@@ -103,6 +141,10 @@ export interface FaultContext {
   brokerDown: boolean;
   /** Resolves when the broker killed by the last `kill-broker` is back (the harness waits for it). */
   brokerBack: Promise<void>;
+  /** Armed and fired counts per crash point (read to choose the next point; the harness counts). */
+  crashPoints: CrashPointStats;
+  /** Crash points to arm before any other (a sabotaged run's witnesses); default none. */
+  firstCrashPoints?: readonly string[];
   log(message: string): void;
 }
 
@@ -121,7 +163,9 @@ const skipped = (detail: string): FaultOutcome => ({ injected: false, detail });
 /** Injects one fault of `kind` now. */
 export async function injectFault(kind: FaultKind, c: FaultContext): Promise<FaultOutcome> {
   const { supervisor: sup, random } = c;
-  const live = (role: Role) => sup.byRole(role).filter((s) => sup.isUp(s) && !s.stopping);
+  // A process with a crash point armed is left alone (no kill, restart or termination) until the
+  // point fires or the supervisor's arming timeout passes: otherwise the points seldom fire.
+  const live = (role: Role) => sup.byRole(role).filter((s) => sup.isUp(s) && !s.stopping && !sup.isProtected(s));
   const one = (role: Role): Service | undefined => {
     const up = live(role);
     return up.length === 0 ? undefined : random.pick(up);
@@ -135,9 +179,10 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       return { injected: true, detail: `SIGKILL ${s.name}` };
     }
     case 'crash-point': {
-      const cp = random.pick(CRASH_POINTS);
-      const s = one(cp.role);
-      if (!s) return skipped(`no live ${cp.role} for ${cp.point}`);
+      const armedNow = new Set([...sup.services.values()].flatMap((s) => (s.arming ? [s.arming.point] : [])));
+      const cp = chooseCrashPoint(random, c.crashPoints, (role) => live(role).length > 0, armedNow, c.firstCrashPoints);
+      if (!cp) return skipped('no live process without a crash point armed');
+      const s = one(cp.role)!;
       const arming = { point: cp.point, after: random.int(cp.after[0], cp.after[1]) };
       await sup.restart(s, { arming });
       return { injected: true, detail: `${s.name} armed ${cp.point} at arrival ${arming.after}`, armed: cp.point };

@@ -21,8 +21,8 @@ export interface LoadOptions {
   random: Random;
   /** New logical requests per second. */
   rate: number;
-  /** Length of the load, in ms. */
-  durationMs: number;
+  /** The load stops starting new requests when this is aborted (the end of the fault phase). */
+  signal: AbortSignal;
   /** Customers (Kafka keys with several events, whose order is checked). */
   customers: number;
   /** Most logical requests in flight; beyond it a new one waits (counted as throttled). */
@@ -110,7 +110,7 @@ async function oneOperation(client: IdempotentClient, o: LoadOptions, stats: Loa
   }
 }
 
-/** Runs the load for `durationMs` and resolves when every operation it started has ended. */
+/** Runs the load until `signal` is aborted and resolves when every operation it started has ended. */
 export async function runLoad(o: LoadOptions): Promise<LoadStats> {
   const stats: LoadStats = {
     operations: 0,
@@ -127,7 +127,7 @@ export async function runLoad(o: LoadOptions): Promise<LoadStats> {
   const inFlight = new Set<Promise<void>>();
   const intervalMs = 1_000 / o.rate;
   const started = Date.now();
-  for (let i = 0; Date.now() - started < o.durationMs; i++) {
+  for (let i = 0; !o.signal.aborted; i++) {
     while (inFlight.size >= o.maxInFlight) {
       stats.throttled++;
       await Promise.race(inFlight);

@@ -4,7 +4,8 @@
  * Drives the orders example (HTTP with idempotency keys → outbox → relays → Kafka → dedup
  * consumer) under load while injecting faults, then retries what was never answered, checks the
  * invariants against the client ledger, PostgreSQL and Kafka, prints a report, and exits 0 (no
- * violation) or 1. See docs/chaos.md.
+ * violation), 1 (a violation), 2 (the harness itself failed) or 3 (fewer faults injected than
+ * `--faults` within the fault phase and its overrun). See docs/chaos.md.
  *
  * By default the run uses a database of its own on the PostgreSQL server (created and dropped)
  * and a Kafka broker of its own (a scratch broker on a free port, killed and restarted by the
@@ -20,6 +21,7 @@ import { ensurePostgres, startScratchBroker, type ScratchBroker } from '../scrip
 import { migrate } from '../src/migrate.js';
 import { checkRun } from './check.js';
 import { pipelineBacklog, readDatabase, readTopic, toDeadLetters, toPublished } from './collect.js';
+import { runFaultPhase } from './fault-phase.js';
 import {
   CRASH_POINTS,
   FAULT_KINDS,
@@ -32,9 +34,12 @@ import {
 import { Ledger } from './ledger.js';
 import { retryUnanswered, runLoad } from './load.js';
 import {
+  OVERRUN_FRACTION,
   positiveInt,
   profileName,
   resolveChaosOptions,
+  kindList,
+  sabotageList,
   seedValue,
   type ChaosOptions,
   type ProfileName,
@@ -66,7 +71,11 @@ function parseOptions(argv: string[]): ChaosOptions {
   const flags = new Command('chaos')
     .description('Run the orders pipeline under load and injected faults; check its invariants (docs/chaos.md).')
     .addOption(new Option('--profile <name>', 'tiny, short (CI) or long').argParser(profileName).default('short'))
-    .option('--faults <n>', 'faults to inject (profile default)', positiveInt)
+    .option(
+      '--faults <n>',
+      `faults that must be injected; skipped ones are replaced for up to ${OVERRUN_FRACTION * 100} % of --seconds more, else exit 3 (profile default)`,
+      positiveInt,
+    )
     .option('--seconds <s>', 'length of the load and fault phase, in s (profile default)', positiveInt)
     .option('--seed <n>', 'seed of the fault schedule and the load mix (default: random, printed)', seedValue)
     .option('--relays <n>', 'relay instances: 2 or 3 (profile default)', positiveInt)
@@ -83,8 +92,22 @@ function parseOptions(argv: string[]): ChaosOptions {
       ),
     )
     .option('--drain-timeout-ms <ms>', 'how long the pipeline may take to drain after the faults', positiveInt)
+    .option(
+      '--drain-stall-ms <ms>',
+      'stop waiting for the drain when nothing moved for this long with every event marked published',
+      positiveInt,
+    )
     .option('--keep', 'keep the database and the topics after the run')
     .option('--verbose', 'print each fault as it is injected')
+    .option(
+      '--kinds <list>',
+      `fault kinds to schedule, comma-separated (default: all: ${Object.keys(FAULT_KINDS).join(', ')})`,
+      kindList,
+    )
+    // Test-only (a self-test of the harness, docs/chaos.md): hidden from --help on purpose.
+    .addOption(
+      new Option('--sabotage <kinds>', 'TEST-ONLY: break a guarantee on purpose').argParser(sabotageList).hideHelp(),
+    )
     .parse(argv)
     .opts<Omit<Partial<ChaosOptions>, 'brokers'> & { profile: ProfileName; brokers?: string }>();
   return resolveChaosOptions({
@@ -105,6 +128,8 @@ async function main(): Promise<number> {
     `profile ${o.profile}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers, seed ${o.seed}`,
   );
   if (!faketime) log('faketime is NOT installed: clock-skew faults will be skipped (apt-get install faketime)');
+  if (o.sabotage.length > 0)
+    log(`SABOTAGED RUN (test-only): ${o.sabotage.join(', ')}; the harness must report violations and FAIL`);
 
   const serverUrl = o.databaseUrl ?? (await ensurePostgres(log));
   let scratch: ScratchBroker | undefined;
@@ -166,6 +191,8 @@ async function main(): Promise<number> {
         OUTBOXKIT_LOG_LEVEL: 'warn',
         OUTBOXKIT_METRICS_PORT: '-1',
         PORT: String(port),
+        // Test-only (examples/orders/server.ts, shipping.ts): empty in a real run.
+        CHAOS_SABOTAGE: o.sabotage.join(','),
       },
       // Short leases: a dead relay's lanes are taken over within seconds. Published rows are kept
       // for the check (the default retention could delete them during a long run).
@@ -203,8 +230,10 @@ async function main(): Promise<number> {
     await waitUntil('the consumers', consumersReady, 90_000, upChildren);
     log(`pipeline up; load and faults for ${o.seconds} s`);
 
-    // The faults: planned up front from the seed, injected on time.
-    const kinds = (Object.keys(FAULT_KINDS) as FaultKind[]).filter((k) => k !== 'kill-broker' || scratch);
+    // The faults: planned up front from the seed, injected on time; skipped ones replaced (the floor).
+    const kinds = (Object.keys(FAULT_KINDS) as FaultKind[]).filter(
+      (k) => (k !== 'kill-broker' || scratch) && (o.kinds === undefined || o.kinds.includes(k)),
+    );
     for (const cp of CRASH_POINTS) crashPoints.set(cp.point, { armed: 0, fired: 0 });
     const plan = planFaults(random, o.faults, o.seconds, kinds);
     const injected = new Map<FaultKind, number>();
@@ -217,19 +246,22 @@ async function main(): Promise<number> {
       maxConsumers: o.consumers + 1,
       brokerDown: false,
       brokerBack: Promise.resolve(),
+      crashPoints,
+      // A sabotaged run arms first the crash points that make its broken guarantee show.
+      firstCrashPoints: o.sabotage.includes('no-dedup') ? ['consumer:after-commit', 'relay:after-send'] : [],
       log,
     };
     const loadStart = Date.now();
-    const inject = async (kind: FaultKind) => {
-      // A target that is down now (restarting, the broker recovering) is tried again a few times.
+    const inject = async (kind: FaultKind): Promise<boolean> => {
+      // A target that is down now (restarting, the broker recovering) is tried again twice.
       let outcome: FaultOutcome = { injected: false, detail: '' };
-      for (let attempt = 1; attempt <= 4; attempt++) {
+      for (let attempt = 1; attempt <= 3; attempt++) {
         outcome = await injectFault(kind, ctx).catch((err: Error) => ({
           injected: false,
           detail: `failed: ${err.message}`,
         }));
         if (outcome.injected || outcome.final) break;
-        await sleep(2_500);
+        await sleep(1_500);
       }
       if (outcome.injected) {
         injected.set(kind, (injected.get(kind) ?? 0) + 1);
@@ -238,28 +270,41 @@ async function main(): Promise<number> {
         skipped.set(kind, [...(skipped.get(kind) ?? []), outcome.detail]);
       }
       if (o.verbose) log(`t+${((Date.now() - loadStart) / 1000).toFixed(1)} s ${kind}: ${outcome.detail}`);
+      return outcome.injected;
     };
-    // On time, whatever the previous fault still does (a graceful restart takes seconds).
-    const faults = (async () => {
-      const running: Promise<void>[] = [];
-      for (const f of plan) {
-        const wait = loadStart + f.atMs - Date.now();
-        if (wait > 0) await sleep(wait);
-        running.push(inject(f.kind));
-      }
-      await Promise.all(running);
-    })();
+    // The planned window is [5 %, 90 %] of --seconds; replacements may start up to the overrun.
+    const capMs = (0.9 + OVERRUN_FRACTION) * o.seconds * 1_000;
+    const endLoad = new AbortController();
+    if (kinds.length === 0) throw new Error('--kinds leaves no fault kind this run can inject');
+    const faults = runFaultPhase({
+      plan,
+      floor: o.faults,
+      capMs,
+      spacingMs: (0.85 * o.seconds * 1_000) / o.faults,
+      random: seededRandom(o.seed + 4),
+      kinds,
+      inject,
+    }).then(async (phase) => {
+      log(
+        `fault phase over at t+${(phase.endedAtMs / 1000).toFixed(0)} s: ${phase.injected} injected (floor ${o.faults}), ${phase.replacements} replacement(s)`,
+      );
+      // The load goes on for --seconds at least, and 10 % of --seconds after the last fault.
+      const loadEnd = Math.max(o.seconds * 1_000, phase.endedAtMs + 0.1 * o.seconds * 1_000);
+      await sleep(loadStart + loadEnd - Date.now());
+      endLoad.abort();
+      return { phase, loadSeconds: (Date.now() - loadStart) / 1000 };
+    });
     const ledger = new Ledger();
     const load = await runLoad({
       baseUrl,
       ledger,
       random: seededRandom(o.seed + 2),
       rate: o.rate,
-      durationMs: o.seconds * 1_000,
+      signal: endLoad.signal,
       customers: 40,
       maxInFlight: 256,
     });
-    await faults;
+    const { phase, loadSeconds } = await faults;
     log('faults over; waiting for the broker and every service, then retrying unanswered requests');
     await ctx.brokerBack;
     sup.disarm();
@@ -277,11 +322,22 @@ async function main(): Promise<number> {
         await a.disconnect();
       }
     };
+    // Drained, or stalled: every event marked published and nothing moved for drainStallMs (an
+    // event marked published that never reached Kafka is never shipped; the check reports it).
+    let last = '';
+    let lastChange = Date.now();
     await waitUntil(
       'the pipeline to drain',
       async () => {
         const b = await pipelineBacklog(pool, await dlqCount());
-        return b.pending === 0 && b.unshipped <= 0;
+        if (b.pending === 0 && b.unshipped <= 0) return true;
+        const now = `${b.pending}/${b.unshipped}`;
+        if (now !== last) [last, lastChange] = [now, Date.now()];
+        if (b.pending === 0 && Date.now() - lastChange >= o.drainStallMs) {
+          log(`no progress for ${o.drainStallMs / 1000} s with every event marked published: checking now`);
+          return true;
+        }
+        return false;
       },
       o.drainTimeoutMs,
       upChildren,
@@ -306,9 +362,12 @@ async function main(): Promise<number> {
       messages: published.length,
       faketime,
       elapsedMs: Date.now() - startedAt,
+      phase,
+      loadSeconds,
     };
     for (const line of formatReport(facts, result)) console.log(line);
-    return result.violations === 0 ? 0 : 1;
+    if (result.violations > 0) return 1;
+    return phase.floorReached ? 0 : 3;
   } finally {
     await supervisorHolder.sup?.close();
     for (const c of cleanups.reverse()) await c().catch((err: Error) => log(`cleanup: ${err.message}`));

@@ -3,6 +3,7 @@
  * their violations, the dead letters, and a last one-line summary (`CHAOS PASS ...` / `CHAOS FAIL ...`).
  */
 import type { CheckResult } from './check.js';
+import type { FaultPhaseResult } from './fault-phase.js';
 import { FAULT_KINDS, type FaultKind } from './faults.js';
 import type { LoadStats } from './load.js';
 import type { ChaosOptions } from './options.js';
@@ -25,6 +26,10 @@ export interface RunFacts {
   messages: number;
   faketime: string | undefined;
   elapsedMs: number;
+  /** The fault phase: injected against the floor (`options.faults`), replacements, end. */
+  phase: FaultPhaseResult;
+  /** How long the load actually ran, in s (`seconds`, or more after an overrun). */
+  loadSeconds: number;
 }
 
 function table(rows: [string, string | number][]): string[] {
@@ -38,11 +43,17 @@ export function formatReport(facts: RunFacts, result: CheckResult): string[] {
   const out: string[] = [];
   const injected = [...facts.injected.values()].reduce((a, b) => a + b, 0);
   const skipped = [...facts.skipped.values()].reduce((a, b) => a + b.length, 0);
+  const floorMissed = !facts.phase.floorReached;
   out.push('', '── outboxkit chaos report ─────────────────────────────');
+  if (o.sabotage.length > 0)
+    out.push(`SABOTAGED RUN (test-only: ${o.sabotage.join(', ')}): violations are expected; a PASS would be a defect`);
   out.push(
-    `profile ${o.profile}, seed ${o.seed}, ${o.seconds} s of load at ${o.rate}/s, ${o.relays} relays, ${o.consumers} consumers; ${(facts.elapsedMs / 1000).toFixed(0)} s in all`,
+    `profile ${o.profile}, seed ${o.seed}, ${facts.loadSeconds.toFixed(0)} s of load (planned ${o.seconds}) at ${o.rate}/s, ${o.relays} relays, ${o.consumers} consumers; ${(facts.elapsedMs / 1000).toFixed(0)} s in all`,
   );
-  out.push('', `faults scheduled ${injected + skipped}, injected ${injected}, skipped ${skipped}`);
+  out.push(
+    '',
+    `faults injected ${injected} (floor ${o.faults}${floorMissed ? ', NOT REACHED' : ', reached'}), tried ${injected + skipped}, skipped ${skipped} (replaced ${facts.phase.replacements}); last fault ended at ${(facts.phase.endedAtMs / 1000).toFixed(0)} s`,
+  );
   out.push(
     ...table(
       (Object.keys(FAULT_KINDS) as FaultKind[]).map((k) => {
@@ -98,11 +109,14 @@ export function formatReport(facts: RunFacts, result: CheckResult): string[] {
     if (result.deadLetters.length > LIST_CAP) out.push(`  … and ${result.deadLetters.length - LIST_CAP} more`);
   }
   const failed = result.invariants.filter((i) => i.violations.length > 0);
+  const floor = floorMissed
+    ? `; only ${injected} of the ${o.faults} faults required were injected (the fault floor)`
+    : '';
   out.push(
     '',
-    result.violations === 0
+    result.violations === 0 && !floorMissed
       ? `CHAOS PASS: ${injected} faults injected, ${facts.load.operations} requests, 0 violations (seed ${o.seed})`
-      : `CHAOS FAIL: ${injected} faults injected, ${facts.load.operations} requests, ${result.violations} violations: ${failed.map((i) => `${i.id} ${i.violations.length}`).join(', ')} (seed ${o.seed})`,
+      : `CHAOS FAIL: ${injected} faults injected, ${facts.load.operations} requests, ${result.violations} violations${result.violations > 0 ? `: ${failed.map((i) => `${i.id} ${i.violations.length}`).join(', ')}` : ''}${floor} (seed ${o.seed})`,
   );
   return out;
 }

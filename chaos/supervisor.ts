@@ -28,6 +28,8 @@ export interface Service {
   starts: number;
   /** Armed at its current start, if any. */
   arming: Arming | undefined;
+  /** When the current arming started (Date.now() ms), for {@link Supervisor.isProtected}. */
+  armedAt: number;
   /** faketime offset of its current start (`+30s`, `-90s`), if any. */
   skew: string | undefined;
   /** Set while the harness itself stops or kills it (so the exit is not counted as a crash point). */
@@ -51,6 +53,12 @@ export interface SupervisorOptions {
   events: SupervisorEvents;
   /** libfaketime's preload library, or undefined when faketime is not installed. */
   faketimeLibrary: string | undefined;
+  /**
+   * How long a process with a crash point armed is kept from other faults, in ms from its start:
+   * long enough for the point to be reached, short enough that a point that is never reached (a
+   * relay without lanes) does not shield the process for the rest of the run. @defaultValue 30_000
+   */
+  armTimeoutMs?: number;
 }
 
 /** Where Debian's `faketime` package puts its preload library. */
@@ -90,6 +98,7 @@ export class Supervisor {
       child: undefined,
       starts: 0,
       arming: undefined,
+      armedAt: 0,
       skew: undefined,
       stopping: false,
     };
@@ -106,6 +115,14 @@ export class Supervisor {
     return s.child !== undefined && !hasExited(s.child);
   }
 
+  /**
+   * Whether the service has a crash point armed that has not fired yet and was armed less than
+   * `armTimeoutMs` ago: the faults leave such a process alone, so that the point gets its chance.
+   */
+  isProtected(s: Service): boolean {
+    return s.arming !== undefined && Date.now() - s.armedAt < (this.o.armTimeoutMs ?? 30_000);
+  }
+
   /** Starts the service's process (with its arming and skew, if set). */
   start(s: Service): void {
     if (this.closed || this.isUp(s)) return;
@@ -116,6 +133,7 @@ export class Supervisor {
       PGAPPNAME: `chaos-${s.name}`,
     };
     if (s.arming) {
+      s.armedAt = Date.now();
       env.OUTBOXKIT_CRASH_POINT = s.arming.point;
       env.OUTBOXKIT_CRASH_AFTER = String(s.arming.after);
     }

@@ -6,6 +6,7 @@
  *   npm run example:orders        # HTTP on PORT (default 3000)
  *
  * Environment: DATABASE_URL, ORDERS_TOPIC (default `orders`), PORT, ORDERS_POOL_SIZE.
+ * `CHAOS_SABOTAGE` is test-only (the chaos harness's self-test, docs/chaos.md): never set it.
  */
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
@@ -36,6 +37,13 @@ interface OrderInput {
  * published. The chaos harness uses it to check "nothing of a rolled-back transaction".
  */
 export const DECLINED_CART_PREFIX = 'declined-';
+
+/**
+ * Test-only: with `lose-events` in `CHAOS_SABOTAGE` (set by `npm run chaos -- --sabotage`), one
+ * order in ten (cart number ending in 3) has its event marked published in its own transaction,
+ * so the relay never sends it: a lost event that the chaos harness must report (DESIGN G3).
+ */
+const loseEvents = (process.env.CHAOS_SABOTAGE ?? '').split(',').includes('lose-events');
 
 function validOrder(body: unknown): body is OrderInput {
   const b = body as Partial<OrderInput> | null;
@@ -112,7 +120,7 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
             })
             .returning();
           const payload = { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount };
-          await enqueue(tx, {
+          const [event] = await enqueue(tx, {
             topic,
             key: customerId ?? orderId,
             type: 'order.created',
@@ -120,6 +128,10 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
             aggregateId: orderId,
             payload: customer ? { ...payload, customerId, customerVersion: customer.version } : payload,
           });
+          if (loseEvents && /3$/.test(req.body.cartId))
+            await tx.execute(
+              sql`UPDATE outboxkit.outbox_events SET published_at = now() WHERE event_id = ${event!.eventId}::uuid`,
+            );
           if (req.body.cartId.startsWith(DECLINED_CART_PREFIX)) {
             // A final business rejection after writes: stored and replayed, the writes rolled back.
             return ctx.reject(

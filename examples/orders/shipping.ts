@@ -12,6 +12,8 @@
  *
  * Orders whose cart id starts with `undeliverable-` fail every attempt and go to the dead-letter
  * topic (DESIGN G5), so that a run has dead letters to account for.
+ *
+ * `CHAOS_SABOTAGE` is test-only (the chaos harness's self-test, docs/chaos.md): never set it.
  */
 import { fileURLToPath } from 'node:url';
 import { Kafka, logLevel } from 'kafkajs';
@@ -30,6 +32,12 @@ export async function startShipping(options: {
   sessionTimeoutMs?: number;
   /** Heartbeat interval, in ms. @defaultValue the consumer's (3_000) */
   heartbeatIntervalMs?: number;
+  /**
+   * Test-only: delete the inbox row in the handler's transaction, as if the effect were applied
+   * without recording the event, so every redelivery applies it again (breaks DESIGN G4 on
+   * purpose; `npm run chaos -- --sabotage no-dedup` must report it). @defaultValue false
+   */
+  sabotageNoDedup?: boolean;
 }) {
   let duplicates = 0;
   let applied = 0;
@@ -51,6 +59,11 @@ export async function startShipping(options: {
          ON CONFLICT (order_id) DO UPDATE SET applications = orders_demo.shipments.applications + 1`,
         [order.orderId, event.id, order.customerId ?? null, order.customerVersion ?? null],
       );
+      if (options.sabotageNoDedup)
+        await tx.query('DELETE FROM outboxkit.inbox WHERE consumer_group = $1 AND event_id = $2', [
+          options.groupId,
+          event.id,
+        ]);
     },
   });
   consumer.on('consumer:duplicate', () => duplicates++);
@@ -77,6 +90,7 @@ async function main(): Promise<void> {
     groupId: process.env.SHIPPING_GROUP ?? 'shipping',
     sessionTimeoutMs: optionalInt(process.env.SHIPPING_SESSION_TIMEOUT_MS),
     heartbeatIntervalMs: optionalInt(process.env.SHIPPING_HEARTBEAT_INTERVAL_MS),
+    sabotageNoDedup: (process.env.CHAOS_SABOTAGE ?? '').split(',').includes('no-dedup'),
   });
   console.log('SHIPPING_READY');
   const shutdown = async () => {

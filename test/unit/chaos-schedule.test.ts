@@ -1,0 +1,170 @@
+/**
+ * The chaos harness's schedule: the seeded plan (one of each kind and one crash-point fault per
+ * point first, evenly spread), the choice of the crash point to arm, the fault floor (skipped
+ * faults replaced until enough were injected, within the deadline) and the profiles' options.
+ */
+import { InvalidArgumentError } from 'commander';
+import { describe, expect, it } from 'vitest';
+import { runFaultPhase } from '../../chaos/fault-phase.js';
+import { chooseCrashPoint, CRASH_POINTS, FAULT_KINDS, planFaults, type FaultKind } from '../../chaos/faults.js';
+import { kindList, PROFILES, resolveChaosOptions, sabotageList } from '../../chaos/options.js';
+import { seededRandom } from '../../chaos/random.js';
+
+const KINDS = Object.keys(FAULT_KINDS) as FaultKind[];
+
+describe('planFaults', () => {
+  it('plans one of each kind and one crash point per point first, spread over [5 %, 90 %]', () => {
+    const plan = planFaults(seededRandom(1), 60, 150, KINDS);
+    expect(plan).toHaveLength(60);
+    for (const k of KINDS) expect(plan.some((f) => f.kind === k)).toBe(true);
+    expect(plan.filter((f) => f.kind === 'crash-point').length).toBeGreaterThanOrEqual(CRASH_POINTS.length);
+    // With as many faults as kinds plus the extra crash points, those are exactly the plan.
+    const exact = planFaults(seededRandom(9), KINDS.length + CRASH_POINTS.length - 1, 60, KINDS);
+    expect(exact.filter((f) => f.kind === 'crash-point')).toHaveLength(CRASH_POINTS.length);
+    const times = plan.map((f) => f.atMs);
+    expect(times).toEqual([...times].sort((a, b) => a - b));
+    expect(times[0]).toBeGreaterThanOrEqual(7_500);
+    expect(times.at(-1)).toBeLessThan(135_000);
+    // One fault per slot of 2.125 s: never more than two within one slot's length.
+    for (let i = 2; i < times.length; i++) expect(times[i]! - times[i - 2]!).toBeGreaterThan(2_000);
+  });
+
+  it('gives the same plan for the same seed and another for another seed', () => {
+    expect(planFaults(seededRandom(5), 30, 100, KINDS)).toEqual(planFaults(seededRandom(5), 30, 100, KINDS));
+    expect(planFaults(seededRandom(5), 30, 100, KINDS)).not.toEqual(planFaults(seededRandom(6), 30, 100, KINDS));
+  });
+
+  it('keeps the first kinds when fewer faults than kinds are asked for', () => {
+    const plan = planFaults(seededRandom(2), 4, 20, KINDS);
+    expect(plan.map((f) => f.kind).sort()).toEqual(KINDS.slice(0, 4).sort());
+  });
+});
+
+describe('chooseCrashPoint', () => {
+  const stats = (armed: Record<string, [number, number]>) =>
+    new Map(
+      CRASH_POINTS.map((cp) => [cp.point, { armed: armed[cp.point]?.[0] ?? 0, fired: armed[cp.point]?.[1] ?? 0 }]),
+    );
+  const all = () => true;
+
+  it('arms every point before any point a second time', () => {
+    const counts = stats({});
+    const random = seededRandom(3);
+    for (let i = 0; i < CRASH_POINTS.length; i++) {
+      const cp = chooseCrashPoint(random, counts, all, new Set())!;
+      expect(counts.get(cp.point)!.armed).toBe(0);
+      counts.get(cp.point)!.armed++;
+    }
+  });
+
+  it('then prefers points that never fired, and never a point armed now or without a target', () => {
+    const counts = stats(Object.fromEntries(CRASH_POINTS.map((cp) => [cp.point, [1, 1]])));
+    counts.get('relay:after-send')!.fired = 0;
+    counts.get('consumer:after-commit')!.fired = 0;
+    for (let seed = 0; seed < 20; seed++) {
+      const cp = chooseCrashPoint(seededRandom(seed), counts, (role) => role !== 'consumer', new Set());
+      expect(cp!.point).toBe('relay:after-send');
+    }
+    expect(
+      chooseCrashPoint(seededRandom(1), counts, (role) => role === 'relay', new Set(['relay:after-send']))!.point,
+    ).toBe('relay:before-send');
+    expect(chooseCrashPoint(seededRandom(1), counts, () => false, new Set())).toBeUndefined();
+  });
+
+  it("arms a sabotaged run's witnesses first", () => {
+    for (let seed = 0; seed < 20; seed++)
+      expect(chooseCrashPoint(seededRandom(seed), stats({}), all, new Set(), ['consumer:after-commit'])!.point).toBe(
+        'consumer:after-commit',
+      );
+  });
+});
+
+describe('runFaultPhase (the floor of injected faults)', () => {
+  const plan = (n: number, everyMs: number) =>
+    Array.from({ length: n }, (_, i) => ({ atMs: i * everyMs, kind: 'kill-relay' as FaultKind }));
+
+  it('replaces skipped faults until the floor is injected, and injects no more', async () => {
+    let calls = 0;
+    const result = await runFaultPhase({
+      plan: plan(10, 5),
+      floor: 10,
+      capMs: 5_000,
+      spacingMs: 5,
+      random: seededRandom(1),
+      kinds: KINDS,
+      tickMs: 2,
+      // Every other fault finds its target down.
+      inject: async () => ++calls % 2 === 0,
+    });
+    expect(result).toMatchObject({ injected: 10, floorReached: true });
+    expect(result.skipped).toBeGreaterThanOrEqual(9);
+    expect(result.replacements).toBe(result.skipped);
+    expect(calls).toBe(result.injected + result.skipped);
+  });
+
+  it('fails the floor when the deadline passes first', async () => {
+    const started = Date.now();
+    const result = await runFaultPhase({
+      plan: plan(5, 5),
+      floor: 5,
+      capMs: 200,
+      spacingMs: 10,
+      random: seededRandom(1),
+      kinds: KINDS,
+      tickMs: 2,
+      inject: async () => false,
+    });
+    expect(result.floorReached).toBe(false);
+    expect(result.injected).toBe(0);
+    expect(result.replacements).toBeGreaterThan(5);
+    expect(Date.now() - started).toBeLessThan(1_000);
+  });
+
+  it('counts a fault that throws as skipped', async () => {
+    const result = await runFaultPhase({
+      plan: plan(3, 1),
+      floor: 3,
+      capMs: 100,
+      spacingMs: 5,
+      random: seededRandom(1),
+      kinds: KINDS,
+      tickMs: 2,
+      inject: async () => {
+        throw new Error('boom');
+      },
+    });
+    expect(result).toMatchObject({ injected: 0, floorReached: false });
+    expect(result.skipped).toBeGreaterThanOrEqual(3);
+  });
+});
+
+describe('chaos options', () => {
+  it('takes the profile, and flags override it', () => {
+    expect(resolveChaosOptions({ profile: 'long' })).toMatchObject({ ...PROFILES.long, profile: 'long' });
+    expect(resolveChaosOptions({ profile: 'long', seconds: 120, faults: 60 })).toMatchObject({
+      profile: 'long',
+      seconds: 120,
+      faults: 60,
+      rate: PROFILES.long.rate,
+      consumers: PROFILES.long.consumers,
+    });
+  });
+
+  it('asks the profiles for the issue floors: short at least 50 faults, long at least 1,000', () => {
+    expect(PROFILES.short.faults).toBeGreaterThanOrEqual(50);
+    expect(PROFILES.long.faults).toBeGreaterThanOrEqual(1_000);
+    // Faults no closer than 1.5 s on average in the planned window: the pipeline makes progress.
+    expect((0.85 * PROFILES.long.seconds) / PROFILES.long.faults).toBeGreaterThanOrEqual(1.5);
+  });
+
+  it('parses --sabotage and rejects an unknown kind', () => {
+    expect(sabotageList('no-dedup, lose-events,no-dedup')).toEqual(['no-dedup', 'lose-events']);
+    expect(() => sabotageList('no-dedup,typo')).toThrow(InvalidArgumentError);
+    expect(resolveChaosOptions({}).sabotage).toEqual([]);
+  });
+
+  it('parses --kinds and rejects an unknown kind', () => {
+    expect(kindList('crash-point,kill-consumer')).toEqual(['crash-point', 'kill-consumer']);
+    expect(() => kindList('crash-point,kill-everything')).toThrow(InvalidArgumentError);
+  });
+});
