@@ -9,7 +9,8 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const available = readdirSync(here)
-  .filter((f) => f.endsWith('.ts') && !['run.ts', 'lib.ts'].includes(f))
+  // lib, run and support files are shared code, not benchmarks.
+  .filter((f) => f.endsWith('.ts') && !['run.ts', 'lib.ts', 'support.ts'].includes(f) && !f.endsWith('-support.ts'))
   .map((f) => f.slice(0, -3));
 const names = process.argv.slice(2);
 if (names.length === 0) {
