@@ -23,6 +23,11 @@ export interface LoadOptions {
   rate: number;
   /** The load stops starting new requests when this is aborted (the end of the fault phase). */
   signal: AbortSignal;
+  /**
+   * Once the load stopped, how long the operations in flight may go on, in ms; then they are
+   * abandoned (their clients give up) and the final retries take them over. @defaultValue 10_000
+   */
+  stopGraceMs?: number;
   /** Customers (Kafka keys with several events, whose order is checked). */
   customers: number;
   /** Most logical requests in flight; beyond it a new one waits (counted as throttled). */
@@ -66,13 +71,24 @@ function isFinal(op: Operation): boolean {
 }
 
 /** Sends `op` through `client` once (all its attempts); the ledger records what came back. */
-async function send(client: IdempotentClient, op: Operation, body = op.body, extra = {}): Promise<void> {
+async function send(
+  client: IdempotentClient,
+  op: Operation,
+  body = op.body,
+  extra: { timeoutMs?: number; maxAttempts?: number; signal?: AbortSignal } = {},
+): Promise<void> {
   await client
     .post('/orders', body, { idempotencyKey: op.key, headers: { 'x-tenant-id': op.tenant }, ...extra })
     .catch(() => undefined);
 }
 
-async function oneOperation(client: IdempotentClient, o: LoadOptions, stats: LoadStats, i: number): Promise<void> {
+async function oneOperation(
+  client: IdempotentClient,
+  o: LoadOptions,
+  stats: LoadStats,
+  i: number,
+  abandon: AbortSignal,
+): Promise<void> {
   const r = o.random;
   const x = r.next();
   const prefix = x < 0.04 ? DECLINED : x < 0.05 ? UNDELIVERABLE : '';
@@ -89,12 +105,12 @@ async function oneOperation(client: IdempotentClient, o: LoadOptions, stats: Loa
     // The client gives up on its first attempt before the answer, then retries with the same key.
     stats.abandonedFirstAttempts++;
     await send(client, op, op.body, { timeoutMs: r.int(1, 5), maxAttempts: 1 });
-    await send(client, op);
+    await send(client, op, op.body, { signal: abandon });
   } else if (how < 0.15) {
     stats.concurrentDuplicates++;
-    await Promise.all(Array.from({ length: r.int(2, 3) }, () => send(client, op)));
+    await Promise.all(Array.from({ length: r.int(2, 3) }, () => send(client, op, op.body, { signal: abandon })));
   } else {
-    await send(client, op);
+    await send(client, op, op.body, { signal: abandon });
   }
   if (!isFinal(op)) {
     stats.gaveUp++;
@@ -102,11 +118,12 @@ async function oneOperation(client: IdempotentClient, o: LoadOptions, stats: Loa
   }
   if (r.chance(0.25)) {
     stats.replayChecks++;
-    await send(client, op);
+    await send(client, op, op.body, { signal: abandon });
   }
   if (r.chance(0.03)) {
     stats.reusedKeys++;
-    await send(client, op, JSON.stringify({ cartId, currency: 'EUR', amount: 1 + (i % 900), customerId }));
+    const other = JSON.stringify({ cartId, currency: 'EUR', amount: 1 + (i % 900), customerId });
+    await send(client, op, other, { signal: abandon });
   }
 }
 
@@ -125,6 +142,7 @@ export async function runLoad(o: LoadOptions): Promise<LoadStats> {
   };
   const client = chaosClient(o.baseUrl, o.ledger);
   const inFlight = new Set<Promise<void>>();
+  const abandon = new AbortController();
   const intervalMs = 1_000 / o.rate;
   const started = Date.now();
   for (let i = 0; !o.signal.aborted; i++) {
@@ -132,12 +150,14 @@ export async function runLoad(o: LoadOptions): Promise<LoadStats> {
       stats.throttled++;
       await Promise.race(inFlight);
     }
-    const p = oneOperation(client, o, stats, i).finally(() => inFlight.delete(p));
+    const p = oneOperation(client, o, stats, i, abandon.signal).finally(() => inFlight.delete(p));
     inFlight.add(p);
     const wait = started + (i + 1) * intervalMs - Date.now();
     if (wait > 0) await new Promise((r) => setTimeout(r, wait));
   }
+  const timer = setTimeout(() => abandon.abort(new Error('the load is over')), o.stopGraceMs ?? 10_000);
   await Promise.all(inFlight);
+  clearTimeout(timer);
   return stats;
 }
 

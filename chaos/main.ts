@@ -196,7 +196,18 @@ async function main(): Promise<number> {
       },
       // Short leases: a dead relay's lanes are taken over within seconds. Published rows are kept
       // for the check (the default retention could delete them during a long run).
-      relayArgs: ['relay', '--lease-ms', '3000', '--poll-interval-ms', '250', '--published-retention-ms', '604800000'],
+      // Log level info: the relay's "relay started" line tells the supervisor it is ready.
+      relayArgs: [
+        'relay',
+        '--lease-ms',
+        '3000',
+        '--poll-interval-ms',
+        '250',
+        '--published-retention-ms',
+        '604800000',
+        '--log-level',
+        'info',
+      ],
       random: seededRandom(o.seed + 3),
       faketimeLibrary: faketime,
       events: {

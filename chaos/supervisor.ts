@@ -28,8 +28,10 @@ export interface Service {
   starts: number;
   /** Armed at its current start, if any. */
   arming: Arming | undefined;
-  /** When the current arming started (Date.now() ms), for {@link Supervisor.isProtected}. */
-  armedAt: number;
+  /** When the current process was started (Date.now() ms). */
+  startedAt: number;
+  /** When the current process said it was ready ({@link READY_LINES}), or undefined. */
+  readyAt: number | undefined;
   /** faketime offset of its current start (`+30s`, `-90s`), if any. */
   skew: string | undefined;
   /** Set while the harness itself stops or kills it (so the exit is not counted as a crash point). */
@@ -54,9 +56,10 @@ export interface SupervisorOptions {
   /** libfaketime's preload library, or undefined when faketime is not installed. */
   faketimeLibrary: string | undefined;
   /**
-   * How long a process with a crash point armed is kept from other faults, in ms from its start:
-   * long enough for the point to be reached, short enough that a point that is never reached (a
-   * relay without lanes) does not shield the process for the rest of the run. @defaultValue 30_000
+   * How long a process with a crash point armed is kept from other faults, in ms from the moment
+   * it said it was ready (from its start if it never did, plus {@link STARTUP_ALLOWANCE_MS}): long
+   * enough for the point to be reached, short enough that a point that is never reached (a relay
+   * without lanes) does not shield the process for the rest of the run. @defaultValue 20_000
    */
   armTimeoutMs?: number;
 }
@@ -78,6 +81,16 @@ export function findFaketimeLibrary(): string | undefined {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** The line each role prints once it serves (the relay's at log level info). */
+export const READY_LINES: Readonly<Record<Role, string>> = Object.freeze({
+  orders: 'ORDERS_LISTENING',
+  consumer: 'SHIPPING_READY',
+  relay: 'relay started',
+});
+
+/** How long a process may take to say it is ready before its arming's timeout counts anyway, in ms. */
+export const STARTUP_ALLOWANCE_MS = 60_000;
+
 export class Supervisor {
   readonly services = new Map<string, Service>();
   private closed = false;
@@ -98,7 +111,8 @@ export class Supervisor {
       child: undefined,
       starts: 0,
       arming: undefined,
-      armedAt: 0,
+      startedAt: 0,
+      readyAt: undefined,
       skew: undefined,
       stopping: false,
     };
@@ -116,11 +130,14 @@ export class Supervisor {
   }
 
   /**
-   * Whether the service has a crash point armed that has not fired yet and was armed less than
-   * `armTimeoutMs` ago: the faults leave such a process alone, so that the point gets its chance.
+   * Whether the service has a crash point armed that has not fired yet, and has been ready for
+   * less than `armTimeoutMs`: the faults leave such a process alone, so that the point gets its
+   * chance (a restart takes seconds, more on a loaded machine: the time counts from readiness).
    */
   isProtected(s: Service): boolean {
-    return s.arming !== undefined && Date.now() - s.armedAt < (this.o.armTimeoutMs ?? 30_000);
+    if (s.arming === undefined) return false;
+    const since = s.readyAt ?? s.startedAt + STARTUP_ALLOWANCE_MS;
+    return Date.now() - since < (this.o.armTimeoutMs ?? 20_000);
   }
 
   /** Starts the service's process (with its arming and skew, if set). */
@@ -133,7 +150,6 @@ export class Supervisor {
       PGAPPNAME: `chaos-${s.name}`,
     };
     if (s.arming) {
-      s.armedAt = Date.now();
       env.OUTBOXKIT_CRASH_POINT = s.arming.point;
       env.OUTBOXKIT_CRASH_AFTER = String(s.arming.after);
     }
@@ -144,7 +160,12 @@ export class Supervisor {
     }
     const script = s.role === 'orders' ? SCRIPTS.orders : s.role === 'consumer' ? SCRIPTS.shipping : SCRIPTS.cli;
     const args = s.role === 'relay' ? [...this.o.relayArgs, '--relay-id', `${s.name}-${s.starts}`] : [];
-    const child = startChild(s.name, script, args, env, 100);
+    s.startedAt = Date.now();
+    s.readyAt = undefined;
+    const ready = READY_LINES[s.role];
+    const child = startChild(s.name, script, args, env, 100, (line) => {
+      if (s.readyAt === undefined && s.child === child && line.includes(ready)) s.readyAt = Date.now();
+    });
     s.child = child;
     child.proc.once('exit', (code, signal) => void this.onExit(s, child, code, signal));
   }

@@ -28,13 +28,17 @@ export interface Child {
   lines: string[];
 }
 
-/** Spawns `node --import tsx <script> <args>` with `env` on top of this process's environment. */
+/**
+ * Spawns `node --import tsx <script> <args>` with `env` on top of this process's environment,
+ * keeping its last `keepLines` lines; `onLine` sees every line (stdout and stderr) as it comes.
+ */
 export function startChild(
   name: string,
   script: string,
   args: string[],
   env: Record<string, string>,
   keepLines = 200,
+  onLine?: (line: string) => void,
 ): Child {
   const proc = spawn(process.execPath, ['--import', 'tsx', script, ...args], {
     cwd: ROOT,
@@ -46,6 +50,7 @@ export function startChild(
     createInterface({ input: stream! }).on('line', (line) => {
       child.lines.push(line);
       if (child.lines.length > keepLines) child.lines.shift();
+      onLine?.(line);
     });
   }
   return child;
