@@ -59,6 +59,13 @@ describe('createDedupConsumer', () => {
       ['an invalid schema name', { schema: 'Bad-Name' }, /Invalid schema name/],
       ['a database that is neither pool nor drizzle', { database: {} as pg.Pool }, /database must be/],
       ['a handler that is not a function', { handler: 'nope' as unknown as DedupHandler<pg.Pool> }, /handler/],
+      [
+        'an unknown transactionScope',
+        { transactionScope: 'partition' as unknown as 'batch' },
+        /transactionScope must be 'message' or 'batch'/,
+      ],
+      ['batchMaxMessages 0', { batchMaxMessages: 0 }, /batchMaxMessages must be an integer from 1/],
+      ['a negative batchMaxMs', { batchMaxMs: -1 }, /batchMaxMs/],
     ])('rejects %s with InvalidOptionsError', (_, override, message) => {
       let caught: unknown;
       try {
