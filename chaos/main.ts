@@ -333,8 +333,8 @@ async function main(): Promise<number> {
         await a.disconnect();
       }
     };
-    // Drained, or stalled: every event marked published and nothing moved for drainStallMs (an
-    // event marked published that never reached Kafka is never shipped; the check reports it).
+    // Drained, or stalled: every event marked published, every service ready and nothing moved
+    // for drainStallMs (an event marked published that never reached Kafka is never shipped).
     let last = '';
     let lastChange = Date.now();
     await waitUntil(
@@ -342,8 +342,11 @@ async function main(): Promise<number> {
       async () => {
         const b = await pipelineBacklog(pool, await dlqCount());
         if (b.pending === 0 && b.unshipped <= 0) return true;
+        // A stall counts only while every wanted service is up and ready (a restart or a
+        // rebalance after a crash point that fired late is not a stall).
+        const ready = [...sup.services.values()].every((s) => !s.wanted || (sup.isUp(s) && s.readyAt !== undefined));
         const now = `${b.pending}/${b.unshipped}`;
-        if (now !== last) [last, lastChange] = [now, Date.now()];
+        if (now !== last || !ready) [last, lastChange] = [now, Date.now()];
         if (b.pending === 0 && Date.now() - lastChange >= o.drainStallMs) {
           log(`no progress for ${o.drainStallMs / 1000} s with every event marked published: checking now`);
           return true;
