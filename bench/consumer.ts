@@ -20,12 +20,18 @@
  * like (scope `message` against the per-message baseline); the batch scope is also shown against
  * the per-message baseline, labelled as such. BENCH_CONSUMER_WITHOUT_PROCESSED_IDX=1 drops the
  * inbox's `inbox_processed_idx` first (an experiment: what that btree costs per message).
+ * BENCH_CONSUMER_SQL_ONLY=1 runs, instead, the two transactions alone without Kafka (3 workers,
+ * 8 interleaved rounds of 2 s): the dedup transaction's SQL (`BEGIN; SET LOCAL lock_timeout;
+ * claim` in one round trip, INSERT, COMMIT) against `BEGIN; INSERT; COMMIT`, with and without
+ * `inbox_processed_idx`: what the inbox row costs PostgreSQL, apart from the consumer.
  */
 import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel, type Consumer } from 'kafkajs';
 import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
 import { createDedupConsumer, type DedupConsumer } from '../consumer/index.js';
+import { inboxClaimText } from '../consumer/inbox-sql.js';
+import { compare, formatComparisons } from './lib.js';
 import { benchDatabase } from './support.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 
@@ -92,7 +98,63 @@ async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<
 
 const RUN_TIMEOUT_MS = 20 * 60_000;
 
+/** BENCH_CONSUMER_SQL_ONLY=1: the handler transaction with and without the inbox row, no Kafka. */
+async function runSqlOnly(): Promise<string> {
+  const db = await benchDatabase();
+  const pool = new pg.Pool({ connectionString: db.url, max: POOL_SIZE });
+  try {
+    await pool.query('CREATE TABLE bench_effects (event_id uuid NOT NULL, payload text NOT NULL)');
+    // The same inbox without inbox_processed_idx, for the comparison.
+    await pool.query(
+      'CREATE SCHEMA noidx; CREATE TABLE noidx.inbox (LIKE outboxkit.inbox INCLUDING DEFAULTS); ' +
+        'ALTER TABLE noidx.inbox ADD PRIMARY KEY (consumer_group, event_id)',
+    );
+    const value = JSON.stringify({ orderId: 'order-1', amount: 1 });
+    let offset = 0;
+    const claims = new Map(['outboxkit', 'noidx'].map((schema) => [schema, inboxClaimText(schema, 'bench-group')]));
+    const transaction = (schema: string | null) => async () => {
+      const client = await pool.connect();
+      try {
+        const id = uuidv7();
+        const claim = schema === null ? null : claims.get(schema)!;
+        await client.query(
+          claim === null
+            ? 'BEGIN'
+            : `BEGIN; SET LOCAL lock_timeout = '5000ms'; ${claim({ groupId: '', eventId: id, topic: 'bench', partition: 0, offset: String(offset++) })}`,
+        );
+        await client.query('INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)', [id, value]);
+        await client.query('COMMIT');
+      } finally {
+        client.release();
+      }
+    };
+    const o = { rounds: 8, roundMs: 2_000, concurrency: CONCURRENCY };
+    const plain = 'BEGIN; INSERT; COMMIT';
+    return formatComparisons([
+      await compare(
+        'dedup transaction (inbox with inbox_processed_idx)',
+        transaction('outboxkit'),
+        plain,
+        transaction(null),
+        o,
+      ),
+      await compare(
+        'dedup transaction (inbox without inbox_processed_idx)',
+        transaction('noidx'),
+        plain,
+        transaction(null),
+        o,
+      ),
+      await compare('without inbox_processed_idx', transaction('noidx'), 'with it', transaction('outboxkit'), o),
+    ]);
+  } finally {
+    await pool.end();
+    await db.drop();
+  }
+}
+
 export async function run(): Promise<string> {
+  if (process.env.BENCH_CONSUMER_SQL_ONLY === '1') return runSqlOnly();
   const db = await benchDatabase();
   const pool = new pg.Pool({ connectionString: db.url, max: POOL_SIZE });
   const kafka = new Kafka({ clientId: 'outboxkit-bench', brokers: db.brokers, logLevel: logLevel.NOTHING });
