@@ -10,12 +10,20 @@
  * (c) recovery: the fenced kafkajs producer is unusable, a new one carries on; an abandoned
  *     transaction holds read_committed consumers of its partitions until transaction.timeout.ms;
  *     a broker restart mid-transaction.
+ * And, for contrast, what the default relay (leases and fencing tokens, no transactions) does when
+ * its owner pauses mid-pass: the late duplicate that transactions would remove.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel, type Producer, type Transaction } from 'kafkajs';
+import pg from 'pg';
 import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { kafkaErrorType } from '../../relay/classify-error.js';
-import { createTopics, randomName, testKafka } from '../helpers/kafka.js';
+import { createKafkajsProducer, type RelayProducer } from '../../relay/index.js';
+import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
+import { laneOf } from '../../src/outbox/event.js';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { createTopics, randomName, readTopic, testKafka } from '../helpers/kafka.js';
+import { startRelay } from '../helpers/relay.js';
 import { waitFor } from '../helpers/wait-for.js';
 
 const producers = new Set<Producer>();
@@ -290,4 +298,82 @@ describe('Kafka transactions across a broker restart (private broker)', () => {
     ]).toContainEqual(values);
     console.log(`[txn-spike] read_committed after the restart: ${values.join(',')}`);
   }, 120_000);
+});
+
+describe('the default relay (no transactions): an owner paused mid-pass', () => {
+  let db: TestDatabase;
+  beforeAll(async () => {
+    db = await createTestDatabase();
+  });
+  afterAll(async () => {
+    await db?.drop();
+  });
+
+  it('emits a late duplicate after the new owner published newer events of the key (what G4 absorbs)', async () => {
+    const [topic] = await createTopics(['paused-owner'], { partitions: 1 });
+    const key = 'order-1';
+    // A whole-process pause of relay A, emulated in-process: from its send of the paused pass on,
+    // every query of A (lease renewals, marks) and that send wait on the gate.
+    let pauseAtNextSend = false;
+    let gate: Promise<void> | undefined;
+    let resume: () => void = () => undefined;
+    let onPaused: () => void = () => undefined;
+    const paused = new Promise<void>((r) => (onPaused = r));
+    const pool = new pg.Pool({ connectionString: db.url, max: 3 });
+    const query = pool.query.bind(pool) as (text: string, values?: unknown[]) => Promise<pg.QueryResult>;
+    pool.query = ((text: string, values?: unknown[]) =>
+      gate ? gate.then(() => query(text, values)) : query(text, values)) as typeof pool.query;
+    const inner = createKafkajsProducer(testKafka('paused-owner'));
+    const producer: RelayProducer = {
+      connect: () => inner.connect(),
+      disconnect: () => inner.disconnect(),
+      async send(records) {
+        if (pauseAtNextSend) {
+          pauseAtNextSend = false;
+          gate = new Promise<void>((r) => (resume = r));
+          onPaused();
+          await gate;
+        }
+        return inner.send(records);
+      },
+    };
+    const ids: string[] = [];
+    const write = async (v: number) => {
+      const [e] = await withPgTransaction(db.pool, (c) => enqueue(c, { topic: topic!, key, type: 'v', payload: v }));
+      ids.push(e!.eventId);
+      return e!.eventId;
+    };
+    const published = async (eventId: string) => {
+      const { rows } = await db.pool.query<{ by: string | null }>(
+        'SELECT published_at IS NOT NULL AS by FROM outboxkit.outbox_events WHERE event_id = $1',
+        [eventId],
+      );
+      return rows[0]?.by;
+    };
+    const a = await startRelay(db.url, { pool, producer, listen: false, relayId: 'relay-a' });
+    try {
+      await waitFor(() => a.heldLanes().includes(laneOf(key)), { message: 'relay A holds the lane' });
+      pauseAtNextSend = true;
+      await write(1); // A reads it, passes its ownership check, and pauses before the send
+      await paused;
+      // A's lease runs out (2 s); B takes the lane over and publishes v1, then v2.
+      const b = await startRelay(db.url, { relayId: 'relay-b' });
+      await waitFor(() => b.heldLanes().includes(laneOf(key)), { timeoutMs: 20_000 });
+      await waitFor(() => published(ids[0]!), { timeoutMs: 20_000 });
+      const v2 = await write(2);
+      await waitFor(() => published(v2), { timeoutMs: 20_000 });
+    } finally {
+      // A wakes up: its send goes through, its mark is refused (fencing token).
+      resume();
+    }
+    const seen = await readTopic(
+      topic!,
+      (m) => m.headers[HEADER_EVENT_ID]!,
+      (all) => all.length >= 3,
+    );
+    // v1 (B), v2 (B), then A's late copy of v1 after the newer v2.
+    expect(seen).toEqual([ids[0], ids[1], ids[0]]);
+    await a.stopAndForget();
+    await pool.end();
+  });
 });
