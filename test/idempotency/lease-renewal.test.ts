@@ -71,9 +71,10 @@ describe('renewEveryMs: automatic lease renewal', () => {
     const hold = gate();
     const inHandler = gate();
     let signal: AbortSignal | undefined;
+    // Four renewals per lease: a loaded machine may delay a few without losing it.
     const app = await startLeaseApp({
       pool: db.pool,
-      leaseMs: 300,
+      leaseMs: 500,
       renewEveryMs: 100,
       logger,
       behaviour: async (c) => {
@@ -89,7 +90,7 @@ describe('renewEveryMs: automatic lease renewal', () => {
     await inHandler.promise;
     // Retries keep arriving after the lease length has passed several times over: each finds a
     // live lease (409), none takes over.
-    while (Date.now() - started < 1_200) {
+    while (Date.now() - started < 2_000) {
       await new Promise((r) => setTimeout(r, 150));
       const retry = await post(app, '/payments', { key, body });
       expect(retry.status).toBe(409);
@@ -103,7 +104,7 @@ describe('renewEveryMs: automatic lease renewal', () => {
     expect(signal?.aborted).toBe(false);
     expect(await readLease(db.pool, key)).toMatchObject({ state: 'completed', generation: 1 });
     const renewals = logger.count('idempotency lease renewed');
-    expect(renewals).toBeGreaterThanOrEqual(5);
+    expect(renewals).toBeGreaterThanOrEqual(8);
 
     // Stopped with the handler: no renewal in the next five intervals.
     await new Promise((r) => setTimeout(r, 500));
