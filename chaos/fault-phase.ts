@@ -1,7 +1,8 @@
 /**
  * The fault phase of a chaos run: the seeded plan injected on time, and the floor rule — a fault
  * that could not be injected (its target was down) is replaced by another one drawn from the
- * seed, until `floor` faults were injected or the phase's deadline (`capMs`) has passed.
+ * seed among the kinds that would find a target, until `floor` faults were injected or the
+ * phase's deadline (`capMs`) has passed.
  */
 import { drawKind, type FaultKind, type PlannedFault } from './faults.js';
 import type { Random } from './random.js';
@@ -18,6 +19,11 @@ export interface FaultPhaseOptions {
   /** Draws the kinds of the replacements (seeded, apart from the plan's generator). */
   random: Random;
   kinds: readonly FaultKind[];
+  /**
+   * Whether a fault of this kind would find a target now: replacements are drawn among those
+   * kinds (all of `kinds` when none would). @defaultValue every kind
+   */
+  feasible?: (kind: FaultKind) => boolean;
   /** Injects one fault now (with its own retries); resolves true when it was injected. */
   inject(kind: FaultKind): Promise<boolean>;
   /** Poll period of the scheduler, in ms. @defaultValue 100 */
@@ -69,7 +75,8 @@ export async function runFaultPhase(o: FaultPhaseOptions): Promise<FaultPhaseRes
       running.add(p);
     }
     if (t < o.capMs && injected + running.size + queue.length < o.floor) {
-      queue.push({ atMs: t + o.spacingMs, kind: drawKind(o.random, o.kinds) });
+      const feasible = o.feasible === undefined ? o.kinds : o.kinds.filter(o.feasible);
+      queue.push({ atMs: t + o.spacingMs, kind: drawKind(o.random, feasible.length > 0 ? feasible : o.kinds) });
       queue.sort((a, b) => a.atMs - b.atMs);
       replacements++;
       continue;

@@ -160,12 +160,55 @@ export interface FaultOutcome {
 
 const skipped = (detail: string): FaultOutcome => ({ injected: false, detail });
 
+/**
+ * The processes of `role` a fault may target now: running, not being stopped by the harness, and
+ * not shielded by an armed crash point. A process with a crash point armed is left alone (no
+ * kill, restart or termination) until the point fires or the supervisor's arming timeout passes:
+ * otherwise the points seldom fire.
+ */
+function targets(sup: Supervisor, role: Role): Service[] {
+  return sup.byRole(role).filter((s) => sup.isUp(s) && !s.stopping && !sup.isProtected(s));
+}
+
+/**
+ * Whether a fault of `kind` would find a target now (no side effect, no random draw): the
+ * replacements of skipped faults are drawn among these kinds, so that a run with its processes
+ * restarting does not replace one impossible fault by another.
+ */
+export function canInject(kind: FaultKind, c: FaultContext): boolean {
+  const sup = c.supervisor;
+  const ready = (role: Role) => targets(sup, role).some((s) => s.readyAt !== undefined);
+  switch (kind) {
+    case 'kill-orders':
+      return targets(sup, 'orders').length > 0;
+    case 'kill-relay':
+      return targets(sup, 'relay').length > 0;
+    case 'kill-consumer':
+      return targets(sup, 'consumer').length > 0;
+    case 'crash-point': {
+      const armedNow = new Set([...sup.services.values()].flatMap((s) => (s.arming ? [s.arming.point] : [])));
+      return CRASH_POINTS.some((cp) => !armedNow.has(cp.point) && targets(sup, cp.role).length > 0);
+    }
+    case 'consumer-join':
+      return targets(sup, 'consumer').length < c.maxConsumers && sup.byRole('consumer').some((s) => !s.wanted);
+    case 'consumer-leave':
+      return targets(sup, 'consumer').length > 1;
+    case 'kill-broker':
+      return c.broker !== undefined && !c.brokerDown;
+    case 'pg-terminate-relay':
+    case 'pg-terminate-listener':
+      return ready('relay');
+    case 'pg-terminate-consumer':
+      return ready('consumer');
+    case 'clock-skew':
+      return sup.faketime && (targets(sup, 'relay').length > 0 || targets(sup, 'consumer').length > 0);
+  }
+}
+
 /** Injects one fault of `kind` now. */
 export async function injectFault(kind: FaultKind, c: FaultContext): Promise<FaultOutcome> {
   const { supervisor: sup, random } = c;
-  // A process with a crash point armed is left alone (no kill, restart or termination) until the
-  // point fires or the supervisor's arming timeout passes: otherwise the points seldom fire.
-  const live = (role: Role) => sup.byRole(role).filter((s) => sup.isUp(s) && !s.stopping && !sup.isProtected(s));
+  const live = (role: Role) => targets(sup, role);
   const one = (role: Role): Service | undefined => {
     const up = live(role);
     return up.length === 0 ? undefined : random.pick(up);
@@ -233,7 +276,9 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       if (kind === 'pg-terminate-listener') {
         pattern = 'outboxkit-relay-listener';
       } else {
-        const s = one(kind === 'pg-terminate-relay' ? 'relay' : 'consumer');
+        // Among the processes that said they are ready: one just restarted has no backend yet.
+        const ready = live(kind === 'pg-terminate-relay' ? 'relay' : 'consumer').filter((t) => t.readyAt !== undefined);
+        const s = ready.length === 0 ? undefined : random.pick(ready);
         if (!s) return skipped('no live target');
         pattern = `chaos-${s.name}`;
       }

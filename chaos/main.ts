@@ -25,6 +25,7 @@ import { runFaultPhase } from './fault-phase.js';
 import {
   CRASH_POINTS,
   FAULT_KINDS,
+  canInject,
   injectFault,
   planFaults,
   type FaultContext,
@@ -131,6 +132,12 @@ async function main(): Promise<number> {
   if (o.sabotage.length > 0)
     log(`SABOTAGED RUN (test-only): ${o.sabotage.join(', ')}; the harness must report violations and FAIL`);
 
+  // Every kind this run can inject: the broker is killed only when it is the harness's own.
+  const kinds = (Object.keys(FAULT_KINDS) as FaultKind[]).filter(
+    (k) => (k !== 'kill-broker' || !o.brokers) && (o.kinds === undefined || o.kinds.includes(k)),
+  );
+  if (kinds.length === 0)
+    throw new Error('--kinds leaves no fault kind this run can inject (kill-broker needs the harness own broker)');
   const serverUrl = o.databaseUrl ?? (await ensurePostgres(log));
   let scratch: ScratchBroker | undefined;
   const cleanups: (() => Promise<unknown>)[] = [];
@@ -242,9 +249,6 @@ async function main(): Promise<number> {
     log(`pipeline up; load and faults for ${o.seconds} s`);
 
     // The faults: planned up front from the seed, injected on time; skipped ones replaced (the floor).
-    const kinds = (Object.keys(FAULT_KINDS) as FaultKind[]).filter(
-      (k) => (k !== 'kill-broker' || scratch) && (o.kinds === undefined || o.kinds.includes(k)),
-    );
     for (const cp of CRASH_POINTS) crashPoints.set(cp.point, { armed: 0, fired: 0 });
     const plan = planFaults(random, o.faults, o.seconds, kinds);
     const injected = new Map<FaultKind, number>();
@@ -286,7 +290,6 @@ async function main(): Promise<number> {
     // The planned window is [5 %, 90 %] of --seconds; replacements may start up to the overrun.
     const capMs = (0.9 + OVERRUN_FRACTION) * o.seconds * 1_000;
     const endLoad = new AbortController();
-    if (kinds.length === 0) throw new Error('--kinds leaves no fault kind this run can inject');
     const faults = runFaultPhase({
       plan,
       floor: o.faults,
@@ -294,6 +297,7 @@ async function main(): Promise<number> {
       spacingMs: (0.85 * o.seconds * 1_000) / o.faults,
       random: seededRandom(o.seed + 4),
       kinds,
+      feasible: (kind) => canInject(kind, ctx),
       inject,
     }).then(async (phase) => {
       log(
@@ -305,6 +309,8 @@ async function main(): Promise<number> {
       endLoad.abort();
       return { phase, loadSeconds: (Date.now() - loadStart) / 1000 };
     });
+    // Never an endless load, even if the fault phase itself failed (then reported as exit 2).
+    faults.catch(() => endLoad.abort());
     const ledger = new Ledger();
     const load = await runLoad({
       baseUrl,

@@ -102,6 +102,26 @@ describe('runFaultPhase (the floor of injected faults)', () => {
     expect(calls).toBe(result.injected + result.skipped);
   });
 
+  it('draws replacements among the kinds that would find a target now', async () => {
+    const tried: FaultKind[] = [];
+    const result = await runFaultPhase({
+      plan: plan(4, 1),
+      floor: 4,
+      capMs: 5_000,
+      spacingMs: 2,
+      random: seededRandom(7),
+      kinds: KINDS,
+      tickMs: 1,
+      feasible: (kind) => kind === 'pg-terminate-listener',
+      inject: async (kind) => {
+        tried.push(kind);
+        return kind === 'pg-terminate-listener';
+      },
+    });
+    expect(result).toMatchObject({ injected: 4, skipped: 4, replacements: 4, floorReached: true });
+    expect(tried.slice(4)).toEqual(Array(4).fill('pg-terminate-listener'));
+  });
+
   it('fails the floor when the deadline passes first', async () => {
     const started = Date.now();
     const result = await runFaultPhase({
