@@ -6,6 +6,7 @@
  * and the key reused with another body (must be 422).
  */
 import { randomUUID } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import { createIdempotentClient, type IdempotentClient } from '../src/client/index.js';
 import { FINAL_STATUSES, type Operation } from './check.js';
 import type { Ledger } from './ledger.js';
@@ -143,6 +144,8 @@ export async function runLoad(o: LoadOptions): Promise<LoadStats> {
   const client = chaosClient(o.baseUrl, o.ledger);
   const inFlight = new Set<Promise<void>>();
   const abandon = new AbortController();
+  // Every operation in flight listens to it (up to maxInFlight): not a leak.
+  setMaxListeners(0, abandon.signal);
   const intervalMs = 1_000 / o.rate;
   const started = Date.now();
   for (let i = 0; !o.signal.aborted; i++) {
