@@ -17,6 +17,13 @@ import { registerTopics } from './commands/topics.js';
 
 /** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */
 let jsonErrors = false;
+/**
+ * Set when commander itself displayed the error (usage errors: unknown option, bad or missing
+ * argument). An error thrown inside an action (even commander's InvalidArgumentError, whose code is
+ * `commander.invalidArgument` too) never goes through commander's output, so the code alone cannot
+ * tell whether it was printed.
+ */
+let shownByCommander = false;
 
 const program = new Command('outboxkit')
   .description('Safe retries across PostgreSQL and Apache Kafka: outbox relay, migrations and operator commands.')
@@ -29,6 +36,7 @@ const program = new Command('outboxkit')
       if (!jsonErrors) process.stderr.write(text);
     },
     outputError: (text, write) => {
+      shownByCommander = true;
       if (!jsonErrors) write(text);
     },
   });
@@ -59,6 +67,7 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   // Options end at `--`; anything after it is an argument.
   const end = argv.indexOf('--');
   jsonErrors = (end === -1 ? argv : argv.slice(0, end)).includes('--json');
+  shownByCommander = false;
   try {
     await program.parseAsync(argv);
   } catch (err) {
@@ -73,8 +82,8 @@ export async function main(argv: string[] = process.argv): Promise<void> {
       const field = (err as { field?: unknown }).field; // InvalidKafkaConfigError names the setting
       const error = typeof field === 'string' ? { code, message, field } : { code, message };
       process.stderr.write(`${JSON.stringify({ error })}\n`);
-    } else if (code.startsWith('commander.')) {
-      // commander printed the usage error already (outputError).
+    } else if (shownByCommander && code.startsWith('commander.')) {
+      // commander printed the usage error already (outputError), with the command's usage.
     } else {
       console.error(`outboxkit: ${isOutboxkitError(err) ? `${code}: ${message}` : message}`);
     }

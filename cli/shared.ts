@@ -5,9 +5,11 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
+import { validate as uuidValidate } from 'uuid';
 import type { Queryable } from '../src/database.js';
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
 import type { Logger } from '../src/logger.js';
+import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 
 export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
 
@@ -15,6 +17,45 @@ export function int(value: string): number {
   const n = Number(value);
   if (!Number.isInteger(n)) throw new InvalidArgumentError('Not an integer.');
   return n;
+}
+
+/** An integer of 1 or more (partitions, limits). */
+export function positiveInt(value: string): number {
+  const n = int(value);
+  if (n < 1) throw new InvalidArgumentError('Must be an integer of 1 or more.');
+  return n;
+}
+
+/** A TCP port to listen on: 1-65535, 0 for a random free port, -1 for none. */
+export function listenPort(value: string): number {
+  const n = int(value);
+  if (n < -1 || n > 65_535) {
+    throw new InvalidArgumentError('Must be a port from 1 to 65535, 0 for a random port, or -1 for none.');
+  }
+  return n;
+}
+
+/**
+ * Collects a variadic argument of event ids (UUIDs, RFC 9562), so that a typo is a usage error
+ * rather than PostgreSQL's "invalid input syntax for type uuid".
+ */
+export function eventIdList(value: string, previous: string[] | undefined): string[] {
+  if (!uuidValidate(value))
+    throw new InvalidArgumentError('Not an event id (a UUID such as 0190d9a5-7e6b-7c1a-9f0e-3b5a1c2d4e6f).');
+  return [...(previous ?? []), value];
+}
+
+/**
+ * Collects a variadic argument of Kafka topic names: 1-249 of `[a-zA-Z0-9._-]`, not `.` or `..`
+ * (Kafka's rule, org.apache.kafka.common.internals.Topic).
+ */
+export function topicNameList(value: string, previous: string[] | undefined): string[] {
+  if (!KAFKA_TOPIC_NAME.test(value) || value === '.' || value === '..') {
+    throw new InvalidArgumentError(
+      "Not a legal Kafka topic name: 1-249 letters, digits, '.', '_' or '-' (not '.' or '..').",
+    );
+  }
+  return [...(previous ?? []), value];
 }
 
 export function bool(value: string): boolean {

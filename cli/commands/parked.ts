@@ -1,7 +1,7 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import { quoteSchema } from '../../src/schema-name.js';
 import { listParked, retryParked, skipParked } from '../../relay/sql.js';
-import { databaseOption, int, q, schemaOption, withPool } from '../shared.js';
+import { databaseOption, eventIdList, int, q, schemaOption, withPool } from '../shared.js';
 
 /** `outboxkit parked list|retry|skip`. */
 export function registerParked(program: Command): void {
@@ -28,12 +28,13 @@ export function registerParked(program: Command): void {
   parked
     .command('retry')
     .description('put parked events back in line (attempts reset)')
-    .argument('[event-ids...]', 'event ids (or --all)')
+    .argument('[event-ids...]', 'event ids (or --all)', eventIdList)
     .option('--all', 'every parked event')
     .addOption(databaseOption())
     .addOption(schemaOption())
     .action(async (ids: string[], opts: { databaseUrl: string; schema: string; all?: boolean }) => {
       if (!opts.all && ids.length === 0) throw new InvalidArgumentError('Give event ids or --all.');
+      if (opts.all && ids.length > 0) throw new InvalidArgumentError('Give event ids or --all, not both.');
       await withPool(opts.databaseUrl, async (pool) => {
         console.log(`requeued ${await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids)} events`);
       });
@@ -41,7 +42,7 @@ export function registerParked(program: Command): void {
   parked
     .command('skip')
     .description('give up on parked events (marked published without being sent), so their keys go on')
-    .argument('<event-ids...>', 'event ids')
+    .argument('<event-ids...>', 'event ids', eventIdList)
     .addOption(databaseOption())
     .addOption(schemaOption())
     .action(async (ids: string[], opts: { databaseUrl: string; schema: string }) => {

@@ -5,7 +5,7 @@ import { pino } from 'pino';
 import client from 'prom-client';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
 import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
-import { addKafkaOptions, bool, databaseOption, int, kafkaFromOptions, schemaOption } from '../shared.js';
+import { addKafkaOptions, bool, databaseOption, int, kafkaFromOptions, listenPort, schemaOption } from '../shared.js';
 
 /** `outboxkit relay`: the relay daemon. */
 export function registerRelay(program: Command): void {
@@ -62,7 +62,7 @@ export function registerRelay(program: Command): void {
     .addOption(
       new Option('--metrics-port <port>', 'port of /metrics, /healthz, /readyz (0: random, -1: off)')
         .env('OUTBOXKIT_METRICS_PORT')
-        .argParser(int)
+        .argParser(listenPort)
         .default(9464),
     )
     .addOption(new Option('--log-level <level>', 'pino log level').env('OUTBOXKIT_LOG_LEVEL').default('info'))

@@ -1,5 +1,5 @@
 import { Option, type Command } from 'commander';
-import { addKafkaOptions, int, kafkaFromOptions } from '../shared.js';
+import { addKafkaOptions, int, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
 
 /** `outboxkit topics ensure`. */
 export function registerTopics(program: Command): void {
@@ -7,9 +7,9 @@ export function registerTopics(program: Command): void {
   const ensure = topics
     .command('ensure')
     .description('create the given topics if they do not exist')
-    .argument('<topics...>', 'topic names');
+    .argument('<topics...>', 'topic names', topicNameList);
   addKafkaOptions(ensure)
-    .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(int).default(3))
+    .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(positiveInt).default(3))
     .addOption(new Option('--replication-factor <n>', 'replication factor of new topics').argParser(int).default(1))
     .option('--json', 'print JSON')
     .action(async (names: string[], opts: { partitions: number; replicationFactor: number; json?: boolean }) => {

@@ -1,0 +1,154 @@
+/**
+ * Every CLI error is printed exactly once (plain, or one JSON line with --json) with a non-zero
+ * exit: commander's own usage errors, and errors thrown inside a command's action (an
+ * InvalidArgumentError there never goes through commander's output). Bad event ids, topic names,
+ * partition counts and metrics ports are usage errors before anything connects.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { enqueue, withPgTransaction } from '../../src/index.js';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { randomName, testKafka } from '../helpers/kafka.js';
+import { spawnCli, type Spawned } from '../helpers/processes.js';
+
+interface Finished {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+async function finished(s: Spawned): Promise<Finished> {
+  const { code } = await s.exited;
+  const stdout = s.stdout.join('');
+  // output interleaves stdout and stderr; stderr is what is not stdout.
+  return { code, stdout, stderr: s.output.join('').replace(stdout, '') };
+}
+
+const cli = (args: string[], env?: Record<string, string>) => finished(spawnCli(args, env));
+
+/** The one JSON error line of a --json run. */
+function jsonError(r: Finished): { code: string; message: string } {
+  const lines = r.stderr.split('\n').filter((l) => l !== '');
+  expect(lines, r.stderr).toHaveLength(1);
+  return (JSON.parse(lines[0]!) as { error: { code: string; message: string } }).error;
+}
+
+function count(text: string, needle: string): number {
+  return text.split(needle).length - 1;
+}
+
+async function topicExists(topic: string): Promise<boolean> {
+  const admin = testKafka().admin();
+  await admin.connect();
+  try {
+    return (await admin.listTopics()).includes(topic);
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+let db: TestDatabase;
+beforeAll(async () => {
+  db = await createTestDatabase({ poolSize: 2 });
+});
+afterAll(async () => {
+  await db?.drop();
+});
+
+describe('errors thrown inside a command are printed once', () => {
+  it.each([
+    [['parked', 'retry'], 'outboxkit: Give event ids or --all.\n'],
+    [['dlq', 'replay', 'some.dlq'], 'outboxkit: Give --event-id <ids...> or --all.\n'],
+    [['dlq', 'list', 'some.dlq', '--limit', '0'], 'outboxkit: --limit must be at least 1.\n'],
+  ])('%j: the message alone on stderr, exit 1', async (args, expected) => {
+    const r = await cli(args);
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe('');
+    expect(r.stderr).toBe(expected);
+  });
+
+  it('with --json: one JSON line', async () => {
+    const r = await cli(['dlq', 'replay', 'some.dlq', '--json']);
+    expect(r.code).toBe(1);
+    expect(jsonError(r)).toEqual({ code: 'commander.invalidArgument', message: 'Give --event-id <ids...> or --all.' });
+  });
+
+  it("commander's own usage error stays printed once, with the usage", async () => {
+    const r = await cli(['status', '--bogus']);
+    expect(r.code).toBe(1);
+    expect(count(r.stderr, "unknown option '--bogus'")).toBe(1);
+    expect(count(r.stderr, 'Usage: outboxkit status')).toBe(1);
+    expect(jsonError(await cli(['status', '--bogus', '--json'])).code).toBe('commander.unknownOption');
+  });
+});
+
+describe('arguments checked before anything connects', () => {
+  it('parked retry/skip: an id that is not a UUID is a usage error, not a PostgreSQL one', async () => {
+    for (const command of ['retry', 'skip']) {
+      const r = await cli(['parked', command, 'not-a-uuid', '--database-url', db.url]);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toMatch(/'not-a-uuid' is invalid for argument 'event-ids'\. Not an event id/);
+      expect(r.stderr).not.toMatch(/invalid input syntax/);
+    }
+  });
+
+  it('parked retry: valid ids are all passed on (and ids with --all are refused)', async () => {
+    const events = await withPgTransaction(db.pool, async (c) => [
+      ...(await enqueue(c, { topic: 'cli-parked', key: 'a', type: 't', payload: 1 })),
+      ...(await enqueue(c, { topic: 'cli-parked', key: 'b', type: 't', payload: 2 })),
+      ...(await enqueue(c, { topic: 'cli-parked', key: 'c', type: 't', payload: 3 })),
+    ]);
+    await db.pool.query('UPDATE outboxkit.outbox_events SET parked_at = now(), attempts = 5');
+    const [a, b] = events.map((e) => e.eventId);
+    const both = await cli(['parked', 'retry', a!, '--all', '--database-url', db.url]);
+    expect(both.code).toBe(1);
+    expect(both.stderr).toBe('outboxkit: Give event ids or --all, not both.\n');
+    const r = await cli(['parked', 'retry', a!, b!, '--database-url', db.url]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toBe('requeued 2 events\n');
+    const { rows } = await db.pool.query<{ n: number }>(
+      'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE parked_at IS NOT NULL',
+    );
+    expect(rows[0]!.n).toBe(1);
+  });
+
+  it('topics ensure: an illegal topic name is refused and nothing is created', async () => {
+    const good = randomName('cli-args');
+    const r = await cli(['topics', 'ensure', good, 'bad name', '--json']);
+    expect(r.code).toBe(1);
+    const error = jsonError(r);
+    expect(error.code).toBe('commander.invalidArgument');
+    expect(error.message).toMatch(/'bad name' is invalid for argument 'topics'\. Not a legal Kafka topic name/);
+    for (const name of ['.', '..', 'x'.repeat(250), 'a/b']) {
+      expect(jsonError(await cli(['topics', 'ensure', name, '--json'])).code, name).toBe('commander.invalidArgument');
+    }
+    expect(await topicExists(good)).toBe(false);
+  });
+
+  it('topics ensure: --partitions below 1 is refused; legal names are all created', async () => {
+    const t1 = randomName('cli-args');
+    const t2 = randomName('cli-args');
+    for (const n of ['0', '-3']) {
+      const error = jsonError(await cli(['topics', 'ensure', t1, '--partitions', n, '--json']));
+      expect(error.code).toBe('commander.invalidArgument');
+      expect(error.message).toBe(
+        `option '--partitions <n>' argument '${n}' is invalid. Must be an integer of 1 or more.`,
+      );
+    }
+    expect(await topicExists(t1)).toBe(false);
+    const ok = await cli(['topics', 'ensure', t1, t2, '--partitions', '1']);
+    expect(ok.code, ok.stderr).toBe(0);
+    expect(ok.stdout).toBe(`created: ${t1}, ${t2}\n`);
+  });
+
+  it('relay: --metrics-port outside -1..65535 is refused before the relay starts (flag and env)', async () => {
+    const flag = await cli(['relay', '--database-url', db.url, '--metrics-port', '99999']);
+    expect(flag.code).toBe(1);
+    expect(flag.stdout).toBe(''); // the relay logs its Kafka settings on stdout once it starts
+    expect(count(flag.stderr, "option '--metrics-port <port>' argument '99999' is invalid")).toBe(1);
+    expect(flag.stderr).toMatch(/Must be a port from 1 to 65535, 0 for a random port, or -1 for none\./);
+    const env = await cli(['relay', '--database-url', db.url], { OUTBOXKIT_METRICS_PORT: '-2' });
+    expect(env.code).toBe(1);
+    expect(env.stdout).toBe('');
+    expect(count(env.stderr, "value '-2' from env 'OUTBOXKIT_METRICS_PORT' is invalid")).toBe(1);
+  });
+});
