@@ -14,7 +14,7 @@
  * the event has been cleaned up applies it again.)
  */
 import { randomBytes } from 'node:crypto';
-import type { Kafka, KafkaMessage, Message } from 'kafkajs';
+import { Partitioners, type Kafka, type KafkaMessage, type Message } from 'kafkajs';
 import { InvalidOptionsError, TopicMissingError } from '../src/errors.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE, KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { decodeHeaders, readEventId } from './consumed-event.js';
@@ -284,6 +284,8 @@ export async function replayDeadLetters(
   }
   // Idempotent, acks=all, one request in flight: the broker never duplicates or reorders a retried send.
   const producer = kafka.producer({
+    // The relay's partitioner (Java-compatible murmur2): a replayed key lands where its events did.
+    createPartitioner: Partitioners.DefaultPartitioner,
     idempotent: true,
     maxInFlightRequests: 1,
     allowAutoTopicCreation: false,

@@ -33,15 +33,16 @@
  * Other partitions go on meanwhile. Attempt counts live in memory: after a rebalance or restart
  * the new owner counts from 1 again.
  */
-import type {
-  Admin,
-  ConfigResourceTypes,
-  Consumer,
-  DescribeConfigResponse,
-  EachBatchPayload,
-  KafkaMessage,
-  Message,
-  Producer,
+import {
+  Partitioners,
+  type Admin,
+  type ConfigResourceTypes,
+  type Consumer,
+  type DescribeConfigResponse,
+  type EachBatchPayload,
+  type KafkaMessage,
+  type Message,
+  type Producer,
 } from 'kafkajs';
 import type pg from 'pg';
 import {
@@ -231,6 +232,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // reordered by the broker. Sends are also serialised below (kafkajs sequence numbers break
     // under concurrent sends on one idempotent producer).
     this.#producer = kafka.producer({
+      // Java-compatible murmur2 of the key, as the relay uses; naming it also spares every start
+      // kafkajs's "v2.0.0 switched default partitioner" warning.
+      createPartitioner: Partitioners.DefaultPartitioner,
       idempotent: true,
       maxInFlightRequests: 1,
       allowAutoTopicCreation: false,
