@@ -183,6 +183,8 @@ export interface RelayEvents {
   'relay:lanes': [{ held: number[] }];
   /** One send to Kafka finished (acknowledged when `ok`), with its duration in ms. */
   'relay:sent': [{ records: number; durationMs: number; ok: boolean }];
+  /** The relay could not publish for longer than a lease: it released its lanes until its producer connects again. */
+  'relay:standing-down': [{ failingMs: number }];
 }
 
 interface LaneLease extends sql.HeldLane {
@@ -302,7 +304,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     const producer = this.makeProducer();
     await producer.connect().then(
       () => (this.producer = producer),
-      (err: Error) => this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
+      (err: Error) => {
+        this.failingSince ??= performance.now();
+        this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff');
+      },
     );
     if (this.options.listen) await this.startListener();
     await this.maintainLanes();
@@ -470,6 +475,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.stopping) return;
     const { leaseMs } = this.options;
     const began = performance.now();
+    if (this.failingSince !== undefined && began - this.failingSince > leaseMs) {
+      await this.standDown(began - this.failingSince);
+      return;
+    }
     // Act on a lane only until slightly before its lease ends by our clock, measured from before
     // the renewal was sent: the database's lease is at least that long.
     const validUntil = began + leaseMs * 0.8;
@@ -489,14 +498,54 @@ export class Relay extends EventEmitter<RelayEvents> {
     } else if (this.held.size > share) {
       const extra = this.heldLanes().slice(share);
       for (const lane of extra) this.held.delete(lane);
-      // Give them back after the pass in flight, which may still be publishing their rows.
+      // Give them back after the pass in flight, which may still be publishing their rows, and
+      // after its marking: a late mark would fail the fencing check and the rows go out again.
       await this.currentPass;
+      await this.settleMarking().catch(() => undefined);
       await sql.releaseLanes(this.db, this.q, this.relayId, extra);
     }
     this.emit('relay:lanes', { held: this.heldLanes() });
     // New lanes may hold a backlog that no notification will announce.
     if (acquired > 0) this.wakeUp();
   }
+
+  /**
+   * A relay that cannot publish (its producer does not connect, or every pass fails) for longer
+   * than one lease stands down: it releases its lanes and leaves the live instances, so that a
+   * healthy relay takes them over, instead of holding their events back. It keeps trying the
+   * producer on each maintenance tick and rejoins once it connects.
+   */
+  private async standDown(failingMs: number): Promise<void> {
+    if (!this.standingDown) {
+      this.standingDown = true;
+      this.logger.warn(
+        { failingMs: Math.round(failingMs), lanes: this.held.size },
+        'cannot publish to Kafka for longer than a lease: releasing lanes until the producer works again',
+      );
+      this.emit('relay:standing-down', { failingMs });
+    }
+    if (this.held.size > 0) {
+      const lanes = this.heldLanes();
+      this.held.clear();
+      await this.currentPass;
+      await this.settleMarking().catch(() => undefined);
+      await sql.releaseLanes(this.db, this.q, this.relayId, lanes);
+      this.emit('relay:lanes', { held: [] });
+    }
+    await sql.deregisterInstance(this.db, this.q, this.relayId);
+    // A fresh producer that connects is the sign to rejoin (if sends still fail, the relay stands
+    // down again one lease later).
+    await this.rebuildProducer();
+    if (this.producer && !this.stopping) {
+      this.failingSince = undefined;
+      this.standingDown = false;
+      this.logger.info({}, 'Kafka producer connected again; rejoining the relays');
+    }
+  }
+
+  /** Since when (performance.now(), ms) the relay has failed to publish; undefined while it can. */
+  private failingSince: number | undefined;
+  private standingDown = false;
 
   private currentPass: Promise<unknown> = Promise.resolve();
   private isolateNext = false;
@@ -516,6 +565,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         failures = 0;
       } catch (err) {
         failures++;
+        this.failingSince ??= performance.now();
         this.readAhead = undefined;
         await this.settleMarking().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
@@ -601,6 +651,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         await this.producer.send(chunk);
         acked += chunk.length;
       }
+      this.failingSince = undefined;
     } catch (err) {
       // The rows of failed chunks stay pending; those the broker acknowledged are marked. kafkajs
       // may report a record's fault as another error (its internal retry of a partly written
@@ -685,8 +736,10 @@ export class Relay extends EventEmitter<RelayEvents> {
       if (this.stillOwned([row], lanes).length === 0) continue;
       try {
         await this.producer!.send([toRecord(row)]);
+        this.failingSince = undefined;
       } catch (err) {
         if (!isRecordError(err)) throw err;
+        this.failingSince = undefined; // the broker answered: this record is at fault, not the relay
         if (row.key !== null) failedKeys.add(row.key);
         const attempts = row.attempts + 1;
         const message = `${kafkaErrorType(err) ?? 'error'}: ${(err as Error).message}`;
