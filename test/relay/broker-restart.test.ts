@@ -7,7 +7,7 @@ import { Kafka, logLevel } from 'kafkajs';
 import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { randomName } from '../helpers/kafka.js';
+import { createTopicsOn, randomName } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
 import { waitFor } from '../helpers/wait-for.js';
 
@@ -35,10 +35,9 @@ afterAll(async () => {
 describe('broker killed and restarted mid-stream', () => {
   it('publishes every committed event after the broker comes back, keys in order', async () => {
     const topic = randomName('restart');
-    const admin = kafka.admin();
-    await admin.connect();
-    await admin.createTopics({ waitForLeaders: true, topics: [{ topic, numPartitions: 3 }] });
-    await admin.disconnect();
+    // Right after the broker starts, CreateTopics may meet "This server does not host this
+    // topic-partition": the helper retries it and waits for the leaders.
+    await createTopicsOn(kafka, [{ topic, numPartitions: 3 }]);
     const relay = await startRelay(db.url, { kafka, retryInitialMs: 100, retryMaxMs: 1_000 });
     let errors = 0;
     relay.on('relay:error', () => errors++);
@@ -80,6 +79,31 @@ describe('broker killed and restarted mid-stream', () => {
       const firsts: string[] = [];
       for (const s of seen) if (s.key === key && !firsts.includes(s.id)) firsts.push(s.id);
       expect(firsts, key).toEqual(ids);
+    }
+  }, 180_000);
+
+  it('topics are created with leaders when asked while the broker is down and coming back', async () => {
+    const topic = randomName('restart-create');
+    await broker.kill('SIGKILL');
+    // Asked while the broker is down: connection refused, then whatever a starting broker answers
+    // (NOT_CONTROLLER, "does not host this topic-partition") until it is ready; all retriable.
+    const created = createTopicsOn(kafka, [{ topic, numPartitions: 3 }], { retries: 60 });
+    let settled = false;
+    void created.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    await new Promise((r) => setTimeout(r, 500));
+    expect(settled).toBe(false); // still retrying: the broker is down
+    await broker.restart();
+    await created;
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      const { topics } = await admin.fetchTopicMetadata({ topics: [topic] });
+      expect(topics[0]!.partitions.map((p) => p.leader >= 0)).toEqual([true, true, true]);
+    } finally {
+      await admin.disconnect();
     }
   }, 180_000);
 });
