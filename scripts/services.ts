@@ -648,9 +648,12 @@ function kafkaJarsStamp(version: string): string {
 
 /**
  * Copies the broker's runtime jars into `.services/kafka-<version>/lib` with Maven. A marker file
- * written after success (holding the pom's hash) makes later calls skip Maven entirely.
+ * written after success (holding the pom's hash) makes later calls skip Maven entirely. Exported
+ * for test brokers of their own (test/relay/secure-broker.ts).
+ *
+ * @throws when Maven is missing or cannot resolve the version.
  */
-async function resolveKafkaJars(version: string, log: Log): Promise<void> {
+export async function resolveKafkaJars(version: string, log: Log = noop): Promise<void> {
   const lib = path.join(kafkaHome(version), 'lib');
   const marker = path.join(lib, '.complete');
   const stamp = kafkaJarsStamp(version);

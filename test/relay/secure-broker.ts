@@ -1,8 +1,9 @@
 /**
  * A private single-node Kafka broker with authenticated and encrypted listeners, for tests of
- * real-cluster connection settings. It reuses the jars scripts/services.ts resolved for the shared
- * broker, keeps its storage and certificates under `.services/secure-<port>`, and is killed and
- * deleted by `destroy()`. Nothing here touches the shared broker.
+ * real-cluster connection settings. It runs the jars of the configured Kafka version, which
+ * scripts/services.ts resolves with Maven when they are missing (a fresh clone whose tests use an
+ * external broker), keeps its storage and certificates under `.services/secure-<port>`, and is
+ * killed and deleted by `destroy()`. Nothing here touches the shared broker.
  *
  * Listeners (all on 127.0.0.1):
  * - `port`: SASL_PLAINTEXT, users for PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512;
@@ -17,7 +18,7 @@ import { spawn, execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import path from 'node:path';
 import { Kafka, logLevel } from 'kafkajs';
-import { resolveKafkaVersion } from '../../scripts/services.js';
+import { resolveKafkaJars, resolveKafkaVersion } from '../../scripts/services.js';
 
 export interface SecureBroker {
   /** host:port of the SASL_PLAINTEXT listener. */
@@ -133,10 +134,10 @@ async function makeCertificates(dir: string) {
 /** Starts the broker and waits until the SCRAM user can create a topic. */
 export async function startSecureBroker(port: number): Promise<SecureBroker> {
   const version = resolveKafkaVersion();
+  // With an external broker (KAFKA_BROKERS) nothing else resolved the jars on a fresh clone: Maven
+  // resolves them here, once (a no-op when they are already there).
+  await resolveKafkaJars(version, (msg) => console.log(`[secure-broker] ${msg}`));
   const lib = path.join(ROOT, '.services', `kafka-${version}`, 'lib');
-  if (!fs.existsSync(path.join(lib, `kafka_2.13-${version}.jar`))) {
-    throw new Error(`Kafka jars missing under ${lib}: run \`npm run services:up\` once first.`);
-  }
   const home = path.join(ROOT, '.services', `secure-${port}`);
   fs.rmSync(home, { recursive: true, force: true });
   fs.mkdirSync(path.join(home, 'logs'), { recursive: true });
