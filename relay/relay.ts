@@ -579,7 +579,15 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
   }
 
-  private async rebuildProducer(): Promise<void> {
+  /** One rebuild at a time (the loop and a stand-down may both ask): never two live producers. */
+  private rebuilding: Promise<void> | undefined;
+
+  private rebuildProducer(): Promise<void> {
+    this.rebuilding ??= this.doRebuildProducer().finally(() => (this.rebuilding = undefined));
+    return this.rebuilding;
+  }
+
+  private async doRebuildProducer(): Promise<void> {
     // After a failed send the producer's state (sequence numbers, connections) is suspect.
     const old = this.producer;
     this.producer = undefined;
