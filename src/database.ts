@@ -104,7 +104,7 @@ function checkPgClient(client: PgClientLike, what: string): void {
 }
 
 /** Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object. */
-function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
+export function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
   const chunks: SQL[] = [];
   const re = /\$(\d+)/g;
   let last = 0;

@@ -9,9 +9,9 @@
  * indexed read before its claim. (With a `pg.Pool` the claim transaction saves two round trips
  * elsewhere: see `executeIdempotent()`.)
  */
-import { sql, type SQL } from 'drizzle-orm';
+import type { SQL } from 'drizzle-orm';
 import type pg from 'pg';
-import type { DatabaseHandle, Queryable, QueryResult } from '../database.js';
+import { toDrizzleSql, type DatabaseHandle, type Queryable, type QueryResult } from '../database.js';
 import type { Fingerprint } from './fingerprint.js';
 import { decideOnExisting, type ExistingRecordDecision } from './state-machine.js';
 import { lookupTerminalRecord, type KeyScope } from './store.js';
@@ -28,20 +28,6 @@ export function isPgPool(db: unknown): db is pg.Pool {
 }
 
 type DrizzleExecutor = { execute(query: SQL): Promise<unknown> };
-
-/** Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object. */
-function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
-  const chunks: SQL[] = [];
-  const re = /\$(\d+)/g;
-  let last = 0;
-  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
-    chunks.push(sql.raw(text.slice(last, m.index)));
-    chunks.push(sql`${sql.param(values[Number(m[1]) - 1])}`);
-    last = m.index + m[0].length;
-  }
-  chunks.push(sql.raw(text.slice(last)));
-  return sql.join(chunks);
-}
 
 /**
  * A {@link Queryable} that runs each statement on its own, outside any transaction (autocommit),
