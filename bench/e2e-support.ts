@@ -24,6 +24,7 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { ensureDemoSchema } from '../examples/orders/db.js';
 import { benchDatabase, type BenchDatabase } from './support.js';
+import { ensureTopics } from '../src/kafka-topics.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const root = path.resolve(here, '..');
@@ -510,17 +511,14 @@ export class Pipeline {
     const setup = new pg.Pool({ connectionString: db.url, max: 1 });
     await ensureDemoSchema(setup);
     await setup.end();
-    const admin = p.kafka.admin();
-    await admin.connect();
-    await admin.createTopics({
-      waitForLeaders: true,
-      topics: [p.topic, `${p.topic}.dlq`, ...(options.extraTopics ?? [])].map((topic) => ({
+    await ensureTopics(
+      p.kafka,
+      [p.topic, `${p.topic}.dlq`, ...(options.extraTopics ?? [])].map((topic) => ({
         topic,
         numPartitions: options.partitions,
         replicationFactor: 1,
       })),
-    });
-    await admin.disconnect();
+    );
     p.cpu.start();
     return p;
   }

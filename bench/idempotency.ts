@@ -9,6 +9,8 @@
  *   lock_timeout, claim + SAVEPOINT, business INSERT, completion, COMMIT) and a replay 1; the
  *   read-first SELECT and the completion are named prepared statements (parsed once per
  *   connection), the by-hand routes' statements are unnamed;
+ * - `/layer-no-read-first`: the same with `readFirst: false` (5 round trips for a new key, one fewer than
+ *   `/by-hand`; replays are answered from the claim's conflict);
  * - `/by-hand`: the claim and completion SQL written by hand with pg as the layer ran it before
  *   (BEGIN, set lock_timeout, INSERT ... ON CONFLICT claim, business INSERT, UPDATE completion,
  *   COMMIT: also 6 round trips, no savepoint, no read-first), with a SHA-256 of the raw body
@@ -81,6 +83,22 @@ export async function run(): Promise<string> {
         },
       ),
     );
+    scope.post(
+      '/layer-no-read-first',
+      idempotentHandler(
+        {
+          db: pool,
+          operation: 'bench-layer-nrf',
+          readFirst: false,
+          resolveTenant: (req) => req.headers['x-tenant'] as string | undefined,
+        },
+        async (req, tx) => {
+          executions++;
+          const id = await insertBiz(tx, req.body);
+          return { status: 201, headers: { location: `/biz/${id}` }, body: created(id) };
+        },
+      ),
+    );
     scope.post('/by-hand', async (req, reply) =>
       byHand(pool, req.headers, req.body as Buffer, reply, insertBiz, false),
     );
@@ -112,6 +130,7 @@ export async function run(): Promise<string> {
   const handReplayKey = await replayKeys('/by-hand');
 
   const layerNew = () => send('/layer', randomUUID(), 201);
+  const layerNoReadFirstNew = () => send('/layer-no-read-first', randomUUID(), 201);
   const handNew = () => send('/by-hand', randomUUID(), 201);
   const handSavepointNew = () => send('/by-hand-savepoint', randomUUID(), 201);
   const bare = () => send('/bare', undefined, 201);
@@ -124,6 +143,15 @@ export async function run(): Promise<string> {
   const rows: Comparison[] = [];
   try {
     rows.push(await compare('(a) layer, new keys', layerNew, 'same claim + completion SQL by hand', handNew, o));
+    rows.push(
+      await compare(
+        '(a, readFirst: false) layer, new keys',
+        layerNoReadFirstNew,
+        'same claim + completion SQL by hand',
+        handNew,
+        o,
+      ),
+    );
     rows.push(
       await compare(
         '(info) layer, new keys',

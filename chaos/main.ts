@@ -48,6 +48,7 @@ import {
 import { seededRandom } from './random.js';
 import { formatReport, type RunFacts } from './report.js';
 import { findFaketimeLibrary, Supervisor } from './supervisor.js';
+import { ensureTopics } from '../src/kafka-topics.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -162,16 +163,10 @@ async function main(): Promise<number> {
     const topic = `chaos.orders.${process.pid}`;
     const dlq = `${topic}.dlq`;
     const kafka = new Kafka({ clientId: 'outboxkit-chaos', brokers, logLevel: logLevel.NOTHING });
-    const admin = kafka.admin();
-    await admin.connect();
-    await admin.createTopics({
-      waitForLeaders: true,
-      topics: [
-        { topic, numPartitions: 6, replicationFactor: 1 },
-        { topic: dlq, numPartitions: 1, replicationFactor: 1 },
-      ],
-    });
-    await admin.disconnect();
+    await ensureTopics(kafka, [
+      { topic, numPartitions: 6, replicationFactor: 1 },
+      { topic: dlq, numPartitions: 1, replicationFactor: 1 },
+    ]);
     if (!o.keep && o.brokers)
       cleanups.push(async () => {
         const a = kafka.admin();
@@ -223,9 +218,10 @@ async function main(): Promise<number> {
           if (o.verbose) log(`${s.name} crashed at ${arming.point}`);
         },
         unexpectedExit: (s, code, signal, tail) => {
-          unexpectedExits.push(
-            `${s.name} exited (${signal ?? code}): ${tail.filter(Boolean).slice(-1)[0] ?? ''}`.slice(0, 300),
-          );
+          // The line naming the error, not the last line of a multi-line error object (a lone `}`).
+          const lines = tail.map((l) => l.trim()).filter((l) => l.length > 2);
+          const cause = [...lines].reverse().find((l) => /error|exception|fatal/i.test(l)) ?? lines.at(-1) ?? '';
+          unexpectedExits.push(`${s.name} exited (${signal ?? code}): ${cause}`.slice(0, 300));
           if (o.verbose) log(`${s.name} exited (${signal ?? code}):\n${tail.join('\n')}`);
         },
         log,
@@ -402,7 +398,10 @@ main().then(
   },
   (err: unknown) => {
     console.error(err);
-    console.log('CHAOS FAIL: the harness itself failed (see the error above)');
+    const message = err instanceof Error ? err.message : String(err);
+    console.log(
+      `CHAOS FAIL: the harness itself failed (see the error above): ${message.split('\n')[0]!.slice(0, 300)}`,
+    );
     process.exit(2);
   },
 );

@@ -24,6 +24,8 @@ export type { MigrateOptions, MigrateResult } from './migrate.js';
 export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
 export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
 export { DEFAULT_SCHEMA, OUTBOX_LANES } from './schema.js';
+export { ensureTopics, isRetriableKafkaError } from './kafka-topics.js';
+export type { EnsureTopicsOptions, EnsureTopicsResult } from './kafka-topics.js';
 export type { Logger } from './logger.js';
 export { fullJitterBackoffMs } from './backoff.js';
 export {

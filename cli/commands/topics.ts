@@ -1,5 +1,6 @@
 import { Option, type Command } from 'commander';
 import { addKafkaOptions, int, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
+import { ensureTopics } from '../../src/kafka-topics.js';
 
 /** `outboxkit topics ensure`. */
 export function registerTopics(program: Command): void {
@@ -14,26 +15,12 @@ export function registerTopics(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (names: string[], opts: { partitions: number; replicationFactor: number; json?: boolean }) => {
       const { kafka } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
-      const admin = kafka.admin();
-      await admin.connect();
-      try {
-        const existing = new Set(await admin.listTopics());
-        const missing = names.filter((t) => !existing.has(t));
-        if (missing.length > 0) {
-          await admin.createTopics({
-            waitForLeaders: true,
-            topics: missing.map((topic) => ({
-              topic,
-              numPartitions: opts.partitions,
-              replicationFactor: opts.replicationFactor,
-            })),
-          });
-        }
-        if (opts.json)
-          console.log(JSON.stringify({ created: missing, existing: names.filter((t) => existing.has(t)) }));
-        else console.log(missing.length ? `created: ${missing.join(', ')}` : 'all topics exist');
-      } finally {
-        await admin.disconnect();
-      }
+      // Retries the errors a cluster answers while it starts or elects leaders (src/kafka-topics.ts).
+      const { created, existing } = await ensureTopics(
+        kafka,
+        names.map((topic) => ({ topic, numPartitions: opts.partitions, replicationFactor: opts.replicationFactor })),
+      );
+      if (opts.json) console.log(JSON.stringify({ created, existing }));
+      else console.log(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
     });
 }

@@ -16,6 +16,7 @@ import { migrate } from '../../src/migrate.js';
 import { ensureDemoSchema } from './db.js';
 import { runLoad, type LoadStats } from './loadgen.js';
 import { SCRIPTS, createRunDatabase, startChild, stopChild, waitUntil, type Child } from './processes.js';
+import { ensureTopics } from '../../src/kafka-topics.js';
 
 function int(v: string): number {
   const n = Number(v);
@@ -127,10 +128,10 @@ async function main(): Promise<void> {
   try {
     await migrate({ connectionString: databaseUrl });
     await ensureDemoSchema(pool);
-    await kadmin.createTopics({
-      waitForLeaders: true,
-      topics: [topic, `${topic}.dlq`].map((t) => ({ topic: t, numPartitions: 3, replicationFactor: 1 })),
-    });
+    await ensureTopics(
+      kafka,
+      [topic, `${topic}.dlq`].map((t) => ({ topic: t, numPartitions: 3, replicationFactor: 1 })),
+    );
     log(`database ${database.name}, topic ${topic}`);
 
     const env = {

@@ -23,7 +23,7 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { createDedupConsumer } from '../../consumer/index.js';
 import { createRelay } from '../../relay/index.js';
-import { createOutbox, isOutboxkitError, migrate, type PayloadEncoder } from '../../src/index.js';
+import { createOutbox, ensureTopics, isOutboxkitError, migrate, type PayloadEncoder } from '../../src/index.js';
 
 const SCHEMA = 'outboxkit_registry_example';
 const TOPIC = 'registry-example-orders';
@@ -73,10 +73,7 @@ async function main(): Promise<void> {
   const outbox = createOutbox({ schema: SCHEMA, encode, cloudEvents: { source: '/orders' } });
 
   await migrate({ connectionString: databaseUrl, schema: SCHEMA });
-  const admin = kafka.admin();
-  await admin.connect();
-  await admin.createTopics({ waitForLeaders: true, topics: [{ topic: TOPIC }, { topic: `${TOPIC}.dlq` }] });
-  await admin.disconnect();
+  await ensureTopics(kafka, [{ topic: TOPIC }, { topic: `${TOPIC}.dlq` }]);
 
   const pool = new pg.Pool({ connectionString: databaseUrl });
   const relay = createRelay({ connectionString: databaseUrl, kafka, schema: SCHEMA });

@@ -25,7 +25,7 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { createDedupConsumer } from '../../consumer/index.js';
 import { createRelay } from '../../relay/index.js';
-import { createOutbox, migrate } from '../../src/index.js';
+import { createOutbox, ensureTopics, migrate } from '../../src/index.js';
 
 const SCHEMA = 'outboxkit_tracing_example';
 const TOPIC = 'tracing-example-orders';
@@ -46,19 +46,10 @@ const outbox = createOutbox({ schema: SCHEMA, cloudEvents: { source: '/orders' }
 
 async function setUp(): Promise<void> {
   await migrate({ connectionString: databaseUrl, schema: SCHEMA });
-  const admin = kafka.admin();
-  await admin.connect();
-  try {
-    await admin.createTopics({
-      waitForLeaders: true,
-      topics: [
-        { topic: TOPIC, numPartitions: 1 },
-        { topic: `${TOPIC}.dlq`, numPartitions: 1 },
-      ],
-    });
-  } finally {
-    await admin.disconnect();
-  }
+  await ensureTopics(kafka, [
+    { topic: TOPIC, numPartitions: 1 },
+    { topic: `${TOPIC}.dlq`, numPartitions: 1 },
+  ]);
 }
 
 /** The orders service: POST /orders writes the order's event in one transaction. */

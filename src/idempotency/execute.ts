@@ -142,7 +142,7 @@ export function checkRequest(request: IdempotentRequest, what = 'executeIdempote
  * 408/409/425/429 (returned with `replayed: false`, not stored), or ends with
  * `ctx.reject(status, body, { store: false })`, or the process dies before COMMIT.
  *
- * Round trips of a new key with a `pg.Pool`: the read-first SELECT; `BEGIN` with the claim's
+ * Round trips of a new key with a `pg.Pool`: the read-first SELECT (unless `readFirst: false`); `BEGIN` with the claim's
  * `lock_timeout` (one simple-protocol query); the claim with its SAVEPOINT (one simple-protocol
  * query, values as escaped literals); the handler's statements; the completion; `COMMIT`. With a
  * drizzle database, the setting, the claim and the SAVEPOINT are three statements of their own
@@ -254,7 +254,7 @@ export async function executeIdempotent<D extends DatabaseHandle>(
   };
 
   try {
-    const known = await readFirst(db, table, scope, request.fingerprint);
+    const known = opts.readFirst ? await readFirst(db, table, scope, request.fingerprint) : undefined;
     if (known !== undefined) return answerExisting(known, opts, scope.operation, log);
     if (isPgPool(db)) {
       return await withPgTransaction(

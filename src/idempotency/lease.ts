@@ -227,7 +227,7 @@ export async function executeLeased<D extends DatabaseHandle>(
       try {
         if (first) {
           first = false;
-          const known = await readFirst(db, table, scope, request.fingerprint);
+          const known = base.readFirst ? await readFirst(db, table, scope, request.fingerprint) : undefined;
           if (known?.kind === 'mismatch') {
             emitOutcome(base, scope.operation, 'mismatch');
             throw new KeyMismatchError();

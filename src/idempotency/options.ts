@@ -54,6 +54,15 @@ export interface IdempotencyOptions {
    * @defaultValue ['content-type', 'content-language', 'content-location', 'location', 'etag', 'last-modified', 'cache-control', 'expires', 'vary', 'link']
    */
   replayHeaders?: readonly string[];
+  /**
+   * Whether a request first looks for a finished record with one plain SELECT, before any
+   * transaction. A replay (or a 422) is then answered by that single read, without `BEGIN`, a
+   * claim or a row lock. Turn it off for write-mostly routes whose retries are rare: a new key then
+   * saves that round trip, and a retry is answered from the claim's conflict inside the claim
+   * transaction instead (the same answer: the stored response, a 422 or a 409). Measured in
+   * bench/RESULTS.md ("read-first off"). @defaultValue true
+   */
+  readFirst?: boolean;
   /** `Retry-After` sent with 409 (key in progress) and 503 (store unavailable), in seconds. @defaultValue 1 */
   retryAfterSeconds?: number;
   /** Logger; keys are only ever logged redacted. @defaultValue a no-op logger */
@@ -81,6 +90,7 @@ export interface ResolvedIdempotencyOptions extends OutcomeSinks {
   readonly lockTimeoutMs: number;
   readonly waitTimeoutMs: number;
   readonly retentionMs: number;
+  readonly readFirst: boolean;
   /** Lower-cased, `content-type` included. */
   readonly replayHeaders: ReadonlySet<string>;
   readonly retryAfterSeconds: number;
@@ -94,6 +104,7 @@ export const IDEMPOTENCY_DEFAULTS = Object.freeze({
   lockTimeoutMs: 100,
   waitTimeoutMs: 10_000,
   retentionMs: 86_400_000,
+  readFirst: true,
   replayHeaders: Object.freeze([
     'content-type',
     'content-language',
@@ -176,6 +187,10 @@ export function resolveIdempotencyOptions(
     replay.add(lower);
   }
   const logger = o.logger ?? IDEMPOTENCY_DEFAULTS.logger;
+  const readFirst = o.readFirst ?? IDEMPOTENCY_DEFAULTS.readFirst;
+  if (typeof readFirst !== 'boolean') {
+    throw new InvalidOptionsError(`readFirst must be true or false, got ${JSON.stringify(readFirst)}.`);
+  }
   if (o.onOutcome !== undefined && typeof o.onOutcome !== 'function') {
     throw new InvalidOptionsError('onOutcome must be a function ({ operation, outcome }) => void.');
   }
@@ -202,6 +217,7 @@ export function resolveIdempotencyOptions(
       'ms',
     ),
     retentionMs: integerIn('retentionMs', o.retentionMs ?? IDEMPOTENCY_DEFAULTS.retentionMs, 1, MAX_RETENTION_MS, 'ms'),
+    readFirst,
     replayHeaders: replay,
     retryAfterSeconds: integerIn(
       'retryAfterSeconds',

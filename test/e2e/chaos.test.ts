@@ -16,7 +16,7 @@ import { describe, expect, it, inject } from 'vitest';
 const run = promisify(execFile);
 
 /** Runs the harness on the shared services; resolves with its exit code and output. */
-async function chaos(args: string[]): Promise<{ code: number; stdout: string }> {
+async function chaos(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   const argv = [
     '--import',
     'tsx',
@@ -28,12 +28,12 @@ async function chaos(args: string[]): Promise<{ code: number; stdout: string }> 
     inject('kafkaBrokers').join(','),
   ];
   try {
-    const { stdout } = await run(process.execPath, argv, { timeout: 170_000, maxBuffer: 16 * 1024 * 1024 });
-    return { code: 0, stdout };
+    const { stdout, stderr } = await run(process.execPath, argv, { timeout: 170_000, maxBuffer: 16 * 1024 * 1024 });
+    return { code: 0, stdout, stderr };
   } catch (err) {
-    const e = err as { code?: unknown; stdout?: string };
+    const e = err as { code?: unknown; stdout?: string; stderr?: string };
     if (typeof e.code !== 'number') throw err;
-    return { code: e.code, stdout: e.stdout ?? '' };
+    return { code: e.code, stdout: e.stdout ?? '', stderr: e.stderr ?? '' };
   }
 }
 
@@ -48,10 +48,19 @@ describe.concurrent('chaos harness', () => {
   it('injects faults, checks every invariant and passes', async () => {
     // A floor of 6 faults in 20 s leaves room on a loaded CI machine (a fault whose target is down is
     // replaced, within the overrun); the CI's short profile holds the 50-fault floor.
-    const { code, stdout } = await chaos(['--profile', 'tiny', '--seconds', '20', '--faults', '6', '--seed', '11']);
+    const { code, stdout, stderr } = await chaos([
+      '--profile',
+      'tiny',
+      '--seconds',
+      '20',
+      '--faults',
+      '6',
+      '--seed',
+      '11',
+    ]);
     const lines = stdout.trim().split('\n');
     const summary = /^CHAOS PASS: (\d+) faults injected, (\d+) requests, 0 violations \(seed 11\)$/.exec(lines.at(-1)!);
-    expect(summary, lines.slice(-40).join('\n')).not.toBeNull();
+    expect(summary, `${lines.slice(-40).join('\n')}\nstderr:\n${stderr.slice(-3_000)}`).not.toBeNull();
     expect(code).toBe(0);
     // The floor: every one of the 6 faults was injected (skipped ones replaced).
     expect(Number(summary![1])).toBeGreaterThanOrEqual(6);

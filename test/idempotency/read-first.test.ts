@@ -285,6 +285,46 @@ describe('pg.Pool round trips: BEGIN with the lock_timeout, the claim with its S
     expect(sent[0]).toMatch(/^SELECT state/);
   });
 
+  it('readFirst: false — a new key takes 5 round trips (no SELECT first); replays and mismatches are answered from the claim, in both modes', async () => {
+    const { pool, sent } = countingPool();
+    const outcomes: IdempotencyOutcomeEvent[] = [];
+    const options = { readFirst: false, onOutcome: (e: IdempotencyOutcomeEvent) => outcomes.push(e) };
+    for (const mode of ['one-transaction', 'lease'] as const) {
+      const key = randomUUID();
+      const request = (body: string) => ({ tenant: 't1', operation: 'op', key, fingerprint: fp(body) });
+      const run = (body: string, handler: () => Promise<{ status: number; body: string }>) =>
+        mode === 'lease'
+          ? executeLeased(pool, request(body), handler, options)
+          : executeIdempotent(pool, request(body), handler, options);
+      sent.length = 0;
+      const first = await run('{"a":1}', async () => ({ status: 201, body: 'ok' }));
+      expect(first.replayed).toBe(false);
+      expect(sent.some((q) => /^SELECT state/.test(q))).toBe(false);
+      if (mode === 'one-transaction') {
+        expect(sent).toHaveLength(4); // BEGIN+setting, claim+SAVEPOINT, completion, COMMIT (no handler statement)
+        expect(sent[0]).toMatch(/^BEGIN; SELECT set_config/);
+      }
+      sent.length = 0;
+      const replay = await run('{"a":1}', () => Promise.reject(new Error('the handler must not run')));
+      expect(replay.replayed).toBe(true);
+      expect(replay.response.body.toString()).toBe('ok');
+      expect(sent[0]).toMatch(/^BEGIN/); // the claim path answered, not a plain SELECT
+      const err = await rejection(run('{"a":2}', () => Promise.reject(new Error('the handler must not run'))));
+      expect(isOutboxkitError(err, 'OUTBOXKIT_KEY_MISMATCH')).toBe(true);
+    }
+    expect(outcomes.map((e) => e.outcome)).toEqual(['new', 'replayed', 'mismatch', 'new', 'replayed', 'mismatch']);
+  });
+
+  it('readFirst must be a boolean', async () => {
+    const request = { tenant: 't1', operation: 'op', key: randomUUID(), fingerprint: fp('{}') };
+    const err = await rejection(
+      executeIdempotent(db.pool, request, async () => ({ status: 201, body: '' }), {
+        readFirst: 'no' as unknown as boolean,
+      }),
+    );
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+  });
+
   it('the caller lock_timeout (session SET) is restored for the handler; the claim uses its own', async () => {
     const pool = new pg.Pool({ connectionString: db.url, max: 1 });
     pools.push(pool);

@@ -1,7 +1,12 @@
 /**
- * C07 (scaled to CI: 30,000 pending rows plus 40 rows of 500 KB; the full 500,000-row drain is
- * bench/relay.ts): every pass is bounded by rows and bytes, so a relay with a 256 MB heap drains
- * a backlog larger than its heap with flat memory and a backlog that only falls.
+ * C07 (scaled to CI: 30,000 pending rows of 200 bytes plus 200 rows of 500 KB, 106 MB of payload;
+ * the full 500,000-row drain is bench/relay.ts): every pass is bounded by rows and bytes, so a
+ * relay whose JavaScript heap is capped at 64 MB drains a backlog larger than its heap, with a
+ * backlog that only falls. A relay that read the backlog at once would die of heap exhaustion
+ * (node-postgres decodes each bytea from a hex string of twice its size, on the heap).
+ *
+ * The RSS is recorded and printed, not bounded: it depends on the Node.js version (V8 keeps freed
+ * pages) and the heap cap, not on the backlog; the relay's RSS is measured in bench/relay.ts.
  */
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -43,10 +48,10 @@ describe('C07 a large backlog after downtime', () => {
     await db.pool.query(
       `INSERT INTO outboxkit.outbox_events (event_id, topic, key, lane, type, payload)
        SELECT gen_random_uuid(), $1, 'big-' || (i % 4), $2, 'big', convert_to(rpad('y', 500000, 'y'), 'UTF8')
-         FROM generate_series(1, 40) i`,
+         FROM generate_series(1, 200) i`,
       [topic, laneOf('big-0')],
     );
-    const relay = spawnRelay(db.url, { NODE_OPTIONS: '--max-old-space-size=256' }, ['--log-level', 'error']);
+    const relay = spawnRelay(db.url, { NODE_OPTIONS: '--max-old-space-size=64' }, ['--log-level', 'error']);
     const backlog: number[] = [];
     let maxRss = 0;
     for (;;) {
@@ -69,8 +74,8 @@ describe('C07 a large backlog after downtime', () => {
     );
     expect(Math.max(...passes.rows.map((p) => p.rows))).toBeLessThanOrEqual(500);
     expect(Math.max(...passes.rows.filter((p) => p.big > 0).map((p) => p.rows))).toBe(1);
-    expect(backlog[0]).toBe(30_040);
-    // The payloads alone are 26 MB: held at once they would show; a bounded pass holds < 1 MB.
-    expect(maxRss).toBeLessThan(300);
+    expect(backlog[0]).toBe(30_200);
+    expect(passes.rows.filter((p) => p.big > 0)).toHaveLength(200);
+    console.info(`C07: peak RSS of the relay ${maxRss.toFixed(0)} MB (heap capped at 64 MB, 106 MB of payload)`);
   }, 120_000);
 });

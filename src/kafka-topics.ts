@@ -1,0 +1,102 @@
+/**
+ * Creating Kafka topics that the relay and the consumers expect (they never auto-create one).
+ *
+ * kafkajs's `admin.createTopics` does not retry the errors a cluster answers right after a broker
+ * starts or restarts, or under load, although Kafka marks them retriable: UNKNOWN_TOPIC_OR_PARTITION
+ * ("This server does not host this topic-partition") while the leaders are elected, NOT_CONTROLLER,
+ * LEADER_NOT_AVAILABLE, REQUEST_TIMED_OUT, a refused connection. {@link ensureTopics} retries the
+ * whole step (connect, create, wait for every partition's leader) with p-retry.
+ */
+import type { ITopicConfig, Kafka } from 'kafkajs';
+import pRetry from 'p-retry';
+
+/**
+ * Whether a kafkajs error may pass on a later attempt: its `retriable` flag (kafkajs sets it from
+ * the Kafka protocol's error table, and on connection errors), the cause of a
+ * KafkaJSNumberOfRetriesExceeded (the client's own retries spent on a retriable error), or every
+ * error of a KafkaJSAggregateError being retriable (CreateTopics answers per topic).
+ */
+export function isRetriableKafkaError(err: unknown): boolean {
+  const e = err as { retriable?: unknown; name?: unknown; errors?: unknown; cause?: unknown } | null;
+  if (e?.retriable === true) return true;
+  if (e?.name === 'KafkaJSNumberOfRetriesExceeded') return isRetriableKafkaError(e.cause);
+  return e?.name === 'KafkaJSAggregateError' && Array.isArray(e.errors) && e.errors.every(isRetriableKafkaError);
+}
+
+/** Some topics are still missing a partition or a partition leader after CreateTopics. */
+class TopicsNotReadyError extends Error {
+  override name = 'TopicsNotReadyError';
+  readonly retriable = true;
+}
+
+/** Options of {@link ensureTopics}. */
+export interface EnsureTopicsOptions {
+  /** Attempts after the first one; backoff 200 ms doubling to 2 s (about 6 s for 5). @defaultValue 5 */
+  retries?: number;
+}
+
+/** What {@link ensureTopics} found: topics it created, and topics that existed before. */
+export interface EnsureTopicsResult {
+  created: string[];
+  existing: string[];
+}
+
+/**
+ * Creates those of `topics` that do not exist (an existing topic is left as it is, whatever its
+ * partitions or settings) and waits until every topic has its partitions, each with a leader.
+ * Each attempt (connect, list, create, read the metadata) is retried on a retriable error
+ * ({@link isRetriableKafkaError}) with exponential backoff, 200 ms doubling to 2 s, p-retry.
+ *
+ * @param kafka - a kafkajs client (its admin is connected and disconnected here).
+ * @param topics - kafkajs topic configs: `topic`, `numPartitions` (omitted: the broker's
+ *   `num.partitions`), `replicationFactor` (omitted: the broker's `default.replication.factor`),
+ *   `configEntries`.
+ * @throws the last error once the retries are spent, or at once a non-retriable kafkajs error
+ *   (for example TOPIC_AUTHORIZATION_FAILED, INVALID_REPLICATION_FACTOR, POLICY_VIOLATION).
+ */
+export async function ensureTopics(
+  kafka: Kafka,
+  topics: ITopicConfig[],
+  options: EnsureTopicsOptions = {},
+): Promise<EnsureTopicsResult> {
+  const names = topics.map((t) => t.topic);
+  let existing: Set<string> | undefined;
+  await pRetry(
+    async () => {
+      const admin = kafka.admin();
+      await admin.connect();
+      try {
+        // What existed before the first attempt that listed; a later attempt may find the topics
+        // an earlier one created.
+        existing ??= new Set((await admin.listTopics()).filter((t) => names.includes(t)));
+        const missing = topics.filter((t) => !existing!.has(t.topic));
+        // createTopics resolves false when every topic exists (an earlier attempt created them):
+        // kafkajs then does not wait for leaders, so the metadata check below does.
+        if (missing.length > 0) await admin.createTopics({ waitForLeaders: true, topics: missing });
+        const { topics: metadata } = await admin.fetchTopicMetadata({ topics: names });
+        for (const t of missing) {
+          const partitions = metadata.find((m) => m.name === t.topic)?.partitions ?? [];
+          const wanted = Math.max(1, t.numPartitions ?? 1);
+          if (partitions.length < wanted || partitions.some((p) => p.leader < 0)) {
+            throw new TopicsNotReadyError(
+              `topic ${t.topic}: ${partitions.length} of ${wanted} partitions with leaders`,
+            );
+          }
+        }
+      } finally {
+        await admin.disconnect().catch(() => undefined);
+      }
+    },
+    {
+      retries: options.retries ?? 5,
+      minTimeout: 200,
+      maxTimeout: 2_000,
+      factor: 2,
+      shouldRetry: ({ error }) => isRetriableKafkaError(error),
+    },
+  );
+  return {
+    created: names.filter((n) => !existing!.has(n)),
+    existing: names.filter((n) => existing!.has(n)),
+  };
+}

@@ -1,0 +1,50 @@
+/**
+ * ensureTopics() (src/kafka-topics.ts) against the real broker: creates only what is missing,
+ * reports what existed, waits for every partition's leader, and fails at once on an error that no
+ * retry can fix. Its retries of the errors a restarting broker answers are exercised by
+ * test/relay/broker-restart.test.ts (topics created while the broker comes back).
+ */
+import { describe, expect, it } from 'vitest';
+import { ensureTopics } from '../../src/kafka-topics.js';
+import { randomName, testKafka } from '../helpers/kafka.js';
+
+describe('ensureTopics', () => {
+  it('creates the missing topics with their partitions and leaders, and leaves existing ones as they are', async () => {
+    const kafka = testKafka();
+    const [a, b] = [randomName('ensure-a'), randomName('ensure-b')];
+    expect(await ensureTopics(kafka, [{ topic: a, numPartitions: 2 }])).toEqual({ created: [a], existing: [] });
+    // `a` exists with 2 partitions: asking for 5 does not change it.
+    expect(
+      await ensureTopics(kafka, [
+        { topic: a, numPartitions: 5 },
+        { topic: b, numPartitions: 3 },
+      ]),
+    ).toEqual({ created: [b], existing: [a] });
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      const { topics } = await admin.fetchTopicMetadata({ topics: [a, b] });
+      const byName = new Map(topics.map((t) => [t.name, t.partitions]));
+      expect(byName.get(a)).toHaveLength(2);
+      expect(byName.get(b)).toHaveLength(3);
+      expect([...byName.values()].flat().every((p) => p.leader >= 0)).toBe(true);
+      await admin.deleteTopics({ topics: [a, b] });
+    } finally {
+      await admin.disconnect();
+    }
+  });
+
+  it('a non-retriable error (a replication factor above the brokers) fails at once, without retries', async () => {
+    const started = Date.now();
+    const err = await ensureTopics(testKafka(), [{ topic: randomName('ensure-rf'), replicationFactor: 3 }]).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeDefined();
+    expect(JSON.stringify((err as { errors?: unknown }).errors ?? err)).toMatch(
+      /INVALID_REPLICATION_FACTOR|replication/i,
+    );
+    // The backoff of 5 retries would take about 6 s.
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+});
