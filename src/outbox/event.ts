@@ -30,7 +30,8 @@ export interface OutboxEventInput {
    */
   payload: unknown;
   /**
-   * Extra Kafka headers (string values). The relay adds `event-id` and `event-type`; the writer
+   * Extra Kafka headers (string values). The relay adds `event-id` and `event-type` (so these
+   * two names are refused here, in any case: set `eventId` and `type`); the writer
    * may add `traceparent`/`tracestate` (active OpenTelemetry context), `content-type` (from an
    * encoder) and `ce_*` (CloudEvents), never overwriting one set here except `ce_id`, `ce_type`,
    * `ce_specversion` and `ce_source`.
@@ -110,7 +111,7 @@ export function asBuffer(bytes: Uint8Array): Buffer {
  * The default encoding: bytes as given (content type unknown), anything else `JSON.stringify` as
  * UTF-8 (`application/json`).
  *
- * @throws {@link InvalidEventError} when the value cannot be serialised to JSON.
+ * @throws {@link InvalidEventError} when the value cannot be serialised to JSON, or holds NaN or ±Infinity.
  */
 export function encodeDefault(payload: unknown): EncodedPayload {
   if (isBytes(payload)) return { value: asBuffer(payload), contentType: null };
@@ -131,6 +132,19 @@ function encodeJson(payload: unknown): Buffer {
     throw new InvalidEventError(
       'The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.',
     );
+  }
+  // JSON.stringify writes NaN and ±Infinity as null: the consumer would read another value. Such a
+  // number leaves a `null` in the text, so only texts holding one are walked again.
+  if (text.includes('null')) {
+    JSON.stringify(payload, (key, value: unknown) => {
+      if (typeof value === 'number' && !Number.isFinite(value)) {
+        throw new InvalidEventError(
+          `The event payload holds ${String(value)}${key === '' ? '' : ` at key ${JSON.stringify(key)}`}, which JSON cannot ` +
+            'represent (JSON.stringify would write null); send null, a string, or encoded bytes.',
+        );
+      }
+      return value;
+    });
   }
   return Buffer.from(text, 'utf8');
 }
@@ -182,6 +196,13 @@ export function prepareEnvelope(event: OutboxEventInput): EventEnvelope {
   for (const [name, value] of Object.entries(given)) {
     if (typeof value !== 'string')
       throw new InvalidEventError(`Header ${JSON.stringify(name)} must have a string value.`);
+    const lower = name.toLowerCase();
+    if (lower === HEADER_EVENT_ID || lower === HEADER_EVENT_TYPE) {
+      throw new InvalidEventError(
+        `Header ${JSON.stringify(name)} is set by the relay from the event's ${lower === HEADER_EVENT_ID ? 'eventId' : 'type'}; ` +
+          `set \`${lower === HEADER_EVENT_ID ? 'eventId' : 'type'}\` instead.`,
+      );
+    }
     headers[noNul(name, 'header name')] = noNul(value, `header ${JSON.stringify(name)}`);
   }
   const eventId: unknown = event.eventId ?? uuidv7();

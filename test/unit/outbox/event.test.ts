@@ -84,6 +84,10 @@ describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
     ['the nil UUID as event id', { ...base, eventId: '00000000-0000-0000-0000-000000000000' }],
     ['the max UUID as event id', { ...base, eventId: 'FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF' }],
     ['a number as event id', { ...base, eventId: 5 }],
+    ['an event-id header (the relay sets it from eventId)', { ...base, headers: { 'event-id': 'x' } }],
+    ['an Event-Type header, in any case', { ...base, headers: { 'Event-Type': 'x' } }],
+    ['a NaN payload (JSON would write null)', { ...base, payload: NaN }],
+    ['an Infinity nested in the payload', { ...base, payload: { a: [1, { b: -Infinity }] } }],
   ])('rejects %s with InvalidEventError', (_, event) => {
     let err: unknown;
     try {
@@ -92,6 +96,11 @@ describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
       err = e;
     }
     expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
+  });
+
+  it('keeps nulls and finite numbers of a payload as JSON writes them', () => {
+    const event = prepareEvent({ ...base, payload: { a: null, b: [null, 1.5e300, -0] } }, 1_000);
+    expect(event.payload.toString()).toBe('{"a":null,"b":[null,1.5e+300,0]}');
   });
 
   it('accepts the topic "..a" and a key with other control characters', () => {
