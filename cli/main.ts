@@ -51,6 +51,9 @@ registerKeys(program);
 registerDlq(program);
 registerInbox(program);
 
+/** Node.js socket error codes: a connection that could not be made. */
+const SOCKET_ERRORS = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
+
 /**
  * The error as `{ code, message }`: an outboxkit code, a commander code (`commander.unknownOption`),
  * a SQLSTATE or Node.js code, else the error's class name (`KafkaJSConnectionError`).
@@ -58,7 +61,13 @@ registerInbox(program);
 export function describeError(err: unknown): { code: string; message: string } {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
   const code = typeof e?.code === 'string' && e.code !== '' ? e.code : typeof e?.name === 'string' ? e.name : 'ERROR';
-  const hint = code === '42P01' ? " (outboxkit's tables are missing: run `outboxkit migrate`)" : '';
+  // kafkajs wraps its socket errors (KafkaJSConnectionError): a bare socket error code is pg's.
+  const hint =
+    code === '42P01'
+      ? " (outboxkit's tables are missing: run `outboxkit migrate`)"
+      : SOCKET_ERRORS.has(code)
+        ? ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)'
+        : '';
   const message = typeof e?.message === 'string' ? e.message : String(err);
   return { code, message: `${message.replace(/^error: /, '')}${hint}` };
 }

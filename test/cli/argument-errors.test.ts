@@ -72,6 +72,21 @@ describe('errors thrown inside a command are printed once', () => {
     expect(jsonError(r)).toEqual({ code: 'commander.invalidArgument', message: 'Give --event-id <ids...> or --all.' });
   });
 
+  it('PostgreSQL unreachable: the socket error with a hint, once, exit 1 (the relay and an operator command)', async () => {
+    const url = 'postgres://nobody@127.0.0.1:1/none';
+    for (const args of [
+      ['status', '--database-url', url],
+      ['relay', '--database-url', url, '--metrics-port', '-1', '--log-level', 'error'],
+    ]) {
+      const r = await cli(args);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toBe(
+        'outboxkit: connect ECONNREFUSED 127.0.0.1:1 (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)\n',
+      );
+    }
+    expect(jsonError(await cli(['status', '--database-url', url, '--json'])).code).toBe('ECONNREFUSED');
+  });
+
   it("commander's own usage error stays printed once, with the usage", async () => {
     const r = await cli(['status', '--bogus']);
     expect(r.code).toBe(1);
