@@ -1,19 +1,12 @@
 /**
  * The `outboxkit` command line: migrations, the relay daemon, and operator commands.
  * Every option reads: flag > environment variable > default (listed in `--help`).
- * Each command lives in cli/commands/ and registers itself here.
+ * Each command lives in cli/commands/ and registers itself here. Only the command asked for is
+ * loaded (all of them for help or an unknown command): the relay daemon then never loads
+ * drizzle-orm or the consumer's modules, which keeps its memory down.
  */
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
-import { registerDlq } from './commands/dlq.js';
-import { registerInbox } from './commands/inbox.js';
-import { registerKeys } from './commands/keys.js';
-import { registerLanes } from './commands/lanes.js';
-import { registerMigrate } from './commands/migrate.js';
-import { registerParked } from './commands/parked.js';
-import { registerRelay } from './commands/relay.js';
-import { registerStatus } from './commands/status.js';
-import { registerTopics } from './commands/topics.js';
 
 /** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */
 let jsonErrors = false;
@@ -25,31 +18,42 @@ let jsonErrors = false;
  */
 let shownByCommander = false;
 
-const program = new Command('outboxkit')
-  .description('Safe retries across PostgreSQL and Apache Kafka: outbox relay, migrations and operator commands.')
-  .showHelpAfterError()
-  // Usage errors (unknown option, bad argument) go through main()'s handler, so `--json` gets JSON.
-  .exitOverride()
-  .configureOutput({
-    // With --json, stderr carries only the JSON error main() prints (no usage text).
-    writeErr: (text) => {
-      if (!jsonErrors) process.stderr.write(text);
-    },
-    outputError: (text, write) => {
-      shownByCommander = true;
-      if (!jsonErrors) write(text);
-    },
-  });
+/** Each command's module, loaded on demand. */
+const COMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
+  migrate: async () => (await import('./commands/migrate.js')).registerMigrate,
+  relay: async () => (await import('./commands/relay.js')).registerRelay,
+  status: async () => (await import('./commands/status.js')).registerStatus,
+  lanes: async () => (await import('./commands/lanes.js')).registerLanes,
+  parked: async () => (await import('./commands/parked.js')).registerParked,
+  topics: async () => (await import('./commands/topics.js')).registerTopics,
+  keys: async () => (await import('./commands/keys.js')).registerKeys,
+  dlq: async () => (await import('./commands/dlq.js')).registerDlq,
+  inbox: async () => (await import('./commands/inbox.js')).registerInbox,
+};
 
-registerMigrate(program);
-registerRelay(program);
-registerStatus(program);
-registerLanes(program);
-registerParked(program);
-registerTopics(program);
-registerKeys(program);
-registerDlq(program);
-registerInbox(program);
+/** The program with the command named in `args` registered, or every command when none is. */
+async function buildProgram(args: string[]): Promise<Command> {
+  const program = new Command('outboxkit')
+    .description('Safe retries across PostgreSQL and Apache Kafka: outbox relay, migrations and operator commands.')
+    .showHelpAfterError()
+    // Usage errors (unknown option, bad argument) go through main()'s handler, so `--json` gets JSON.
+    .exitOverride()
+    .configureOutput({
+      // With --json, stderr carries only the JSON error main() prints (no usage text).
+      writeErr: (text) => {
+        if (!jsonErrors) process.stderr.write(text);
+      },
+      outputError: (text, write) => {
+        shownByCommander = true;
+        if (!jsonErrors) write(text);
+      },
+    });
+  // The program has no options of its own: the first argument not starting with '-' names the command.
+  const named = args.find((a) => !a.startsWith('-'));
+  const names = named !== undefined && Object.hasOwn(COMMANDS, named) ? [named] : Object.keys(COMMANDS);
+  for (const register of await Promise.all(names.map((n) => COMMANDS[n]!()))) register(program);
+  return program;
+}
 
 /** Node.js socket error codes: a connection that could not be made. */
 const SOCKET_ERRORS = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
@@ -78,6 +82,7 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   jsonErrors = (end === -1 ? argv : argv.slice(0, end)).includes('--json');
   shownByCommander = false;
   try {
+    const program = await buildProgram((end === -1 ? argv : argv.slice(0, end)).slice(2));
     await program.parseAsync(argv);
   } catch (err) {
     const { code, message } = describeError(err);

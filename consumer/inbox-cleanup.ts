@@ -4,7 +4,7 @@
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';
 import { InvalidOptionsError } from '../src/errors.js';
-import { DEFAULT_SCHEMA } from '../src/schema.js';
+import { DEFAULT_SCHEMA } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
 import { deleteExpiredInboxRows } from './inbox-sql.js';
 

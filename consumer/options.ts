@@ -9,7 +9,7 @@ import type { DatabaseHandle, TransactionOf } from '../src/database.js';
 import { InvalidOptionsError } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
-import { DEFAULT_SCHEMA } from '../src/schema.js';
+import { DEFAULT_SCHEMA } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
 import type { ConsumedEvent, EventDecoder } from './consumed-event.js';
 import { DEFAULT_INBOX_RETENTION_MS } from './inbox-cleanup.js';

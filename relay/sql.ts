@@ -3,7 +3,7 @@
  * choice. All run on a pool in autocommit mode (each statement its own transaction).
  */
 import type { Queryable } from '../src/database.js';
-import { OUTBOX_LANES } from '../src/schema.js';
+import { OUTBOX_LANES } from '../src/constants.js';
 
 /** A pending outbox row as the relay reads it. */
 export interface PendingRow {

@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import pg from 'pg';
 import { InvalidOptionsError, MigrationError, UnsupportedServerError } from './errors.js';
-import { DEFAULT_SCHEMA } from './schema.js';
+import { DEFAULT_SCHEMA } from './constants.js';
 import { quoteSchema } from './schema-name.js';
 import { noopLogger, type Logger } from './logger.js';
 

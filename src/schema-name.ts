@@ -1,5 +1,5 @@
 import { InvalidOptionsError } from './errors.js';
-import { DEFAULT_SCHEMA } from './schema.js';
+import { DEFAULT_SCHEMA } from './constants.js';
 
 /**
  * Longest schema name, in characters: PostgreSQL allows 63 bytes for identifiers and NOTIFY channel
@@ -24,4 +24,9 @@ export function quoteSchema(name: string = DEFAULT_SCHEMA): string {
     );
   }
   return `"${name}"`;
+}
+
+/** The NOTIFY channel of a schema (`<schema>_outbox`), which the writer notifies and the relay listens to. */
+export function notifyChannel(schema: string): string {
+  return `${schema}_outbox`;
 }

@@ -27,15 +27,9 @@ import {
   uuid,
 } from 'drizzle-orm/pg-core';
 
-/** The schema outboxkit uses when none is configured. */
-export const DEFAULT_SCHEMA = 'outboxkit';
+import { DEFAULT_SCHEMA, OUTBOX_LANES } from './constants.js';
 
-/**
- * Number of relay lanes. Every outbox event belongs to the lane `hash(key) mod OUTBOX_LANES`; a lane
- * has one active relay at a time, which is how several relay instances keep per-key order.
- * Fixed: the writer and every relay must agree on it.
- */
-export const OUTBOX_LANES = 64;
+export { DEFAULT_SCHEMA, OUTBOX_LANES };
 
 /** PostgreSQL `bytea`, read and written as a Node.js Buffer (payloads stay byte for byte). */
 export const bytea = customType<{ data: Buffer; driverData: Buffer }>({

@@ -3,7 +3,7 @@
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
-import { DEFAULT_SCHEMA } from '../schema.js';
+import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { deleteExpiredKeys, idempotencyTable } from './store.js';

@@ -8,7 +8,7 @@
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { runTransaction, joinTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
-import { DEFAULT_SCHEMA } from '../schema.js';
+import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { idempotencyTable } from './store.js';

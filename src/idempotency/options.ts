@@ -3,7 +3,7 @@
  */
 import { InvalidOptionsError } from '../errors.js';
 import { noopLogger, type Logger } from '../logger.js';
-import { DEFAULT_SCHEMA } from '../schema.js';
+import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import type { Registry } from 'prom-client';
 import { outcomeCounter, type IdempotencyOutcomeEvent, type OutcomeSinks } from './metrics.js';

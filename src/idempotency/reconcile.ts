@@ -3,7 +3,7 @@
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
-import { DEFAULT_SCHEMA } from '../schema.js';
+import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { IDEMPOTENCY_DEFAULTS, resolveIdempotencyOptions } from './options.js';
 import {

@@ -4,8 +4,8 @@
 import { createHash } from 'node:crypto';
 import { joinTransaction, type TransactionHandle } from '../database.js';
 import { InvalidEventError, InvalidOptionsError } from '../errors.js';
-import { DEFAULT_SCHEMA } from '../schema.js';
-import { quoteSchema } from '../schema-name.js';
+import { DEFAULT_SCHEMA } from '../constants.js';
+import { notifyChannel, quoteSchema } from '../schema-name.js';
 import { activeContextHeaders } from '../tracing.js';
 import { resolveCloudEventsOptions, type CloudEventsOptions } from './cloud-events.js';
 import { encodeWith, type PayloadEncoder } from './encoding.js';
@@ -101,10 +101,7 @@ export const OUTBOX_DEFAULTS = Object.freeze({
   traceContext: true,
 });
 
-/** The NOTIFY channel of a schema. */
-export function notifyChannel(schema: string): string {
-  return `${schema}_outbox`;
-}
+export { notifyChannel };
 
 // 9 parameters per row; PostgreSQL allows 65,535 per statement.
 const COLUMNS = 9;

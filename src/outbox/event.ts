@@ -3,7 +3,7 @@
  */
 import { v7 as uuidv7, validate as uuidValidate } from 'uuid';
 import { InvalidEventError } from '../errors.js';
-import { OUTBOX_LANES } from '../schema.js';
+import { OUTBOX_LANES } from '../constants.js';
 import {
   addCloudEventHeaders,
   HEADER_CONTENT_TYPE,

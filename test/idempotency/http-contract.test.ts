@@ -185,6 +185,34 @@ describe('new key, replay, missing key', () => {
   });
 });
 
+describe('C19 the same JSON written differently, over HTTP', () => {
+  it('reordered members, other number spellings and escapes replay; array order, null for missing and NFD are 422', async () => {
+    const app = await startApp({ pool: db.pool });
+    const key = randomUUID();
+    const first = await post(app, '/orders', { key, body: '{"a":1,"b":{"x":1,"y":2},"s":"é","l":[1,2]}' });
+    expect(first.status).toBe(201);
+    for (const same of [
+      '{"b":{"y":2,"x":1},"a":1,"s":"é","l":[1,2]}',
+      '{ "l": [1.0, 2e0], "s": "\\u00e9", "b": {"x": 10e-1, "y": 2}, "a": 1E+0 }',
+    ]) {
+      const replay = await post(app, '/orders', { key, body: same });
+      expect(replay.status, same).toBe(201);
+      expect(replay.headers.get('idempotent-replayed')).toBe('true');
+      expect(replay.bytes.equals(first.bytes)).toBe(true);
+    }
+    for (const other of [
+      '{"a":1,"b":{"x":1,"y":2},"s":"é","l":[2,1]}', // array order matters
+      '{"a":1,"b":{"x":1,"y":2},"s":"é","l":[1,2],"c":null}', // null is not a missing member
+      '{"a":1,"b":{"x":1,"y":2},"s":"e\u0301","l":[1,2]}', // NFD é: no Unicode normalisation
+    ]) {
+      expectProblem(await post(app, '/orders', { key, body: other }), 422, 'OUTBOXKIT_KEY_MISMATCH');
+    }
+    expect(app.calls.total).toBe(1);
+    expect(await countOrders(db.pool)).toBe(1);
+    await app.close();
+  });
+});
+
 describe('C20 the same key with a different body', () => {
   it('422 problem+json for the second body, also after a server restart; the first body is never returned for it', async () => {
     const key = randomUUID();

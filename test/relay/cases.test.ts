@@ -4,7 +4,7 @@ import { inject } from 'vitest';
 import { createOutbox, enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createKafkajsProducer } from '../../relay/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { createTopics, readTopic } from '../helpers/kafka.js';
+import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
 import { spawnCli, spawnRelay } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
@@ -121,6 +121,55 @@ describe('C06 one poison event', () => {
   });
 });
 
+describe('C06 one poison event, retried once its cause is fixed', () => {
+  it('parked retry publishes it, then the events of its key that waited behind it, in order', async () => {
+    const [topic] = await createTopics(['c06r'], {
+      partitions: 1,
+      configEntries: [{ name: 'max.message.bytes', value: '2000' }],
+    });
+    const outbox = createOutbox({ maxPayloadBytes: 100_000 });
+    const written = await withPgTransaction(db.pool, (c) =>
+      outbox.enqueue(c, [
+        { topic: topic!, key: 'p', type: 't', payload: 'x'.repeat(5_000) }, // too large for the topic
+        { topic: topic!, key: 'p', type: 't', payload: 'p-after-1' },
+        { topic: topic!, key: 'p', type: 't', payload: 'p-after-2' },
+      ]),
+    );
+    const poisonId = written[0]!.eventId;
+    await startRelay(db.url, { maxAttempts: 2, retryInitialMs: 20, retryMaxMs: 50 });
+    await waitFor(async () => {
+      const { rows } = await db.pool.query(
+        'SELECT 1 FROM outboxkit.outbox_events WHERE event_id = $1 AND parked_at IS NOT NULL',
+        [poisonId],
+      );
+      return rows.length === 1;
+    });
+    expect(await pending(topic!)).toBe(3);
+    // The operator raises the topic's limit, then retries the parked event.
+    const admin = testKafka().admin();
+    await admin.connect();
+    try {
+      await admin.alterConfigs({
+        validateOnly: false,
+        resources: [{ type: 2, name: topic!, configEntries: [{ name: 'max.message.bytes', value: '100000' }] }],
+      });
+    } finally {
+      await admin.disconnect();
+    }
+    const retry = spawnCli(['parked', 'retry', poisonId, '--database-url', db.url]);
+    expect((await retry.exited).code).toBe(0);
+    await waitFor(async () => (await pending(topic!)) === 0, { timeoutMs: 20_000 });
+    const got = await readTopic(
+      topic!,
+      (m) => m.value!.toString(),
+      (all) => all.length >= 3,
+    );
+    // One partition: the log order is the publish order; the poison first, as it was enqueued.
+    const firsts = got.filter((v, i) => got.indexOf(v) === i).map((v) => (v.length > 100 ? 'poison' : v));
+    expect(firsts).toEqual(['poison', '"p-after-1"', '"p-after-2"']);
+  });
+});
+
 describe('C08 a relay killed while it holds work', () => {
   it('another relay takes the lanes over after the lease; an operator can release them at once', async () => {
     const [topic] = await createTopics(['c08']);
@@ -188,6 +237,31 @@ describe('C09 concurrent sends on an idempotent producer', () => {
     expect(new Set(got.map((g) => g.offset)).size).toBe(50);
     expect(new Set(got.map((g) => g.value)).size).toBe(50);
   });
+
+  it('through the relay at its highest concurrency (one row per send, 50 keys, read-ahead): 50 records, each key in order', async () => {
+    const [topic] = await createTopics(['c09r'], { partitions: 1 });
+    // 50 events in 50 transactions (50 keys, one lane each mostly), then a second event per key.
+    for (const round of [1, 2]) {
+      await Promise.all(
+        Array.from({ length: 50 }, (_, i) =>
+          withPgTransaction(db.pool, (c) => enqueue(c, { topic: topic!, key: `k${i}`, type: 't', payload: round })),
+        ),
+      );
+    }
+    await startRelay(db.url, { batchSize: 1 });
+    await waitFor(async () => (await pending(topic!)) === 0, { timeoutMs: 30_000 });
+    const got = await readTopic(
+      topic!,
+      (m) => ({ offset: m.offset, key: m.key!.toString(), value: m.value!.toString() }),
+      (all) => all.length >= 100,
+    );
+    expect(new Set(got.map((g) => g.offset)).size).toBe(got.length);
+    expect(new Set(got.map((g) => `${g.key}/${g.value}`)).size).toBe(100);
+    for (let i = 0; i < 50; i++) {
+      const values = got.filter((g) => g.key === `k${i}`).map((g) => g.value);
+      expect(values.indexOf('1'), `k${i}: ${values.join(',')}`).toBeLessThan(values.indexOf('2'));
+    }
+  });
 });
 
 describe('C10 payloads that must survive byte for byte', () => {
@@ -227,5 +301,23 @@ describe('C10 payloads that must survive byte for byte', () => {
       enqueue(c, { topic: topic!, key: 'big', type: 't', payload: 1 }),
     );
     expect(big!.seq).toBe('9007199254740993');
+    // Three more events above 2^53 (one key): the relay orders and marks them by their exact
+    // sequence values (as JS numbers, ...993 and ...992 would be one value and ...995 would be ...996).
+    const more = await withPgTransaction(db.pool, (c) =>
+      enqueue(c, [
+        { topic: topic!, key: 'big', type: 't', payload: 2 },
+        { topic: topic!, key: 'big', type: 't', payload: 3 },
+        { topic: topic!, key: 'big', type: 't', payload: 4 },
+      ]),
+    );
+    expect(more.map((e) => e.seq)).toEqual(['9007199254740994', '9007199254740995', '9007199254740996']);
+    await waitFor(async () => (await pending(topic!)) === 0, { timeoutMs: 20_000 });
+    const bigs = await readTopic(
+      topic!,
+      (m) => ({ key: m.key?.toString(), value: m.value!.toString() }),
+      (all) => all.filter((g) => g.key === 'big').length >= 4,
+    );
+    const values = bigs.filter((g) => g.key === 'big').map((g) => g.value);
+    expect(values.filter((v, i) => values.indexOf(v) === i)).toEqual(['1', '2', '3', '4']);
   });
 });
