@@ -173,8 +173,11 @@ describe('chaos options', () => {
   it('asks the profiles for the issue floors: short at least 50 faults, long at least 1,000', () => {
     expect(PROFILES.short.faults).toBeGreaterThanOrEqual(50);
     expect(PROFILES.long.faults).toBeGreaterThanOrEqual(1_000);
-    // Faults no closer than 1.5 s on average in the planned window: the pipeline makes progress.
-    expect((0.85 * PROFILES.long.seconds) / PROFILES.long.faults).toBeGreaterThanOrEqual(1.5);
+    // Faults no closer than 1 s on average in the planned window, so the pipeline makes progress
+    // between them (the recorded 1,000-fault PASS had 1.1 s), and a drain that outlasts the
+    // profile's consumer lag (900 s there).
+    expect((0.85 * PROFILES.long.seconds) / PROFILES.long.faults).toBeGreaterThanOrEqual(1);
+    expect(PROFILES.long.drainTimeoutMs).toBeGreaterThanOrEqual(900_000);
   });
 
   it('parses --sabotage and rejects an unknown kind', () => {
