@@ -575,9 +575,15 @@ export class Relay extends EventEmitter<RelayEvents> {
         await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs));
         continue;
       }
-      if (published === 0) await this.sleep(this.options.pollIntervalMs);
+      // A pass that read less than a full batch saw every visible row of its lanes: the next rows
+      // come with a notification (which cuts the sleep short) or are found by the next poll. Only
+      // after a full batch is the table read again at once (no empty read per event at low rates).
+      if (published === 0 || !this.morePending) await this.sleep(this.options.pollIntervalMs);
     }
   }
+
+  /** Set by each pass: it read a full batch (rows or bytes), so more rows may be pending now. */
+  private morePending = false;
 
   /** One rebuild at a time (the loop and a stand-down may both ask): never two live producers. */
   private rebuilding: Promise<void> | undefined;
@@ -604,6 +610,7 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   /** One pass: read pending rows of held lanes, publish them, mark what the broker acknowledged. */
   private async pass(): Promise<number> {
+    this.morePending = false;
     const now = performance.now();
     const lanes = [...this.held.values()].filter((l) => l.validUntil > now);
     if (lanes.length === 0) return 0;
@@ -632,6 +639,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       // and the loop backs off. Back to batches once a whole pass went through.
       const published = await this.isolate(sendable, lanes);
       this.isolateNext = false;
+      this.morePending = true;
       return published;
     }
     const records = sendable.map(toRecord);
@@ -642,7 +650,8 @@ export class Relay extends EventEmitter<RelayEvents> {
     // acknowledged, so a key's order holds. Dropped if this send fails (the next pass isolates).
     let bytes = 0;
     for (const r of rows) bytes += r.payload.length;
-    if (rows.length >= o.batchSize || bytes >= o.maxBatchBytes / 2) {
+    this.morePending = rows.length >= o.batchSize || bytes >= o.maxBatchBytes / 2;
+    if (this.morePending) {
       const next = sql
         .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
           ...marking,
