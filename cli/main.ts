@@ -72,7 +72,18 @@ export function describeError(err: unknown): { code: string; message: string } {
       : SOCKET_ERRORS.has(code)
         ? ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)'
         : '';
-  const message = typeof e?.message === 'string' ? e.message : String(err);
+  let message = typeof e?.message === 'string' ? e.message : String(err);
+  // kafkajs answers several topics' errors as one KafkaJSAggregateError ("Topic creation errors"):
+  // the reasons are in its errors, each with its topic and Kafka error type.
+  const inner = (err as { errors?: unknown }).errors;
+  if (Array.isArray(inner) && inner.length > 0) {
+    const reasons = inner.map((i: { topic?: unknown; type?: unknown; message?: unknown }) =>
+      [typeof i?.topic === 'string' ? `${i.topic}:` : '', typeof i?.type === 'string' ? i.type : '', i?.message]
+        .filter((x) => typeof x === 'string' && x !== '')
+        .join(' '),
+    );
+    message = `${message} (${reasons.join('; ')})`;
+  }
   return { code, message: `${message.replace(/^error: /, '')}${hint}` };
 }
 

@@ -9,6 +9,8 @@
  */
 import type { ITopicConfig, Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
+import { InvalidOptionsError } from './errors.js';
+import { KAFKA_TOPIC_NAME } from './outbox/event.js';
 
 /**
  * Whether a kafkajs error may pass on a later attempt: its `retriable` flag (kafkajs sets it from
@@ -51,14 +53,20 @@ export interface EnsureTopicsResult {
  * @param topics - kafkajs topic configs: `topic`, `numPartitions` (omitted: the broker's
  *   `num.partitions`), `replicationFactor` (omitted: the broker's `default.replication.factor`),
  *   `configEntries`.
+ * @throws {@link InvalidOptionsError} before anything is sent: an illegal topic name, a partition
+ *   count or replication factor that is not a positive integer, or one topic given twice with
+ *   different settings (the same one twice is asked once).
  * @throws the last error once the retries are spent, or at once a non-retriable kafkajs error
  *   (for example TOPIC_AUTHORIZATION_FAILED, INVALID_REPLICATION_FACTOR, POLICY_VIOLATION).
+ *   A broker that cannot be reached fails after kafkajs's own connection retries (with its
+ *   defaults, about 10 s per attempt) on each of these attempts: about a minute in all.
  */
 export async function ensureTopics(
   kafka: Kafka,
   topics: ITopicConfig[],
   options: EnsureTopicsOptions = {},
 ): Promise<EnsureTopicsResult> {
+  topics = checkTopics(topics);
   const names = topics.map((t) => t.topic);
   let existing: Set<string> | undefined;
   await pRetry(
@@ -99,4 +107,32 @@ export async function ensureTopics(
     created: names.filter((n) => !existing!.has(n)),
     existing: names.filter((n) => existing!.has(n)),
   };
+}
+
+/** Validates `topics` (see {@link ensureTopics}) and drops repeats of one topic. */
+function checkTopics(topics: ITopicConfig[]): ITopicConfig[] {
+  if (!Array.isArray(topics))
+    throw new InvalidOptionsError('topics must be an array of { topic, numPartitions?, ... }.');
+  const byName = new Map<string, ITopicConfig>();
+  for (const t of topics) {
+    const name: unknown = t?.topic;
+    if (typeof name !== 'string' || !KAFKA_TOPIC_NAME.test(name) || name === '.' || name === '..') {
+      throw new InvalidOptionsError(
+        `Invalid topic ${JSON.stringify(name)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
+      );
+    }
+    for (const field of ['numPartitions', 'replicationFactor'] as const) {
+      const v: unknown = t[field];
+      // -1 asks the broker's default, as kafkajs does.
+      if (v !== undefined && v !== -1 && !(typeof v === 'number' && Number.isInteger(v) && v >= 1)) {
+        throw new InvalidOptionsError(`${field} of topic ${name} must be a positive integer, got ${String(v)}.`);
+      }
+    }
+    const seen = byName.get(name);
+    if (seen !== undefined && JSON.stringify(seen) !== JSON.stringify(t)) {
+      throw new InvalidOptionsError(`Topic ${name} is given twice with different settings.`);
+    }
+    byName.set(name, t);
+  }
+  return [...byName.values()];
 }

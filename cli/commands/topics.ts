@@ -1,5 +1,5 @@
 import { Option, type Command } from 'commander';
-import { addKafkaOptions, int, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
+import { addKafkaOptions, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
 import { ensureTopics } from '../../src/kafka-topics.js';
 
 /** `outboxkit topics ensure`. */
@@ -11,7 +11,9 @@ export function registerTopics(program: Command): void {
     .argument('<topics...>', 'topic names', topicNameList);
   addKafkaOptions(ensure)
     .addOption(new Option('--partitions <n>', 'partitions of new topics').argParser(positiveInt).default(3))
-    .addOption(new Option('--replication-factor <n>', 'replication factor of new topics').argParser(int).default(1))
+    .addOption(
+      new Option('--replication-factor <n>', 'replication factor of new topics').argParser(positiveInt).default(1),
+    )
     .option('--json', 'print JSON')
     .action(async (names: string[], opts: { partitions: number; replicationFactor: number; json?: boolean }) => {
       const { kafka } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });

@@ -111,14 +111,32 @@ export function asBuffer(bytes: Uint8Array): Buffer {
  * The default encoding: bytes as given (content type unknown), anything else `JSON.stringify` as
  * UTF-8 (`application/json`).
  *
- * @throws {@link InvalidEventError} when the value cannot be serialised to JSON, or holds NaN or ±Infinity.
+ * @throws {@link InvalidEventError} when the value cannot be serialised to JSON, or holds what JSON.stringify
+ *   would change without an error: NaN, ±Infinity, a Map, a Set, an ArrayBuffer or a non-byte typed array.
  */
 export function encodeDefault(payload: unknown): EncodedPayload {
   if (isBytes(payload)) return { value: asBuffer(payload), contentType: null };
   return { value: encodeJson(payload), contentType: JSON_CONTENT_TYPE };
 }
 
+/** What JSON.stringify turns into something else without an error (a Map into `{}`, and so on). */
+function lossyInJson(value: unknown): string | undefined {
+  if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
+  if (value instanceof Map) return 'a Map';
+  if (value instanceof Set) return 'a Set';
+  if (value instanceof ArrayBuffer || (ArrayBuffer.isView(value) && !(value instanceof Uint8Array))) {
+    return `a binary ${value.constructor.name}`;
+  }
+  return undefined;
+}
+
 function encodeJson(payload: unknown): Buffer {
+  const top = lossyInJson(payload);
+  if (top !== undefined) {
+    throw new InvalidEventError(
+      `The event payload is ${top}, which JSON.stringify would not keep; pass plain values, or the bytes as a Buffer or Uint8Array.`,
+    );
+  }
   let text: string | undefined;
   try {
     text = JSON.stringify(payload);
@@ -133,14 +151,16 @@ function encodeJson(payload: unknown): Buffer {
       'The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.',
     );
   }
-  // JSON.stringify writes NaN and ±Infinity as null: the consumer would read another value. Such a
-  // number leaves a `null` in the text, so only texts holding one are walked again.
-  if (text.includes('null')) {
+  // JSON.stringify writes NaN and ±Infinity as null, and a Map or a Set as {}: the consumer would
+  // read another value. Those leave a `null` or a `{}` in the text, so only such texts are walked
+  // again. (A typed array nested in an object is written as an object of its elements, unchecked.)
+  if (text.includes('null') || text.includes('{}')) {
     JSON.stringify(payload, (key, value: unknown) => {
-      if (typeof value === 'number' && !Number.isFinite(value)) {
+      const lossy = lossyInJson(value);
+      if (lossy !== undefined) {
         throw new InvalidEventError(
-          `The event payload holds ${String(value)}${key === '' ? '' : ` at key ${JSON.stringify(key)}`}, which JSON cannot ` +
-            'represent (JSON.stringify would write null); send null, a string, or encoded bytes.',
+          `The event payload holds ${lossy}${key === '' ? '' : ` at key ${JSON.stringify(key)}`}, which JSON.stringify ` +
+            'would not keep (NaN and Infinity become null, a Map or a Set {}); send plain values, or encoded bytes.',
         );
       }
       return value;
@@ -149,10 +169,22 @@ function encodeJson(payload: unknown): Buffer {
   return Buffer.from(text, 'utf8');
 }
 
-/** PostgreSQL text cannot hold U+0000: refuse it before it reaches the database. */
-function noNul(value: string, name: string): string {
+const LONE_SURROGATE = /\p{Cs}/u; // with the u flag, only a surrogate outside a pair matches
+
+/**
+ * Refuses text that PostgreSQL or UTF-8 cannot carry as given, before it reaches the database: a
+ * NUL character (U+0000; PostgreSQL text cannot store it) and an unpaired UTF-16 surrogate (not
+ * Unicode: UTF-8 encoding would replace it with U+FFFD, and PostgreSQL refuses it in JSON, which
+ * aborts the caller's transaction).
+ */
+function storableText(value: string, name: string): string {
   if (value.includes('\u0000')) {
     throw new InvalidEventError(`Event ${name} contains a NUL character (U+0000), which PostgreSQL text cannot store.`);
+  }
+  if (LONE_SURROGATE.test(value)) {
+    throw new InvalidEventError(
+      `Event ${name} contains an unpaired UTF-16 surrogate, which is not Unicode text and cannot be encoded as UTF-8.`,
+    );
   }
   return value;
 }
@@ -165,7 +197,7 @@ function optionalText(value: unknown, name: string, max: number): string | null 
   if (typeof value !== 'string' || value.length === 0 || value.length > max) {
     throw new InvalidEventError(`Event ${name} must be a string of 1-${max} characters.`);
   }
-  return noNul(value, name);
+  return storableText(value, name);
 }
 
 /**
@@ -187,23 +219,27 @@ export function prepareEnvelope(event: OutboxEventInput): EventEnvelope {
   if (event.key !== null && (typeof event.key !== 'string' || Buffer.byteLength(event.key) > 4096)) {
     throw new InvalidEventError('Event key must be a string of at most 4096 bytes, or null.');
   }
-  if (event.key !== null) noNul(event.key, 'key');
+  if (event.key !== null) storableText(event.key, 'key');
   const headers: Record<string, string> = {};
   const given: unknown = event.headers ?? {};
-  if (typeof given !== 'object' || given === null || Array.isArray(given) || Buffer.isBuffer(given)) {
-    throw new InvalidEventError('Event headers must be a plain object of string values.');
+  const proto: unknown = typeof given === 'object' && given !== null ? Object.getPrototypeOf(given) : undefined;
+  if (typeof given !== 'object' || given === null || (proto !== Object.prototype && proto !== null)) {
+    throw new InvalidEventError(
+      'Event headers must be a plain object of string values (not a Map, an array or a Buffer).',
+    );
   }
   for (const [name, value] of Object.entries(given)) {
     if (typeof value !== 'string')
       throw new InvalidEventError(`Header ${JSON.stringify(name)} must have a string value.`);
     const lower = name.toLowerCase();
+    if (lower === '__proto__') throw new InvalidEventError('A header cannot be named "__proto__".');
     if (lower === HEADER_EVENT_ID || lower === HEADER_EVENT_TYPE) {
       throw new InvalidEventError(
         `Header ${JSON.stringify(name)} is set by the relay from the event's ${lower === HEADER_EVENT_ID ? 'eventId' : 'type'}; ` +
           `set \`${lower === HEADER_EVENT_ID ? 'eventId' : 'type'}\` instead.`,
       );
     }
-    headers[noNul(name, 'header name')] = noNul(value, `header ${JSON.stringify(name)}`);
+    headers[storableText(name, 'header name')] = storableText(value, `header ${JSON.stringify(name)}`);
   }
   const eventId: unknown = event.eventId ?? uuidv7();
   if (typeof eventId !== 'string' || !uuidValidate(eventId) || RESERVED_UUIDS.has(eventId.toLowerCase())) {
@@ -247,7 +283,8 @@ export function completeEvent(
   }
   const { headers } = envelope;
   const given = headers[HEADER_CONTENT_TYPE];
-  const contentType = given ?? (encoded.contentType === null ? null : noNul(encoded.contentType, 'content type'));
+  const contentType =
+    given ?? (encoded.contentType === null ? null : storableText(encoded.contentType, 'content type'));
   // An encoder that names its content type (JSON is the documented default and goes unsaid unless
   // CloudEvents asks for it) tells consumers how to decode the bytes.
   if (given === undefined && contentType !== null && contentType !== JSON_CONTENT_TYPE) {

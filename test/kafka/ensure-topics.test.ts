@@ -5,7 +5,9 @@
  * test/relay/broker-restart.test.ts (topics created while the broker comes back).
  */
 import { describe, expect, it } from 'vitest';
+import { isOutboxkitError } from '../../src/errors.js';
 import { ensureTopics } from '../../src/kafka-topics.js';
+import { spawnCli } from '../helpers/processes.js';
 import { randomName, testKafka } from '../helpers/kafka.js';
 
 describe('ensureTopics', () => {
@@ -32,6 +34,44 @@ describe('ensureTopics', () => {
     } finally {
       await admin.disconnect();
     }
+  });
+
+  it('refuses bad input with InvalidOptionsError before creating anything; the same topic twice is asked once', async () => {
+    const kafka = testKafka();
+    const good = randomName('ensure-good');
+    for (const bad of [
+      [{ topic: good }, { topic: 'has space' }],
+      [{ topic: '' }],
+      [{ topic: good, numPartitions: 0 }],
+      [{ topic: good, numPartitions: 1.5 }],
+      [{ topic: good, replicationFactor: -5 }],
+      [
+        { topic: good, numPartitions: 1 },
+        { topic: good, numPartitions: 2 },
+      ],
+    ]) {
+      const err = await ensureTopics(kafka, bad).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS'), `${JSON.stringify(bad)}: ${String(err)}`).toBe(true);
+    }
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      expect(await admin.listTopics()).not.toContain(good);
+    } finally {
+      await admin.disconnect();
+    }
+    expect(await ensureTopics(kafka, [{ topic: good }, { topic: good }])).toEqual({ created: [good], existing: [] });
+  });
+
+  it('the CLI names the broker\'s reason for a refused topic (not only "Topic creation errors")', async () => {
+    const topic = randomName('ensure-cli');
+    const cli = spawnCli(['topics', 'ensure', topic, '--replication-factor', '3']);
+    const { code } = await cli.exited;
+    expect(code).toBe(1);
+    expect(cli.output.join('')).toMatch(new RegExp(`Topic creation errors \\(${topic}: INVALID_REPLICATION_FACTOR`));
   });
 
   it('a non-retriable error (a replication factor above the brokers) fails at once, without retries', async () => {

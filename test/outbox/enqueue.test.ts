@@ -108,10 +108,18 @@ describe('enqueue()', () => {
         event({ payload: 'x'.repeat(200) }),
         event({ eventId: 'not-a-uuid' }),
         event({ headers: { a: 1 } }),
+        // PostgreSQL refuses these in jsonb, which would abort the caller's transaction.
+        event({ headers: { a: '\ud800' } }),
+        event({ headers: { ['\udc00']: 'v' } }),
+        event({ key: 'k\ud800' }),
+        event({ payload: new Map([['a', 1]]) }),
+        event({ payload: { n: Number.NaN } }),
       ]) {
         const err = await outbox.enqueue(client, [event(), bad]).catch((e: unknown) => e);
         expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT'), String(err)).toBe(true);
       }
+      // The caller's transaction is still usable (an aborted one would fail this with 25P02).
+      await client.query('SELECT 1');
       await client.query('COMMIT');
     } finally {
       client.release();

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PoolClient } from 'pg';
 import { enqueue, HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { laneOf } from '../../src/outbox/event.js';
 import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
 import { Kafka, logLevel } from 'kafkajs';
 import { startRelay } from '../helpers/relay.js';
@@ -92,27 +93,34 @@ describe('relay', () => {
     expect(again.sort()).toEqual(['"B"', '"D"']);
   });
 
-  it('C01 publishes a row whose transaction commits after a later row was published', async () => {
-    const [topic] = await createTopics(['relay-c01']);
-    await startRelay(db.url);
-    const early = await db.pool.connect();
-    await early.query('BEGIN');
-    const [first] = await enqueue(early, { topic: topic!, key: 'a', type: 't', payload: 1 });
-    const [second] = await inTx((c) => enqueue(c, { topic: topic!, key: 'b', type: 't', payload: 2 }));
-    expect(BigInt(first!.seq)).toBeLessThan(BigInt(second!.seq));
-    await readTopic(
-      topic!,
-      (m) => m.headers[HEADER_EVENT_ID],
-      (all) => all.includes(second!.eventId),
-    );
-    await early.query('COMMIT');
-    early.release();
-    const ids = await readTopic(
-      topic!,
-      (m) => m.headers[HEADER_EVENT_ID],
-      (all) => all.length >= 2,
-    );
-    expect(ids.sort()).toEqual([first!.eventId, second!.eventId].sort());
+  it('C01 publishes a row whose transaction commits after a later row was published (keys in other lanes, and in one lane)', async () => {
+    // In one lane too: a relay that kept a per-lane "published up to here" position would skip
+    // the late row.
+    const sameLane = Array.from({ length: 5_000 }, (_, i) => `b${i}`).find((k) => laneOf(k) === laneOf('a'))!;
+    expect(laneOf('b')).not.toBe(laneOf('a'));
+    for (const laterKey of ['b', sameLane]) {
+      const [topic] = await createTopics(['relay-c01']);
+      const relay = await startRelay(db.url);
+      const early = await db.pool.connect();
+      await early.query('BEGIN');
+      const [first] = await enqueue(early, { topic: topic!, key: 'a', type: 't', payload: 1 });
+      const [second] = await inTx((c) => enqueue(c, { topic: topic!, key: laterKey, type: 't', payload: 2 }));
+      expect(BigInt(first!.seq)).toBeLessThan(BigInt(second!.seq));
+      await readTopic(
+        topic!,
+        (m) => m.headers[HEADER_EVENT_ID],
+        (all) => all.includes(second!.eventId),
+      );
+      await early.query('COMMIT');
+      early.release();
+      const ids = await readTopic(
+        topic!,
+        (m) => m.headers[HEADER_EVENT_ID],
+        (all) => all.length >= 2,
+      );
+      expect(ids.sort(), laterKey).toEqual([first!.eventId, second!.eventId].sort());
+      await relay.stopAndForget();
+    }
   });
 
   it('C03 publishes both events of a transaction that enqueues, waits, and enqueues again', async () => {

@@ -88,6 +88,16 @@ describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
     ['an Event-Type header, in any case', { ...base, headers: { 'Event-Type': 'x' } }],
     ['a NaN payload (JSON would write null)', { ...base, payload: NaN }],
     ['an Infinity nested in the payload', { ...base, payload: { a: [1, { b: -Infinity }] } }],
+    ['a Map payload (JSON would write {})', { ...base, payload: new Map([['a', 1]]) }],
+    ['a Set nested in the payload', { ...base, payload: { s: new Set([1]) } }],
+    ['an ArrayBuffer payload', { ...base, payload: new ArrayBuffer(2) }],
+    ['a Uint16Array payload', { ...base, payload: new Uint16Array([1, 2]) }],
+    ['an unpaired surrogate in a header value', { ...base, headers: { a: '\ud800' } }],
+    ['an unpaired surrogate in a header name', { ...base, headers: { ['\udc00x']: 'v' } }],
+    ['an unpaired surrogate in the key', { ...base, key: 'k\ud800' }],
+    ['an unpaired surrogate in the type', { ...base, type: '\ude00' }],
+    ['a header named __proto__', { ...base, headers: JSON.parse('{"__proto__":"x"}') as Record<string, string> }],
+    ['headers as a Map', { ...base, headers: new Map([['a', 'b']]) }],
   ])('rejects %s with InvalidEventError', (_, event) => {
     let err: unknown;
     try {
@@ -96,6 +106,16 @@ describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
       err = e;
     }
     expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
+  });
+
+  it('keeps paired surrogates (emoji), empty objects and Uint8Array/Buffer payloads', () => {
+    expect(
+      prepareEvent(
+        { ...base, key: 'k😀', headers: { h: '😀' }, payload: { e: {}, s: '😀' } },
+        1_000,
+      ).payload.toString(),
+    ).toBe('{"e":{},"s":"😀"}');
+    expect(prepareEvent({ ...base, payload: new Uint8Array([1, 2]) }, 1_000).payload).toEqual(Buffer.from([1, 2]));
   });
 
   it('keeps nulls and finite numbers of a payload as JSON writes them', () => {
