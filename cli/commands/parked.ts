@@ -36,7 +36,9 @@ export function registerParked(program: Command): void {
       if (!opts.all && ids.length === 0) throw new InvalidArgumentError('Give event ids or --all.');
       if (opts.all && ids.length > 0) throw new InvalidArgumentError('Give event ids or --all, not both.');
       await withPool(opts.databaseUrl, async (pool) => {
-        console.log(`requeued ${await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids)} events`);
+        const n = await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids);
+        console.log(`requeued ${n} events`);
+        notAllFound(opts.all ? n : new Set(ids.map((id) => id.toLowerCase())).size, n);
       });
     });
   parked
@@ -47,7 +49,20 @@ export function registerParked(program: Command): void {
     .addOption(schemaOption())
     .action(async (ids: string[], opts: { databaseUrl: string; schema: string }) => {
       await withPool(opts.databaseUrl, async (pool) => {
-        console.log(`skipped ${await skipParked(q(pool), quoteSchema(opts.schema), ids)} events`);
+        const n = await skipParked(q(pool), quoteSchema(opts.schema), ids);
+        console.log(`skipped ${n} events`);
+        notAllFound(new Set(ids.map((id) => id.toLowerCase())).size, n);
       });
     });
+}
+
+/**
+ * Exit code 1 when fewer events were changed than ids given (an id that is not a parked event:
+ * mistyped, already retried or skipped, or published), so that a script notices.
+ */
+function notAllFound(given: number, changed: number): void {
+  if (changed < given) {
+    console.error(`outboxkit: ${given - changed} of ${given} ids are not parked events (unknown, or already handled)`);
+    process.exitCode = 1;
+  }
 }

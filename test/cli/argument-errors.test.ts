@@ -124,6 +124,11 @@ describe('arguments checked before anything connects', () => {
       'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE parked_at IS NOT NULL',
     );
     expect(rows[0]!.n).toBe(1);
+    // An id that is no longer (or never was) a parked event: the others are handled, exit 1.
+    const again = await cli(['parked', 'skip', a!, events[2]!.eventId, '--database-url', db.url]);
+    expect(again.code).toBe(1);
+    expect(again.stdout).toBe('skipped 1 events\n');
+    expect(again.stderr).toBe('outboxkit: 1 of 2 ids are not parked events (unknown, or already handled)\n');
   });
 
   it('topics ensure: an illegal topic name is refused and nothing is created', async () => {
