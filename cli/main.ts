@@ -5,6 +5,7 @@
  * loaded (all of them for help or an unknown command): the relay daemon then never loads
  * drizzle-orm or the consumer's modules, which keeps its memory down.
  */
+import { existsSync, readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
 
@@ -31,10 +32,22 @@ const COMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   inbox: async () => (await import('./commands/inbox.js')).registerInbox,
 };
 
+/** outboxkit's version, from its package.json (next to cli/ in the sources, two levels up in dist/). */
+function packageVersion(): string {
+  for (const rel of ['../package.json', '../../package.json']) {
+    const file = new URL(rel, import.meta.url);
+    if (!existsSync(file)) continue;
+    const pkg = JSON.parse(readFileSync(file, 'utf8')) as { name?: string; version?: string };
+    if (pkg.name === 'outboxkit' && typeof pkg.version === 'string') return pkg.version;
+  }
+  return 'unknown';
+}
+
 /** The program with the command named in `args` registered, or every command when none is. */
 async function buildProgram(args: string[]): Promise<Command> {
   const program = new Command('outboxkit')
     .description('Safe retries across PostgreSQL and Apache Kafka: outbox relay, migrations and operator commands.')
+    .version(packageVersion(), '-V, --version', 'print the version')
     .showHelpAfterError()
     // Usage errors (unknown option, bad argument) go through main()'s handler, so `--json` gets JSON.
     .exitOverride()

@@ -4,6 +4,7 @@
  * InvalidArgumentError there never goes through commander's output). Bad event ids, topic names,
  * partition counts and metrics ports are usage errors before anything connects.
  */
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueue, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
@@ -85,6 +86,13 @@ describe('errors thrown inside a command are printed once', () => {
       );
     }
     expect(jsonError(await cli(['status', '--database-url', url, '--json'])).code).toBe('ECONNREFUSED');
+  });
+
+  it('--version prints the package version, exit 0', async () => {
+    const { version } = JSON.parse(readFileSync('package.json', 'utf8')) as { version: string };
+    const r = await cli(['--version']);
+    expect(r.code).toBe(0);
+    expect(r.stdout).toBe(`${version}\n`);
   });
 
   it("commander's own usage error stays printed once, with the usage", async () => {
