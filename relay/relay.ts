@@ -644,13 +644,13 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     const records = sendable.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
-    // A full batch means more rows are waiting: read the next batch while this one is in flight,
+    // A full batch (rows or bytes) means more rows are waiting: read the next batch while this one is in flight,
     // so the database's half and the broker's half of the work overlap. The read skips this
     // batch's rows (pending until marked); the next batch is sent only after this one is
     // acknowledged, so a key's order holds. Dropped if this send fails (the next pass isolates).
-    let bytes = 0;
-    for (const r of rows) bytes += r.payload.length;
-    this.morePending = rows.length >= o.batchSize || bytes >= o.maxBatchBytes / 2;
+    // More rows may be pending when the read hit its row bound or its byte bound.
+    const pageRows = rows[0]!.page_rows;
+    this.morePending = pageRows >= o.batchSize || pageRows > rows.length;
     if (this.morePending) {
       const next = sql
         .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [

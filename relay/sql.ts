@@ -16,6 +16,11 @@ export interface PendingRow {
   payload: Buffer;
   headers: Record<string, string>;
   attempts: number;
+  /**
+   * Rows the read found before its byte bound (at most `maxRows`): more than the rows returned, or
+   * `maxRows` itself, means more rows may be pending now.
+   */
+  page_rows: number;
 }
 
 /** A lane this instance holds, with the fencing token of that ownership. */
@@ -201,7 +206,8 @@ export async function readPending(
      w AS (
        SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
          FROM page)
-     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.lane, e.type, e.payload, e.headers, e.attempts
+     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.lane, e.type, e.payload, e.headers, e.attempts,
+            (SELECT count(*) FROM w)::int AS page_rows
        FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
       WHERE w.bytes <= $3 OR w.n = 1
       ORDER BY e.seq`,

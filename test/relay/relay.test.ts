@@ -123,6 +123,29 @@ describe('relay', () => {
     }
   });
 
+  it('a read cut by its byte bound reads again at once: a mixed-size backlog drains without waiting for a poll', async () => {
+    const [topic] = await createTopics(['relay-mixed']);
+    // 100 bytes, then 899,950 that do not fit with it in 900,000 (the first read returns 100 bytes
+    // only), twice; one key, so one lane and this order.
+    const sizes = [100, 899_950, 100, 899_950];
+    await inTx((c) =>
+      enqueue(
+        c,
+        sizes.map((n, i) => ({ topic: topic!, key: 'mixed', type: 't', payload: Buffer.alloc(n, i) })),
+      ),
+    );
+    const started = Date.now();
+    // A poll of 60 s: a relay that slept after the 100-byte pass would not finish within the test.
+    await startRelay(db.url, { pollIntervalMs: 60_000 });
+    const got = await readTopic(
+      topic!,
+      (m) => m.value!.length,
+      (all) => all.length >= sizes.length,
+    );
+    expect(got).toEqual(sizes);
+    expect(Date.now() - started).toBeLessThan(30_000);
+  });
+
   it('C03 publishes both events of a transaction that enqueues, waits, and enqueues again', async () => {
     const [topic] = await createTopics(['relay-c03']);
     // One row per pass: a relay that marked "the whole transaction" or "everything up to a
