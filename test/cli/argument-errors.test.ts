@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueue, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { randomName, testKafka } from '../helpers/kafka.js';
+import { randomName, topicExists } from '../helpers/kafka.js';
 import { spawnCli, type Spawned } from '../helpers/processes.js';
 
 interface Finished {
@@ -35,16 +35,6 @@ function jsonError(r: Finished): { code: string; message: string } {
 
 function count(text: string, needle: string): number {
   return text.split(needle).length - 1;
-}
-
-async function topicExists(topic: string): Promise<boolean> {
-  const admin = testKafka().admin();
-  await admin.connect();
-  try {
-    return (await admin.listTopics()).includes(topic);
-  } finally {
-    await admin.disconnect();
-  }
 }
 
 let db: TestDatabase;

@@ -6,7 +6,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { describe, expect, inject, it } from 'vitest';
-import { createTopics, randomName, testKafka } from '../helpers/kafka.js';
+import { createTopics, randomName, topicExists } from '../helpers/kafka.js';
 import { spawnCli, type Spawned } from '../helpers/processes.js';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'outboxkit-cli-kafka-'));
@@ -22,16 +22,6 @@ async function finished(s: Spawned): Promise<{ code: number | null; stdout: stri
   // output interleaves stdout and stderr; stderr is what is not stdout.
   const all = s.output.join('');
   return { code, stdout, stderr: all.replace(stdout, '') };
-}
-
-async function topicExists(topic: string): Promise<boolean> {
-  const admin = testKafka().admin();
-  await admin.connect();
-  try {
-    return (await admin.listTopics()).includes(topic);
-  } finally {
-    await admin.disconnect();
-  }
 }
 
 const CLOSED = '127.0.0.1:1';

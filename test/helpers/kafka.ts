@@ -104,3 +104,14 @@ export async function readTopic<T>(
   }
   return out;
 }
+
+/** Whether `topic` exists on the test broker. */
+export async function topicExists(topic: string): Promise<boolean> {
+  const admin = testKafka().admin();
+  await admin.connect();
+  try {
+    return (await admin.listTopics()).includes(topic);
+  } finally {
+    await admin.disconnect();
+  }
+}
