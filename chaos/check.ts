@@ -58,6 +58,12 @@ export interface Observed {
   }[];
   /** The dead-letter topic. */
   deadLetters: { eventId: string; orderId: string | undefined; reason: string }[];
+  /**
+   * The consumer group's committed offset per partition at the end (the next offset it would read),
+   * if it could be read: it tells a missing effect that was skipped (committed past it, a G4
+   * breach) from one never consumed (the consumer stalled). Diagnostic only.
+   */
+  committedOffsets?: ReadonlyMap<number, bigint>;
 }
 
 /** One invariant and what broke it. */
@@ -100,6 +106,26 @@ function opName(op: Pick<Operation, 'cartId' | 'key'>): string {
 }
 
 const finals = (attempts: Attempt[]) => attempts.filter((a) => a.status !== undefined && FINAL_STATUSES.has(a.status));
+
+/**
+ * Where an unapplied event sits in the topic and where the group stands: `; p3@120, group at 118
+ * (not consumed)` or `; p3@120, group committed past it at 125 (skipped)`.
+ */
+function whereInLog(eventIds: string[], observed: Observed): string {
+  const ids = new Set(eventIds);
+  const at = observed.published.filter((m) => ids.has(m.eventId));
+  if (at.length === 0) return '; not in the topic';
+  return `; ${at
+    .map((m) => {
+      const committed = observed.committedOffsets?.get(m.partition);
+      const place = `p${m.partition}@${m.offset}`;
+      if (committed === undefined) return `${place}, group offset unknown`;
+      return committed > BigInt(m.offset)
+        ? `${place}, group committed past it at ${committed} (skipped)`
+        : `${place}, group at ${committed} (not consumed)`;
+    })
+    .join(', ')}`;
+}
 
 /** Checks every invariant; see {@link INVARIANTS}. */
 export function checkRun(operations: readonly Operation[], observed: Observed): CheckResult {
@@ -150,7 +176,10 @@ export function checkRun(operations: readonly Operation[], observed: Observed): 
     if (shipmentsByOrder.has(o.id)) continue;
     const events = eventsOfOrder.get(o.id) ?? [];
     if (events.some((id) => deadLettered.has(id))) continue;
-    add('effect-missing', `order ${o.id} (${o.cartId}): never applied nor dead-lettered`);
+    add(
+      'effect-missing',
+      `order ${o.id} (${o.cartId}): never applied nor dead-lettered${whereInLog(events, observed)}`,
+    );
   }
 
   // G3: per key, first occurrences in commit order (customerVersion is 1, 2, 3... by commit).

@@ -140,3 +140,24 @@ export function toDeadLetters(messages: { partition: number; message: KafkaMessa
     };
   });
 }
+
+/**
+ * The group's committed offsets on `topic` (partition → next offset to read; -1 when none), or
+ * undefined when the broker does not answer within a few seconds (a diagnostic, never a verdict).
+ */
+export async function committedOffsets(
+  kafka: Kafka,
+  groupId: string,
+  topic: string,
+): Promise<Map<number, bigint> | undefined> {
+  const admin = kafka.admin();
+  try {
+    await admin.connect();
+    const [entry] = await admin.fetchOffsets({ groupId, topics: [topic] });
+    return new Map((entry?.partitions ?? []).map((p) => [p.partition, BigInt(p.offset)]));
+  } catch {
+    return undefined;
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
+}

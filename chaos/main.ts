@@ -11,6 +11,7 @@
  * and a Kafka broker of its own (a scratch broker on a free port, killed and restarted by the
  * faults), so that it never disturbs other work on the machine.
  */
+import path from 'node:path';
 import net from 'node:net';
 import { Command, Option } from 'commander';
 import { Kafka, logLevel } from 'kafkajs';
@@ -20,7 +21,7 @@ import { createRunDatabase, waitUntil, type Child } from '../examples/orders/pro
 import { ensurePostgres, startScratchBroker, type ScratchBroker } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 import { checkRun } from './check.js';
-import { pipelineBacklog, readDatabase, readTopic, toDeadLetters, toPublished } from './collect.js';
+import { committedOffsets, pipelineBacklog, readDatabase, readTopic, toDeadLetters, toPublished } from './collect.js';
 import { runFaultPhase } from './fault-phase.js';
 import {
   CRASH_POINTS,
@@ -101,6 +102,7 @@ function parseOptions(argv: string[]): ChaosOptions {
     )
     .option('--keep', 'keep the database and the topics after the run')
     .option('--verbose', 'print each fault as it is injected')
+    .option('--log-dir <dir>', "where each service's output is kept (default: .chaos-logs/run-<pid>)")
     .option(
       '--kinds <list>',
       `fault kinds to schedule, comma-separated (default: all: ${Object.keys(FAULT_KINDS).join(', ')})`,
@@ -181,12 +183,16 @@ async function main(): Promise<number> {
     const unexpectedExits: string[] = [];
     const port = await freePortPair();
     const random = seededRandom(o.seed);
+    const shippingGroup = `chaos-shipping-${process.pid}`;
+    const logDir = path.resolve(o.logDir ?? path.join('.chaos-logs', `run-${process.pid}`));
+    log(`each service's output: ${logDir}/<service>.log`);
     const sup = new Supervisor({
+      logDir,
       env: {
         DATABASE_URL: database.url,
         KAFKA_BROKERS: brokers.join(','),
         ORDERS_TOPIC: topic,
-        SHIPPING_GROUP: `chaos-shipping-${process.pid}`,
+        SHIPPING_GROUP: shippingGroup,
         // Short sessions: a killed member's partitions move within seconds.
         SHIPPING_SESSION_TIMEOUT_MS: '6000',
         SHIPPING_HEARTBEAT_INTERVAL_MS: '1000',
@@ -365,7 +371,13 @@ async function main(): Promise<number> {
     const db = await readDatabase(pool);
     const published = toPublished(await readTopic(kafka, topic));
     const deadLetters = toDeadLetters(await readTopic(kafka, dlq));
-    const result = checkRun(ledger.all(), { ...db, published, deadLetters });
+    const offsets = await committedOffsets(kafka, shippingGroup, topic);
+    const result = checkRun(ledger.all(), {
+      ...db,
+      published,
+      deadLetters,
+      ...(offsets ? { committedOffsets: offsets } : {}),
+    });
     const facts: RunFacts = {
       options: o,
       injected,
@@ -382,6 +394,7 @@ async function main(): Promise<number> {
       loadSeconds,
     };
     for (const line of formatReport(facts, result)) console.log(line);
+    if (result.violations > 0 || unexpectedExits.length > 0) console.log(`services' output: ${logDir}`);
     if (result.violations > 0) return 1;
     return phase.floorReached ? 0 : 3;
   } finally {

@@ -76,6 +76,11 @@ export interface ChaosOptions extends Profile {
   drainStallMs: number;
   /** Print each fault as it is injected. */
   verbose: boolean;
+  /**
+   * Directory where each service's output is written (`<service>.log`, every start appended, each
+   * line prefixed with its time), kept after the run for diagnosis. @defaultValue `.chaos-logs/run-<pid>`
+   */
+  logDir: string | undefined;
   /** Fault kinds to schedule (`--kinds`); undefined: every kind this run can inject. */
   kinds: FaultKind[] | undefined;
   /** Test-only: guarantees the example breaks on purpose (empty for a real run). */
@@ -141,6 +146,7 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
     drainTimeoutMs: pick('drainTimeoutMs'),
     drainStallMs: flags.drainStallMs ?? 30_000,
     verbose: flags.verbose ?? false,
+    logDir: flags.logDir,
     sabotage: flags.sabotage ?? [],
     kinds: flags.kinds,
   };

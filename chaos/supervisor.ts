@@ -62,6 +62,11 @@ export interface SupervisorOptions {
    * without lanes) does not shield the process for the rest of the run. @defaultValue 20_000
    */
   armTimeoutMs?: number;
+  /**
+   * Directory for each service's output (`<service>.log`, appended at every start, each line
+   * prefixed with its ISO time); undefined: output is only kept in memory (the last 100 lines).
+   */
+  logDir?: string;
 }
 
 /** Where Debian's `faketime` package puts its preload library. */
@@ -94,6 +99,7 @@ export const STARTUP_ALLOWANCE_MS = 60_000;
 export class Supervisor {
   readonly services = new Map<string, Service>();
   private closed = false;
+  private readonly logs = new Map<string, fs.WriteStream>();
 
   constructor(private readonly o: SupervisorOptions) {}
 
@@ -163,14 +169,32 @@ export class Supervisor {
     s.startedAt = Date.now();
     s.readyAt = undefined;
     const ready = READY_LINES[s.role];
+    const logFile = this.logFile(s);
+    logFile?.write(
+      `${new Date().toISOString()} === start #${s.starts}${s.arming ? ` armed ${s.arming.point}@${s.arming.after}` : ''}${s.skew ? ` skew ${s.skew}` : ''}\n`,
+    );
     const child = startChild(s.name, script, args, env, 100, (line) => {
+      logFile?.write(`${new Date().toISOString()} ${line}\n`);
       if (s.readyAt === undefined && s.child === child && line.includes(ready)) s.readyAt = Date.now();
     });
     s.child = child;
     child.proc.once('exit', (code, signal) => void this.onExit(s, child, code, signal));
   }
 
+  private logFile(s: Service): fs.WriteStream | undefined {
+    if (this.o.logDir === undefined) return undefined;
+    let file = this.logs.get(s.name);
+    if (!file) {
+      fs.mkdirSync(this.o.logDir, { recursive: true });
+      file = fs.createWriteStream(path.join(this.o.logDir, `${s.name}.log`), { flags: 'a' });
+      file.on('error', () => undefined);
+      this.logs.set(s.name, file);
+    }
+    return file;
+  }
+
   private async onExit(s: Service, child: Child, code: number | null, signal: NodeJS.Signals | null): Promise<void> {
+    this.logs.get(s.name)?.write(`${new Date().toISOString()} === exit code ${code} signal ${signal}\n`);
     if (s.child !== child) return;
     const arming = s.arming;
     if (!s.stopping) {
@@ -228,5 +252,7 @@ export class Supervisor {
         await stopChild(child, timeoutMs);
       }),
     );
+    await Promise.all([...this.logs.values()].map((f) => new Promise((r) => f.end(r))));
+    this.logs.clear();
   }
 }

@@ -106,6 +106,15 @@ export interface DedupConsumer {
    *   its abort signal, or a broker that does not answer).
    */
   stop(options?: { timeoutMs?: number }): Promise<void>;
+  /**
+   * Where the consumer stands. `'crashed'`: kafkajs stopped the consumer after an error it does
+   * not retry (`consumer:crash` with `restart: false`, logged at error level): nothing is consumed
+   * any more, and nothing will be until a new consumer starts. Let the process exit so that its
+   * supervisor restarts it (as `examples/orders/shipping.ts` does), or `stop()` this one and start
+   * a new one; readiness probes should fail in this state. Errors kafkajs retries (a broker outage)
+   * never lead here: kafkajs restarts the consumer itself.
+   */
+  readonly state: DedupConsumerState;
   /** Listens to an event (see {@link DedupConsumerEvents}); returns the function that removes the listener. */
   on<K extends keyof DedupConsumerEvents>(name: K, listener: DedupConsumerListener<K>): () => void;
 }
@@ -186,7 +195,9 @@ type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; 
 const DONE: Step = { kind: 'done' };
 const INTERRUPTED: Step = { kind: 'interrupted' };
 
-type State = 'new' | 'starting' | 'running' | 'stopping' | 'stopped';
+/** See {@link DedupConsumer.state}. */
+export type DedupConsumerState = 'new' | 'starting' | 'running' | 'crashed' | 'stopping' | 'stopped';
+type State = DedupConsumerState;
 
 class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly groupId: string;
@@ -248,9 +259,16 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     return this.#events.on(name, listener);
   }
 
+  get state(): DedupConsumerState {
+    return this.#state;
+  }
+
   async start(signal?: AbortSignal): Promise<void> {
     if (this.#state !== 'new') {
-      const what = this.#state === 'starting' || this.#state === 'running' ? 'already started' : 'stopped';
+      const what =
+        this.#state === 'starting' || this.#state === 'running' || this.#state === 'crashed'
+          ? 'already started'
+          : 'stopped';
       throw new LifecycleError(
         `The dedup consumer of group "${this.groupId}" was ${what}; create a new one to start again.`,
       );
@@ -488,9 +506,14 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   #onCrash(error: Error, restart: boolean): void {
+    // Crashed for good while running: say so (state, log), so the process can exit and be restarted.
+    if (!restart && this.#state === 'running') this.#state = 'crashed';
     this.#o.logger.error(
       { groupId: this.groupId, err: error, restart },
-      restart ? 'Kafka consumer crashed; kafkajs restarts it.' : 'Kafka consumer crashed and will not restart.',
+      restart
+        ? 'Kafka consumer crashed; kafkajs restarts it.'
+        : 'Kafka consumer crashed and will not restart: nothing is consumed any more. Exit the process (or stop() ' +
+            'this consumer and start a new one).',
     );
     this.#events.emit('consumer:crash', { error, restart });
     if (!restart) this.#joined?.reject(error);

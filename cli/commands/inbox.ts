@@ -22,6 +22,7 @@ export function registerInbox(program: Command): void {
     .option('--batch-size <n>', 'rows deleted per transaction', int, CLEANUP_INBOX_DEFAULTS.batchSize)
     .option('--max-batches <n>', 'most batches in this run', int, CLEANUP_INBOX_DEFAULTS.maxBatches)
     .option('--group <consumer-group>', "only this consumer group's rows")
+    .option('--json', 'print JSON: { "deleted": n, "more": boolean }')
     .action(
       async (opts: {
         databaseUrl: string;
@@ -30,6 +31,7 @@ export function registerInbox(program: Command): void {
         batchSize: number;
         maxBatches: number;
         group?: string;
+        json?: boolean;
       }) => {
         await withPool(opts.databaseUrl, async (pool) => {
           const { deleted, more } = await cleanupInbox(pool, {
@@ -39,7 +41,11 @@ export function registerInbox(program: Command): void {
             maxBatches: opts.maxBatches,
             consumerGroup: opts.group,
           });
-          console.log(`deleted ${deleted} inbox rows${more ? ' (more remain; run again)' : ''}`);
+          console.log(
+            opts.json
+              ? JSON.stringify({ deleted, more })
+              : `deleted ${deleted} inbox rows${more ? ' (more remain; run again)' : ''}`,
+          );
         });
       },
     );

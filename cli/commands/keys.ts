@@ -86,14 +86,17 @@ export function registerKeys(program: Command): void {
     .option('--max-batches <n>', 'most batches in this run', positive, 100)
     .addOption(databaseOption())
     .addOption(schemaOption())
-    .action(async (opts: { batchSize: number; maxBatches: number; databaseUrl: string; schema: string }) => {
-      await withPool(opts.databaseUrl, async (pool) => {
-        const { deleted } = await cleanupExpiredKeys(pool, {
-          schema: opts.schema,
-          batchSize: opts.batchSize,
-          maxBatches: opts.maxBatches,
+    .option('--json', 'print JSON: { "deleted": n }')
+    .action(
+      async (opts: { batchSize: number; maxBatches: number; databaseUrl: string; schema: string; json?: boolean }) => {
+        await withPool(opts.databaseUrl, async (pool) => {
+          const { deleted } = await cleanupExpiredKeys(pool, {
+            schema: opts.schema,
+            batchSize: opts.batchSize,
+            maxBatches: opts.maxBatches,
+          });
+          console.log(opts.json ? JSON.stringify({ deleted }) : `deleted ${deleted} expired idempotency records`);
         });
-        console.log(`deleted ${deleted} expired idempotency records`);
-      });
-    });
+      },
+    );
 }

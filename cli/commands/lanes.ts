@@ -12,10 +12,11 @@ export function registerLanes(program: Command): void {
     .argument('<relay-id>', 'the owner shown by `outboxkit status`')
     .addOption(databaseOption())
     .addOption(schemaOption())
-    .action(async (relayId: string, opts: { databaseUrl: string; schema: string }) => {
+    .option('--json', 'print JSON: { "relayId": id, "released": n }')
+    .action(async (relayId: string, opts: { databaseUrl: string; schema: string; json?: boolean }) => {
       await withPool(opts.databaseUrl, async (pool) => {
         const n = await releaseOwner(q(pool), quoteSchema(opts.schema), relayId);
-        console.log(`released ${n} lanes of ${relayId}`);
+        console.log(opts.json ? JSON.stringify({ relayId, released: n }) : `released ${n} lanes of ${relayId}`);
       });
     });
 }

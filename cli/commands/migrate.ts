@@ -10,9 +10,11 @@ export function registerMigrate(program: Command): void {
     .description("create or upgrade outboxkit's tables (safe to run from several processes at once)")
     .addOption(databaseOption())
     .addOption(schemaOption())
-    .action(async (opts: { databaseUrl: string; schema: string }) => {
-      const logger = pino({ name: 'outboxkit' });
+    .option('--json', 'print JSON on stdout: { "applied": [migration names] } (no log lines)')
+    .action(async (opts: { databaseUrl: string; schema: string; json?: boolean }) => {
+      const logger = pino({ name: 'outboxkit', enabled: !opts.json });
       const { applied } = await migrate({ connectionString: opts.databaseUrl, schema: opts.schema, logger });
-      logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
+      if (opts.json) console.log(JSON.stringify({ applied }));
+      else logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
     });
 }

@@ -32,13 +32,15 @@ export function registerParked(program: Command): void {
     .option('--all', 'every parked event')
     .addOption(databaseOption())
     .addOption(schemaOption())
-    .action(async (ids: string[], opts: { databaseUrl: string; schema: string; all?: boolean }) => {
+    .option('--json', 'print JSON: { "requeued": n, "notParked": n }')
+    .action(async (ids: string[], opts: { databaseUrl: string; schema: string; all?: boolean; json?: boolean }) => {
       if (!opts.all && ids.length === 0) throw new InvalidArgumentError('Give event ids or --all.');
       if (opts.all && ids.length > 0) throw new InvalidArgumentError('Give event ids or --all, not both.');
       await withPool(opts.databaseUrl, async (pool) => {
         const n = await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids);
-        console.log(`requeued ${n} events`);
-        notAllFound(opts.all ? n : new Set(ids.map((id) => id.toLowerCase())).size, n);
+        const notParked = notAllFound(opts.all ? n : new Set(ids.map((id) => id.toLowerCase())).size, n, opts.json);
+        if (opts.json) console.log(JSON.stringify({ requeued: n, notParked }));
+        else console.log(`requeued ${n} events`);
       });
     });
   parked
@@ -47,22 +49,28 @@ export function registerParked(program: Command): void {
     .argument('<event-ids...>', 'event ids', eventIdList)
     .addOption(databaseOption())
     .addOption(schemaOption())
-    .action(async (ids: string[], opts: { databaseUrl: string; schema: string }) => {
+    .option('--json', 'print JSON: { "skipped": n, "notParked": n }')
+    .action(async (ids: string[], opts: { databaseUrl: string; schema: string; json?: boolean }) => {
       await withPool(opts.databaseUrl, async (pool) => {
         const n = await skipParked(q(pool), quoteSchema(opts.schema), ids);
-        console.log(`skipped ${n} events`);
-        notAllFound(new Set(ids.map((id) => id.toLowerCase())).size, n);
+        const notParked = notAllFound(new Set(ids.map((id) => id.toLowerCase())).size, n, opts.json);
+        if (opts.json) console.log(JSON.stringify({ skipped: n, notParked }));
+        else console.log(`skipped ${n} events`);
       });
     });
 }
 
 /**
  * Exit code 1 when fewer events were changed than ids given (an id that is not a parked event:
- * mistyped, already retried or skipped, or published), so that a script notices.
+ * mistyped, already retried or skipped, or published), so that a script notices. Returns how many
+ * ids were not parked events; the message goes to stderr unless `json` (then it is in the JSON).
  */
-function notAllFound(given: number, changed: number): void {
-  if (changed < given) {
-    console.error(`outboxkit: ${given - changed} of ${given} ids are not parked events (unknown, or already handled)`);
+function notAllFound(given: number, changed: number, json = false): number {
+  const missing = Math.max(0, given - changed);
+  if (missing > 0) {
+    if (!json)
+      console.error(`outboxkit: ${missing} of ${given} ids are not parked events (unknown, or already handled)`);
     process.exitCode = 1;
   }
+  return missing;
 }

@@ -92,6 +92,14 @@ async function main(): Promise<void> {
     heartbeatIntervalMs: optionalInt(process.env.SHIPPING_HEARTBEAT_INTERVAL_MS),
     sabotageNoDedup: (process.env.CHAOS_SABOTAGE ?? '').split(',').includes('no-dedup'),
   });
+  // kafkajs gave up on the consumer (an error it does not retry): exit, so that the supervisor
+  // (systemd, Kubernetes, the chaos harness) starts a fresh process, instead of living on idle.
+  consumer.on('consumer:crash', ({ restart }) => {
+    if (!restart) {
+      console.error('SHIPPING_CRASHED: the Kafka consumer stopped for good; exiting');
+      process.exit(1);
+    }
+  });
   console.log('SHIPPING_READY');
   const shutdown = async () => {
     await consumer.stop();

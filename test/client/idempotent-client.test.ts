@@ -355,8 +355,9 @@ describe('during a dependency incident the retries stay bounded and spread', () 
       if (arrival.atMs < OUTAGE_MS) res.writeHead(503, { 'retry-after': '1' }).end();
       else res.writeHead(201, { 'content-type': 'application/json' }).end('{"ok":true}');
     });
-    // When each attempt is sent (the strategy's schedule, whatever the server's queueing adds).
-    const sent: { key: string; atMs: number }[] = [];
+    // When each retry is planned to be sent: the moment the client decided plus the delay it chose.
+    // The strategy's own schedule, whatever a loaded machine adds (late timers, queued responses).
+    const planned: number[] = [];
     const t0 = performance.now();
     const client = createIdempotentClient({
       baseUrl: server.url,
@@ -365,22 +366,18 @@ describe('during a dependency incident the retries stay bounded and spread', () 
       initialDelayMs: 400,
       maxDelayMs: 2_000,
       ...(random ? { random } : {}),
-      fetch: (input, init) => {
-        sent.push({ key: new Headers(init?.headers).get('idempotency-key')!, atMs: performance.now() - t0 });
-        return fetch(input, init);
-      },
+      onRetry: ({ delayMs }) => planned.push(performance.now() - t0 + delayMs),
     });
     const results = await Promise.all(Array.from({ length: CLIENTS }, (_, i) => client.post('/orders', { i })));
     await server.close();
-    const sentRetries = retryTimes(sent);
     const arrivedRetries = retryTimes(server.arrivals);
     const perKey = new Map<string, number>();
     for (const a of server.arrivals) perKey.set(a.key, (perKey.get(a.key) ?? 0) + 1);
     return {
       results,
       total: server.arrivals.length,
-      retries: sentRetries.length,
-      peak: peakInWindow(sentRetries),
+      retries: planned.length,
+      peak: peakInWindow(planned),
       arrivedPeak: peakInWindow(arrivedRetries),
       maxPerKey: Math.max(...perKey.values()),
     };
@@ -390,9 +387,9 @@ describe('during a dependency incident the retries stay bounded and spread', () 
     const jittered = await incident(undefined);
     const lockstep = await incident(() => 0.999_999); // the same schedule without randomness
     console.log(
-      `incident: jitter ${jittered.total} attempts, peak ${jittered.peak}/${jittered.retries} retries sent ` +
+      `incident: jitter ${jittered.total} attempts, peak ${jittered.peak}/${jittered.retries} retries planned ` +
         `(${jittered.arrivedPeak} arrived) in ${WINDOW_MS} ms; no jitter ${lockstep.total} attempts, ` +
-        `peak ${lockstep.peak}/${lockstep.retries} sent (${lockstep.arrivedPeak} arrived)`,
+        `peak ${lockstep.peak}/${lockstep.retries} planned (${lockstep.arrivedPeak} arrived)`,
     );
     for (const run of [jittered, lockstep]) {
       expect(run.results.every((r) => r.status === 201)).toBe(true);
@@ -400,11 +397,11 @@ describe('during a dependency incident the retries stay bounded and spread', () 
       expect(run.maxPerKey).toBeLessThanOrEqual(4);
       expect(run.total).toBeLessThanOrEqual(CLIENTS * 4);
     }
-    // Measured on the send times: what the strategy does, not how a loaded test machine queues it.
-    // Load on the test machine can only spread the retries further, so the bound on the jittered
-    // peak is safe; the lock-step schedule is compared relatively (about 2.5x here, 2x under load).
+    // Measured on the planned send times: what the strategy does, not how a loaded test machine
+    // runs its timers (a late timer can bunch jittered retries, or spread lock-step ones). The
+    // arrival peaks at the server are printed above, not asserted: they depend on the machine.
+    expect(jittered.retries).toBe(jittered.total - CLIENTS);
     expect(jittered.peak / jittered.retries).toBeLessThanOrEqual(0.35);
     expect(lockstep.peak).toBeGreaterThanOrEqual(jittered.peak * 1.5);
-    expect(jittered.arrivedPeak).toBeLessThanOrEqual(lockstep.arrivedPeak);
   });
 });

@@ -1,7 +1,10 @@
-/** Polls `condition` until it returns a truthy value, or throws after `timeoutMs`. Never a bare sleep. */
+/**
+ * Polls `condition` until it returns a truthy value, or throws after `timeoutMs`. Never a bare sleep.
+ * `message` may be a function, called at the timeout to describe the state then.
+ */
 export async function waitFor<T>(
   condition: () => T | Promise<T>,
-  options: { timeoutMs?: number; intervalMs?: number; message?: string } = {},
+  options: { timeoutMs?: number; intervalMs?: number; message?: string | (() => string) } = {},
 ): Promise<NonNullable<T>> {
   const deadline = Date.now() + (options.timeoutMs ?? 20_000);
   let last: unknown;
@@ -13,8 +16,9 @@ export async function waitFor<T>(
       last = err;
     }
     if (Date.now() > deadline) {
+      const message = typeof options.message === 'function' ? options.message() : options.message;
       throw new Error(
-        `waitFor timed out${options.message ? `: ${options.message}` : ''}${last ? ` (last error: ${String(last)})` : ''}`,
+        `waitFor timed out${message ? `: ${message}` : ''}${last ? ` (last error: ${String(last)})` : ''}`,
       );
     }
     await new Promise((r) => setTimeout(r, options.intervalMs ?? 50));

@@ -116,7 +116,16 @@ describe('chaos checker', () => {
     const { operations, observed } = cleanRun();
     observed.shipments.pop();
     expect(violationsOf(checkRun(operations, observed))['effect-missing']).toEqual([
-      `order ${ORDER_2} (cart-2): never applied nor dead-lettered`,
+      `order ${ORDER_2} (cart-2): never applied nor dead-lettered; p0@1, group offset unknown`,
+    ]);
+    // The group's committed offset tells a skipped event (a G4 breach) from one never consumed.
+    expect(
+      violationsOf(checkRun(operations, { ...observed, committedOffsets: new Map([[0, 1n]]) }))['effect-missing'],
+    ).toEqual([`order ${ORDER_2} (cart-2): never applied nor dead-lettered; p0@1, group at 1 (not consumed)`]);
+    expect(
+      violationsOf(checkRun(operations, { ...observed, committedOffsets: new Map([[0, 2n]]) }))['effect-missing'],
+    ).toEqual([
+      `order ${ORDER_2} (cart-2): never applied nor dead-lettered; p0@1, group committed past it at 2 (skipped)`,
     ]);
     observed.deadLetters.push({ eventId: EVENT_2, orderId: ORDER_2, reason: 'Error: undeliverable' });
     const result = checkRun(operations, observed);
