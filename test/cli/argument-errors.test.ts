@@ -170,3 +170,40 @@ describe('arguments checked before anything connects', () => {
     expect(count(env.stderr, "value '-2' from env 'OUTBOXKIT_METRICS_PORT' is invalid")).toBe(1);
   });
 });
+
+describe('--json on the commands that change something: one JSON object on stdout, nothing else', () => {
+  const json = async (args: string[]) => {
+    const r = await cli([...args, '--database-url', db.url, '--json']);
+    expect(r.stderr, r.stderr).toBe('');
+    const lines = r.stdout.split('\n').filter((l) => l !== '');
+    expect(lines, r.stdout).toHaveLength(1);
+    return { code: r.code, value: JSON.parse(lines[0]!) as Record<string, unknown> };
+  };
+
+  it('migrate, lanes release, keys cleanup, inbox cleanup', async () => {
+    expect(await json(['migrate'])).toEqual({ code: 0, value: { applied: [] } });
+    expect(await json(['lanes', 'release', 'no-such-relay'])).toEqual({
+      code: 0,
+      value: { relayId: 'no-such-relay', released: 0 },
+    });
+    expect(await json(['keys', 'cleanup'])).toEqual({ code: 0, value: { deleted: 0 } });
+    expect(await json(['inbox', 'cleanup'])).toEqual({ code: 0, value: { deleted: 0, more: false } });
+  });
+
+  it('parked retry/skip: counts, and ids that are not parked events in the JSON (exit 1)', async () => {
+    const [event] = await withPgTransaction(db.pool, (c) =>
+      enqueue(c, { topic: randomName('json'), key: 'k', type: 't', payload: 1 }),
+    );
+    await db.pool.query(
+      `UPDATE outboxkit.outbox_events SET parked_at = now(), attempts = 5, last_error = 'test' WHERE event_id = $1`,
+      [event!.eventId],
+    );
+    const unknown = '01900000-0000-7000-8000-0000000000aa';
+    expect(await json(['parked', 'retry', event!.eventId, unknown])).toEqual({
+      code: 1,
+      value: { requeued: 1, notParked: 1 },
+    });
+    await db.pool.query(`UPDATE outboxkit.outbox_events SET parked_at = now() WHERE event_id = $1`, [event!.eventId]);
+    expect(await json(['parked', 'skip', event!.eventId])).toEqual({ code: 0, value: { skipped: 1, notParked: 0 } });
+  });
+});
