@@ -37,7 +37,10 @@ export interface EnsureTopicsOptions {
   retries?: number;
 }
 
-/** What {@link ensureTopics} found: topics it created, and topics that existed before. */
+/**
+ * What {@link ensureTopics} found: the topics this call created, and the others (they existed
+ * before, or another process created them at the same time).
+ */
 export interface EnsureTopicsResult {
   created: string[];
   existing: string[];
@@ -69,18 +72,24 @@ export async function ensureTopics(
   topics = checkTopics(topics);
   const names = topics.map((t) => t.topic);
   let existing: Set<string> | undefined;
+  // Topics this call created (across attempts: a retried attempt must not count them as found).
+  const created = new Set<string>();
   await pRetry(
     async () => {
       const admin = kafka.admin();
       await admin.connect();
       try {
-        // What existed before the first attempt that listed; a later attempt may find the topics
-        // an earlier one created.
+        // What existed before the first attempt that listed.
         existing ??= new Set((await admin.listTopics()).filter((t) => names.includes(t)));
         const missing = topics.filter((t) => !existing!.has(t.topic));
-        // createTopics resolves false when every topic exists (an earlier attempt created them):
-        // kafkajs then does not wait for leaders, so the metadata check below does.
-        if (missing.length > 0) await admin.createTopics({ waitForLeaders: true, topics: missing });
+        // One request per topic: kafkajs resolves false when the topic exists, but fails the whole
+        // request when only some of its topics exist. Another process creating the same topics at
+        // the same time (two services starting) then makes the topic "existing", not an error.
+        for (const t of missing) {
+          if (created.has(t.topic)) continue;
+          if (await admin.createTopics({ waitForLeaders: true, topics: [t] })) created.add(t.topic);
+        }
+        // kafkajs does not wait for the leaders of a topic it did not create: check them all here.
         const { topics: metadata } = await admin.fetchTopicMetadata({ topics: names });
         for (const t of missing) {
           const partitions = metadata.find((m) => m.name === t.topic)?.partitions ?? [];
@@ -103,10 +112,7 @@ export async function ensureTopics(
       shouldRetry: ({ error }) => isRetriableKafkaError(error),
     },
   );
-  return {
-    created: names.filter((n) => !existing!.has(n)),
-    existing: names.filter((n) => existing!.has(n)),
-  };
+  return { created: names.filter((n) => created.has(n)), existing: names.filter((n) => !created.has(n)) };
 }
 
 /** Validates `topics` (see {@link ensureTopics}) and drops repeats of one topic. */

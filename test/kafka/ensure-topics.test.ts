@@ -36,6 +36,37 @@ describe('ensureTopics', () => {
     }
   });
 
+  it('several processes at once: none fails, and each topic is reported created by exactly one', async () => {
+    const [x, y] = [randomName('ensure-race-x'), randomName('ensure-race-y')];
+    // Separate clients, as separate services starting at the same moment would have.
+    const results = await Promise.all([
+      ensureTopics(testKafka(), [{ topic: x, numPartitions: 2 }]),
+      ensureTopics(testKafka(), [
+        { topic: x, numPartitions: 2 },
+        { topic: y, numPartitions: 2 },
+      ]),
+      ensureTopics(testKafka(), [
+        { topic: y, numPartitions: 2 },
+        { topic: x, numPartitions: 2 },
+      ]),
+    ]);
+    for (const topic of [x, y]) {
+      expect(
+        results.filter((r) => r.created.includes(topic)),
+        topic,
+      ).toHaveLength(1);
+      const asked = results.filter((r) => r.created.includes(topic) || r.existing.includes(topic));
+      expect(asked, topic).toHaveLength(topic === x ? 3 : 2);
+    }
+    const admin = testKafka().admin();
+    await admin.connect();
+    try {
+      await admin.deleteTopics({ topics: [x, y] });
+    } finally {
+      await admin.disconnect();
+    }
+  });
+
   it('refuses bad input with InvalidOptionsError before creating anything; the same topic twice is asked once', async () => {
     const kafka = testKafka();
     const good = randomName('ensure-good');
