@@ -325,6 +325,7 @@ describe('C01 rows whose transactions commit late, at scale', () => {
     const [topic] = await createTopics(['relay-c01-scale']);
     await startRelay(db.url);
     const committed = new Set<string>();
+    const committedAt = new Map<string, number>(); // event id -> when its COMMIT was sent (epoch ms)
     const rolledBack = new Set<string>();
     let n = 0;
     const writer = async () => {
@@ -339,8 +340,10 @@ describe('C01 rows whose transactions commit late, at scale', () => {
             await c.query('ROLLBACK');
             rolledBack.add(e!.eventId);
           } else {
+            const commitSentAt = Date.now();
             await c.query('COMMIT');
             committed.add(e!.eventId);
+            committedAt.set(e!.eventId, commitSentAt);
           }
         } finally {
           c.release();
@@ -358,5 +361,23 @@ describe('C01 rows whose transactions commit late, at scale', () => {
     expect(published.size).toBe(committed.size);
     for (const id of committed) expect(published.has(id)).toBe(true);
     for (const id of rolledBack) expect(published.has(id)).toBe(false);
+
+    // The case was met, not only survived: rows committed after a row with a higher sequence value
+    // had already been published (a high-water mark over seq would have skipped them).
+    const { rows } = await db.pool.query<{ event_id: string; seq: string; published_ms: number }>(
+      `SELECT event_id, seq::text, (extract(epoch FROM published_at) * 1000)::float8 AS published_ms
+         FROM outboxkit.outbox_events WHERE event_id = ANY($1::uuid[]) ORDER BY seq`,
+      [[...committed]],
+    );
+    expect(rows).toHaveLength(committed.size);
+    let lateCommits = 0;
+    let earliestPublishedAbove = Infinity; // over the rows with a higher seq, scanning down
+    for (let i = rows.length - 1; i >= 0; i--) {
+      const row = rows[i]!;
+      if (earliestPublishedAbove < committedAt.get(row.event_id)!) lateCommits++;
+      earliestPublishedAbove = Math.min(earliestPublishedAbove, row.published_ms);
+    }
+    console.log(`C01 at scale: ${lateCommits} of ${committed.size} rows committed after a higher seq was published`);
+    expect(lateCommits).toBeGreaterThan(0);
   }, 120_000);
 });
