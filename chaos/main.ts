@@ -345,11 +345,19 @@ async function main(): Promise<number> {
     // for drainStallMs (an event marked published that never reached Kafka is never shipped).
     let last = '';
     let lastChange = Date.now();
+    let lastReport = Date.now();
     await waitUntil(
       'the pipeline to drain',
       async () => {
         const b = await pipelineBacklog(pool, await dlqCount());
         if (b.pending === 0 && b.unshipped <= 0) return true;
+        if (Date.now() - lastReport >= 15_000) {
+          lastReport = Date.now();
+          const down = [...sup.services.values()].filter((s) => s.wanted && !(sup.isUp(s) && s.readyAt !== undefined));
+          log(
+            `draining: ${b.pending} unpublished, ${b.unshipped} unshipped${down.length ? `; not ready: ${down.map((s) => s.name).join(', ')}` : ''}`,
+          );
+        }
         // A stall counts only while every wanted service is up and ready (a restart or a
         // rebalance after a crash point that fired late is not a stall).
         const ready = [...sup.services.values()].every((s) => !s.wanted || (sup.isUp(s) && s.readyAt !== undefined));
