@@ -11,6 +11,7 @@
  * and a Kafka broker of its own (a scratch broker on a free port, killed and restarted by the
  * faults), so that it never disturbs other work on the machine.
  */
+import fs from 'node:fs';
 import path from 'node:path';
 import net from 'node:net';
 import { Command, Option } from 'commander';
@@ -401,8 +402,12 @@ async function main(): Promise<number> {
       phase,
       loadSeconds,
     };
+    // Before the report: its last line is the verdict.
+    if (result.violations > 0 || unexpectedExits.length > 0) log(`each service's output is kept in ${logDir}`);
     for (const line of formatReport(facts, result)) console.log(line);
-    if (result.violations > 0 || unexpectedExits.length > 0) console.log(`services' output: ${logDir}`);
+    // A clean run's logs are not worth keeping unless asked for (--log-dir).
+    if (result.violations === 0 && unexpectedExits.length === 0 && o.logDir === undefined)
+      fs.rmSync(logDir, { recursive: true, force: true });
     if (result.violations > 0) return 1;
     return phase.floorReached ? 0 : 3;
   } finally {

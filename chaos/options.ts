@@ -86,7 +86,8 @@ export interface ChaosOptions extends Profile {
   verbose: boolean;
   /**
    * Directory where each service's output is written (`<service>.log`, every start appended, each
-   * line prefixed with its time), kept after the run for diagnosis. @defaultValue `.chaos-logs/run-<pid>`
+   * line prefixed with its time), kept after the run for diagnosis. @defaultValue `.chaos-logs/run-<pid>`,
+   *   deleted after a run without violations or unexpected exits
    */
   logDir: string | undefined;
   /** Fault kinds to schedule (`--kinds`); undefined: every kind this run can inject. */
