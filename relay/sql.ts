@@ -258,13 +258,17 @@ export interface ParkedRow {
   attempts: number;
   last_error: string | null;
   parked_at: Date;
+  /** Payload bytes. */
   bytes: number;
+  /** Bytes of the stored header names and values (the relay adds `event-id` and `event-type`). */
+  header_bytes: number;
 }
 
 /** Lists parked events, oldest first. */
 export async function listParked(db: Queryable, schema: string, limit = 100): Promise<ParkedRow[]> {
   const { rows } = await db.query<ParkedRow>(
-    `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes
+    `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes,
+            (SELECT coalesce(sum(octet_length(h.key) + octet_length(h.value)), 0)::int FROM jsonb_each_text(headers) AS h) AS header_bytes
        FROM ${schema}.outbox_events WHERE published_at IS NULL AND parked_at IS NOT NULL
       ORDER BY seq LIMIT $1`,
     [limit],

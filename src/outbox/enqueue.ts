@@ -12,6 +12,8 @@ import { encodeWith, type PayloadEncoder } from './encoding.js';
 import {
   completeEvent,
   encodeDefault,
+  HEADER_EVENT_ID,
+  HEADER_EVENT_TYPE,
   isBytes,
   prepareEnvelope,
   prepareEvent,
@@ -29,6 +31,14 @@ export interface OutboxOptions {
    * default is 1,048,588 bytes) minus headers. @defaultValue 1_000_000
    */
   maxPayloadBytes?: number;
+  /**
+   * Largest total of an event's header names and values, in UTF-8 bytes, counting every header the
+   * record will carry: the given ones, `content-type`, the CloudEvents and trace-context headers,
+   * and the `event-id` and `event-type` headers the relay adds. With the defaults, payload (1,000,000)
+   * + headers (16,384) + key (at most 4,096) stay below Kafka's default `max.message.bytes`
+   * (1,048,588), so a valid event always fits a default topic. @defaultValue 16_384
+   */
+  maxHeaderBytes?: number;
   /**
    * Send `NOTIFY` on the schema's channel so relays wake at once instead of at their next poll.
    * PostgreSQL folds identical notifications of one transaction into one. @defaultValue true
@@ -83,9 +93,9 @@ export interface Outbox {
    * @returns the written events, with their event ids, in the order given.
    * @throws {@link NotInTransactionError} when `tx` is not a live transaction (case C23).
    * @throws {@link EventEncodingError} when the `encode` hook fails for an event (nothing is written).
-   * @throws {@link InvalidEventError} when an event is invalid (nothing is written then), or when
-   *   an `eventId` already exists in the outbox (the call's other events are written; the
-   *   transaction stays usable, so the caller decides whether to roll back).
+   * @throws {@link InvalidEventError} when an event is invalid (payload over `maxPayloadBytes`,
+   *   headers over `maxHeaderBytes`, ...), or when an `eventId` already exists in the outbox.
+   *   Nothing of the call is written then, and the transaction stays usable.
    * @throws {@link SchemaMissingError} when outboxkit's tables do not exist (run `outboxkit migrate`).
    */
   enqueue(tx: TransactionHandle, events: OutboxEventInput | readonly OutboxEventInput[]): Promise<EnqueuedEvent[]>;
@@ -93,10 +103,45 @@ export interface Outbox {
   readonly channel: string;
 }
 
+/** The largest value PostgreSQL stores in one field (1 GB), in bytes: the upper bound of the byte limits. */
+const MAX_FIELD_BYTES = 1_073_741_823;
+
+/** Every option name of {@link createOutbox}: any other name is refused (a typo must not pass silently). */
+const OUTBOX_OPTION_NAMES: ReadonlySet<string> = new Set([
+  'schema',
+  'maxPayloadBytes',
+  'maxHeaderBytes',
+  'notify',
+  'encode',
+  'cloudEvents',
+  'traceContext',
+] satisfies (keyof OutboxOptions)[]);
+
+/**
+ * The bytes of the headers the relay publishes with the event (the stored ones, `event-id` and
+ * `event-type`); throws {@link InvalidEventError} over `maxHeaderBytes`.
+ */
+function checkHeaderBytes(e: PreparedEvent, maxHeaderBytes: number): void {
+  let bytes =
+    Buffer.byteLength(HEADER_EVENT_ID) +
+    e.eventId.length +
+    Buffer.byteLength(HEADER_EVENT_TYPE) +
+    Buffer.byteLength(e.type);
+  for (const [name, value] of Object.entries(e.headers)) bytes += Buffer.byteLength(name) + Buffer.byteLength(value);
+  if (bytes > maxHeaderBytes) {
+    throw new InvalidEventError(
+      `Event headers are ${bytes} bytes (names and values, with the relay's event-id and event-type), over the limit of ` +
+        `${maxHeaderBytes} bytes; a Kafka record must fit the topic's max.message.bytes. Move large values into the ` +
+        'payload, or raise maxHeaderBytes (and the topic limit).',
+    );
+  }
+}
+
 /** Default options of {@link createOutbox}. */
 export const OUTBOX_DEFAULTS = Object.freeze({
   schema: DEFAULT_SCHEMA,
   maxPayloadBytes: 1_000_000,
+  maxHeaderBytes: 16_384,
   notify: true,
   traceContext: true,
 });
@@ -171,12 +216,21 @@ function params(rows: readonly PreparedEvent[]): unknown[] {
  * @throws {@link InvalidOptionsError} on an invalid schema name or limit.
  */
 export function createOutbox(options: OutboxOptions = {}): Outbox {
+  const unknown = Object.keys(options ?? {}).filter((k) => !OUTBOX_OPTION_NAMES.has(k));
+  if (unknown.length > 0) {
+    throw new InvalidOptionsError(
+      `Unknown outbox option${unknown.length > 1 ? 's' : ''} ${unknown.map((k) => JSON.stringify(k)).join(', ')}; ` +
+        `the options are ${[...OUTBOX_OPTION_NAMES].join(', ')}.`,
+    );
+  }
   const resolved = { ...OUTBOX_DEFAULTS, ...options };
   const table = `${quoteSchema(resolved.schema)}.outbox_events`;
-  if (!Number.isInteger(resolved.maxPayloadBytes) || resolved.maxPayloadBytes <= 0) {
-    throw new InvalidOptionsError(
-      `maxPayloadBytes must be a positive integer (bytes), got ${resolved.maxPayloadBytes}.`,
-    );
+  for (const name of ['maxPayloadBytes', 'maxHeaderBytes'] as const) {
+    const value = resolved[name];
+    // PostgreSQL stores at most 1 GB in one field; Kafka's own limits are far below.
+    if (!Number.isInteger(value) || value <= 0 || value > MAX_FIELD_BYTES) {
+      throw new InvalidOptionsError(`${name} must be an integer from 1 to ${MAX_FIELD_BYTES} (bytes), got ${value}.`);
+    }
   }
   if (typeof resolved.notify !== 'boolean') {
     throw new InvalidOptionsError(`notify must be true or false, got ${JSON.stringify(resolved.notify)}.`);
@@ -191,7 +245,7 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
   }
   const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
-  const { maxPayloadBytes } = resolved;
+  const { maxPayloadBytes, maxHeaderBytes } = resolved;
   const traceContext = resolved.traceContext;
 
   /** Validates and encodes every event of a call; throws before anything is written. */
@@ -218,6 +272,7 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
         for (const name of Object.keys(trace)) if (!Object.hasOwn(e.headers, name)) e.headers[name] = trace[name]!;
       }
     }
+    for (const e of prepared) checkHeaderBytes(e, maxHeaderBytes);
     return prepared;
   }
 
@@ -245,12 +300,15 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
         for (const r of rows) seqById.set(r.event_id, r.seq);
       }
       // An event id that already exists was skipped by ON CONFLICT (the caller's transaction stays
-      // usable): report it rather than pretend it was written.
+      // usable). The call writes all or nothing: its other rows, still visible to this transaction
+      // only, are deleted again before the error.
       const skipped = prepared.filter((e) => !seqById.has(e.eventId)).map((e) => e.eventId);
       if (skipped.length > 0) {
+        if (seqById.size > 0)
+          await db.query(`DELETE FROM ${table} WHERE seq = ANY($1::bigint[])`, [[...seqById.values()]]);
         throw new InvalidEventError(
           `Event id ${skipped.join(', ')} already exists in the outbox; give each event a new id (or omit eventId). ` +
-            'The other events of this call were written; roll back your transaction to undo them.',
+            'Nothing of this call was written.',
         );
       }
       return prepared.map((e) => ({

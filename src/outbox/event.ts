@@ -111,36 +111,50 @@ export function asBuffer(bytes: Uint8Array): Buffer {
  * The default encoding: bytes as given (content type unknown), anything else `JSON.stringify` as
  * UTF-8 (`application/json`).
  *
- * @throws {@link InvalidEventError} when the value cannot be serialised to JSON, or holds what JSON.stringify
- *   would change without an error: NaN, ±Infinity, a Map, a Set, an ArrayBuffer or a non-byte typed array.
+ * @throws {@link InvalidEventError} when the value cannot be serialised to JSON, or holds, at any
+ *   depth, what JSON.stringify would change without an error: NaN, ±Infinity, an invalid Date, a
+ *   Map, a Set, an ArrayBuffer, or a typed array other than a top-level byte array or a Buffer.
  */
 export function encodeDefault(payload: unknown): EncodedPayload {
   if (isBytes(payload)) return { value: asBuffer(payload), contentType: null };
   return { value: encodeJson(payload), contentType: JSON_CONTENT_TYPE };
 }
 
-/** What JSON.stringify turns into something else without an error (a Map into `{}`, and so on). */
+/**
+ * What JSON.stringify turns into something else without an error: NaN and ±Infinity (null), an
+ * invalid Date (null), a Map or a Set ({}), an ArrayBuffer ({}) and a typed array that is not a
+ * Buffer (an object of its elements). A Buffer nested in an object is kept: its toJSON writes
+ * `{"type":"Buffer","data":[...]}`. Top-level bytes never come here (they are stored as given).
+ */
 function lossyInJson(value: unknown): string | undefined {
   if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
+  if (value instanceof Date && Number.isNaN(value.getTime())) return 'an invalid Date';
   if (value instanceof Map) return 'a Map';
   if (value instanceof Set) return 'a Set';
-  if (value instanceof ArrayBuffer || (ArrayBuffer.isView(value) && !(value instanceof Uint8Array))) {
+  if (value instanceof ArrayBuffer || (ArrayBuffer.isView(value) && !Buffer.isBuffer(value))) {
     return `a binary ${value.constructor.name}`;
   }
   return undefined;
 }
 
 function encodeJson(payload: unknown): Buffer {
-  const top = lossyInJson(payload);
-  if (top !== undefined) {
-    throw new InvalidEventError(
-      `The event payload is ${top}, which JSON.stringify would not keep; pass plain values, or the bytes as a Buffer or Uint8Array.`,
-    );
-  }
   let text: string | undefined;
   try {
-    text = JSON.stringify(payload);
+    // One pass that also checks each value as given (`this[key]`, before toJSON): what JSON would
+    // silently change is refused, at any depth, not published as another value.
+    text = JSON.stringify(payload, function (this: Record<string, unknown>, key: string, value: unknown) {
+      const lossy = lossyInJson(this[key]);
+      if (lossy !== undefined) {
+        throw new InvalidEventError(
+          `The event payload ${key === '' ? 'is' : `holds at key ${JSON.stringify(key)}`} ${lossy}, which JSON.stringify ` +
+            'would not keep (NaN, Infinity and an invalid Date become null, a Map or a Set {}, a typed array an object); ' +
+            'send plain values, or the encoded bytes as a Buffer or Uint8Array.',
+        );
+      }
+      return value;
+    });
   } catch (err) {
+    if (err instanceof InvalidEventError) throw err;
     throw new InvalidEventError(
       `The event payload cannot be serialised to JSON (${(err as Error).message}); pass the encoded bytes as a Buffer.`,
       { cause: err },
@@ -150,21 +164,6 @@ function encodeJson(payload: unknown): Buffer {
     throw new InvalidEventError(
       'The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.',
     );
-  }
-  // JSON.stringify writes NaN and ±Infinity as null, and a Map or a Set as {}: the consumer would
-  // read another value. Those leave a `null` or a `{}` in the text, so only such texts are walked
-  // again. (A typed array nested in an object is written as an object of its elements, unchecked.)
-  if (text.includes('null') || text.includes('{}')) {
-    JSON.stringify(payload, (key, value: unknown) => {
-      const lossy = lossyInJson(value);
-      if (lossy !== undefined) {
-        throw new InvalidEventError(
-          `The event payload holds ${lossy}${key === '' ? '' : ` at key ${JSON.stringify(key)}`}, which JSON.stringify ` +
-            'would not keep (NaN and Infinity become null, a Map or a Set {}); send plain values, or encoded bytes.',
-        );
-      }
-      return value;
-    });
   }
   return Buffer.from(text, 'utf8');
 }

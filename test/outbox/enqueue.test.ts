@@ -114,6 +114,9 @@ describe('enqueue()', () => {
         event({ key: 'k\ud800' }),
         event({ payload: new Map([['a', 1]]) }),
         event({ payload: { n: Number.NaN } }),
+        event({ payload: { at: new Date(Number.NaN) } }),
+        // Headers count against maxHeaderBytes (16 KiB by default), not against the payload limit.
+        event({ headers: { big: 'x'.repeat(16_384) } }),
       ]) {
         const err = await outbox.enqueue(client, [event(), bad]).catch((e: unknown) => e);
         expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT'), String(err)).toBe(true);
@@ -125,6 +128,33 @@ describe('enqueue()', () => {
       client.release();
     }
     expect(await count()).toBe(before);
+  });
+
+  it("bounds the headers, the relay's own included, by maxHeaderBytes; refuses unknown or out-of-range options", async () => {
+    const outbox = createOutbox({ maxHeaderBytes: 100 });
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      // event-id (8 + 36 bytes) and event-type (10 + 13 bytes) leave 33 bytes for the given headers.
+      await outbox.enqueue(client, event({ headers: { h: 'x'.repeat(32) } }));
+      const err = await outbox.enqueue(client, event({ headers: { h: 'x'.repeat(33) } })).catch((e: unknown) => e);
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT'), String(err)).toBe(true);
+      expect(String((err as Error).message)).toContain('101 bytes');
+      await client.query('ROLLBACK');
+    } finally {
+      client.release();
+    }
+    for (const bad of [
+      { maxPayloadBytes: 0 },
+      { maxPayloadBytes: 2 ** 31 },
+      { maxHeaderBytes: 1.5 },
+      { maxPayloadByte: 10 }, // a typo must not pass silently
+    ]) {
+      expect(() => createOutbox(bad as never), JSON.stringify(bad)).toThrow(
+        expect.objectContaining({ code: 'OUTBOXKIT_INVALID_OPTIONS' }),
+      );
+    }
+    expect(() => createOutbox({ maxPayloadByte: 10 } as never)).toThrow(/"maxPayloadByte"/);
   });
 
   it('stores payloads as bytes, byte for byte (C10)', async () => {
@@ -184,19 +214,31 @@ describe('enqueue() with drizzle over postgres-js', () => {
 });
 
 describe('enqueue() edge cases', () => {
-  it('reports an event id that already exists as InvalidEventError and keeps the transaction usable', async () => {
+  it('reports an event id that already exists as InvalidEventError, writes nothing of the call, keeps the transaction usable', async () => {
     const client = await db.pool.connect();
     try {
       await client.query('BEGIN');
       const [first] = await enqueue(client, event());
-      const err = await enqueue(client, [event({ eventId: first!.eventId }), event({ key: 'other' })]).catch(
-        (e: unknown) => e,
-      );
+      const count = async () =>
+        Number((await client.query('SELECT count(*) AS n FROM outboxkit.outbox_events')).rows[0].n);
+      const before = await count();
+      // The valid events of the call sort before and after the duplicate (keys 'a…' and 'z…').
+      const err = await enqueue(client, [
+        event({ key: 'a-valid' }),
+        event({ eventId: first!.eventId }),
+        event({ key: 'z-valid' }),
+      ]).catch((e: unknown) => e);
       expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
       expect(String((err as Error).message)).toContain(first!.eventId);
-      // Still usable: the caller decides.
-      expect((await client.query('SELECT 1 AS one')).rows[0].one).toBe(1);
-      await client.query('ROLLBACK');
+      // Nothing of the failed call, and the transaction still usable: a caller that catches the
+      // error and commits publishes only what it wrote before.
+      expect(await count()).toBe(before);
+      await client.query('COMMIT');
+      const { rows } = await db.pool.query('SELECT key FROM outboxkit.outbox_events WHERE key IN ($1, $2)', [
+        'a-valid',
+        'z-valid',
+      ]);
+      expect(rows).toEqual([]);
     } finally {
       client.release();
     }

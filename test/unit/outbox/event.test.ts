@@ -92,6 +92,14 @@ describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
     ['a Set nested in the payload', { ...base, payload: { s: new Set([1]) } }],
     ['an ArrayBuffer payload', { ...base, payload: new ArrayBuffer(2) }],
     ['a Uint16Array payload', { ...base, payload: new Uint16Array([1, 2]) }],
+    ['an invalid Date payload (JSON would write null)', { ...base, payload: new Date(Number.NaN) }],
+    ['an invalid Date nested in the payload', { ...base, payload: { at: [new Date('nope')] } }],
+    [
+      'a Float64Array nested in the payload (JSON would write an object)',
+      { ...base, payload: { a: new Float64Array([1.5]) } },
+    ],
+    ['a Uint8Array nested in the payload', { ...base, payload: { a: new Uint8Array([1]) } }],
+    ['an ArrayBuffer nested in the payload', { ...base, payload: [new ArrayBuffer(1)] }],
     ['an unpaired surrogate in a header value', { ...base, headers: { a: '\ud800' } }],
     ['an unpaired surrogate in a header name', { ...base, headers: { ['\udc00x']: 'v' } }],
     ['an unpaired surrogate in the key', { ...base, key: 'k\ud800' }],
@@ -116,6 +124,13 @@ describe('prepareEvent: inputs PostgreSQL or Kafka would refuse later', () => {
       ).payload.toString(),
     ).toBe('{"e":{},"s":"😀"}');
     expect(prepareEvent({ ...base, payload: new Uint8Array([1, 2]) }, 1_000).payload).toEqual(Buffer.from([1, 2]));
+  });
+
+  it('keeps valid Dates and nested Buffers as JSON writes them (toJSON)', () => {
+    const at = new Date('2026-11-30T00:00:00.000Z');
+    expect(prepareEvent({ ...base, payload: { at, b: Buffer.from([1]) } }, 1_000).payload.toString()).toBe(
+      '{"at":"2026-11-30T00:00:00.000Z","b":{"type":"Buffer","data":[1]}}',
+    );
   });
 
   it('keeps nulls and finite numbers of a payload as JSON writes them', () => {
