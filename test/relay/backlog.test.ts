@@ -38,6 +38,7 @@ describe('C07 a large backlog after downtime', () => {
       configEntries: [{ name: 'max.message.bytes', value: '1048588' }],
     });
     const keys = Array.from({ length: 100 }, (_, i) => `k${i}`);
+    const bigKeys = ['big-0', 'big-1', 'big-2', 'big-3']; // each in its own lane, as enqueue() would write
     await db.pool.query(
       `INSERT INTO outboxkit.outbox_events (event_id, topic, key, lane, type, payload)
        SELECT gen_random_uuid(), $1, k.key, k.lane, 'small', convert_to(rpad('x', 200, 'x'), 'UTF8')
@@ -47,9 +48,10 @@ describe('C07 a large backlog after downtime', () => {
     );
     await db.pool.query(
       `INSERT INTO outboxkit.outbox_events (event_id, topic, key, lane, type, payload)
-       SELECT gen_random_uuid(), $1, 'big-' || (i % 4), $2, 'big', convert_to(rpad('y', 500000, 'y'), 'UTF8')
-         FROM generate_series(1, 200) i`,
-      [topic, laneOf('big-0')],
+       SELECT gen_random_uuid(), $1, k.key, k.lane, 'big', convert_to(rpad('y', 500000, 'y'), 'UTF8')
+         FROM generate_series(1, 200) i
+         JOIN unnest($2::text[], $3::smallint[]) WITH ORDINALITY AS k(key, lane, n) ON k.n = (i % 4) + 1`,
+      [topic, bigKeys, bigKeys.map(laneOf)],
     );
     const relay = spawnRelay(db.url, { NODE_OPTIONS: '--max-old-space-size=64' }, ['--log-level', 'error']);
     const backlog: number[] = [];
