@@ -202,6 +202,52 @@ function fail(message: string): never {
   throw new InvalidOptionsError(`createDedupConsumer: ${message}`);
 }
 
+/**
+ * Every option name of {@link DedupConsumerOptions}. The `satisfies` keeps it in step with the
+ * interface: a key missing here, or one the interface lacks, fails the typecheck.
+ */
+const KNOWN_OPTIONS = Object.keys({
+  kafka: true,
+  groupId: true,
+  topics: true,
+  database: true,
+  handler: true,
+  schema: true,
+  deadLetterTopic: true,
+  maxAttempts: true,
+  retryInitialMs: true,
+  retryMaxMs: true,
+  lockTimeoutMs: true,
+  transactionScope: true,
+  batchMaxMessages: true,
+  batchMaxMs: true,
+  partitionsConsumedConcurrently: true,
+  eventIdHeader: true,
+  sessionTimeoutMs: true,
+  heartbeatIntervalMs: true,
+  fetchMaxWaitMs: true,
+  autoCommitIntervalMs: true,
+  fromBeginning: true,
+  inboxRetentionMs: true,
+  logger: true,
+  hooks: true,
+  decode: true,
+  tracing: true,
+} satisfies Record<keyof DedupConsumerOptions<DatabaseHandle>, true>);
+
+/**
+ * Refuses option names the consumer does not know (a typo such as `fromBeggining` would otherwise
+ * fall back to the default silently), whatever their value, `undefined` included.
+ */
+function checkKnownKeys(options: object): void {
+  const unknown = Object.keys(options).filter((key) => !KNOWN_OPTIONS.includes(key));
+  if (unknown.length === 0) return;
+  const named = unknown.map((key) => JSON.stringify(key));
+  fail(
+    `unknown option${unknown.length === 1 ? '' : 's'} ${named.join(', ')}; the options are ${KNOWN_OPTIONS.join(', ')}.`,
+  );
+}
+
 function integer(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
     fail(`${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}.`);
@@ -228,12 +274,14 @@ function checkDatabase(database: unknown): void {
 /**
  * Applies defaults and validates once.
  *
- * @throws {@link InvalidOptionsError} naming the first invalid option and the accepted values.
+ * @throws {@link InvalidOptionsError} naming the unknown option names, if any (and listing the
+ * known ones), else the first invalid option and the accepted values.
  */
 export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   options: DedupConsumerOptions<D>,
 ): ResolvedDedupConsumerOptions<D> {
   if (typeof options !== 'object' || options === null) fail('options must be an object.');
+  checkKnownKeys(options);
   const d = DEDUP_CONSUMER_DEFAULTS;
   const { kafka, groupId, topics, database, handler } = options;
 

@@ -37,6 +37,7 @@ import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
 import {
+  DEFAULT_MAX_BODY_BYTES,
   operationRoute,
   resolveLeaseRoute,
   resolveRoute,
@@ -48,7 +49,7 @@ import {
   type RouteRequest,
 } from './route-options.js';
 
-export { DEFAULT_MAX_BODY_BYTES } from './route-options.js';
+export { DEFAULT_MAX_BODY_BYTES };
 
 /** Options of {@link idempotentHandler}: see {@link RouteIdempotencyOptions}. */
 export type FastifyIdempotencyOptions<D extends DatabaseHandle> = RouteIdempotencyOptions<D, FastifyRequest>;
@@ -177,11 +178,25 @@ function rawBodyOf(req: FastifyRequest): FingerprintInput['body'] {
   );
 }
 
+/**
+ * Smallest default raw-body limit of {@link registerRawJsonBody}, in bytes: 2 MiB, twice the
+ * default `maxBodyBytes`. Fastify's own default `bodyLimit` (1 MiB) equals the default
+ * `maxBodyBytes`, so with it Fastify would refuse a body just over the limit with its own 413
+ * before outboxkit's fingerprint check could answer 413 `body-too-large` (problem+json).
+ */
+export const DEFAULT_RAW_BODY_LIMIT = 2 * DEFAULT_MAX_BODY_BYTES;
+
 /** Options of {@link registerRawJsonBody}. */
 export interface RawJsonBodyOptions {
   /** Content types whose body is kept raw. @defaultValue 'application/json' */
   contentType?: string | RegExp;
-  /** Largest body read, in bytes. @defaultValue the Fastify instance's `bodyLimit` (1 MiB by default) */
+  /**
+   * Largest body read, in bytes; Fastify answers a larger one with its own 413
+   * (`FST_ERR_CTP_BODY_TOO_LARGE`, not problem+json) before the route runs. Keep it above the
+   * routes' `maxBodyBytes`, so that outboxkit's 413 `body-too-large` answers the bodies between
+   * the two. A route's own Fastify `bodyLimit` option overrides it.
+   * @defaultValue the larger of {@link DEFAULT_RAW_BODY_LIMIT} (2 MiB) and the Fastify instance's `bodyLimit`
+   */
   bodyLimit?: number;
 }
 
@@ -194,6 +209,8 @@ export interface ContentTypeParserHost {
     opts: { parseAs: 'buffer'; bodyLimit?: number },
     parser: (req: FastifyRequest, body: Buffer, done: (err: Error | null, body?: unknown) => void) => void,
   ): void;
+  /** The instance's options; its `bodyLimit` raises the default raw-body limit. */
+  readonly initialConfig?: { readonly bodyLimit?: number };
 }
 
 /**
@@ -201,16 +218,25 @@ export interface ContentTypeParserHost {
  * raw bytes as `req.body` (a Buffer), which {@link idempotentHandler} fingerprints and then
  * replaces with the parsed JSON. Parsers are encapsulated: call it inside the plugin that
  * registers the idempotent routes to leave the app's other routes untouched.
+ *
+ * The parser always has a bounded limit of its own (`bodyLimit`), by default above the default
+ * `maxBodyBytes`: a body over `maxBodyBytes` gets outboxkit's 413 `body-too-large` problem, not
+ * Fastify's error, whatever the instance's `bodyLimit`.
  */
 export function registerRawJsonBody(app: ContentTypeParserHost, options: RawJsonBodyOptions = {}): void {
   const contentType = options.contentType ?? 'application/json';
   if (options.bodyLimit !== undefined && (!Number.isSafeInteger(options.bodyLimit) || options.bodyLimit <= 0)) {
     throw new InvalidOptionsError(`bodyLimit must be a positive integer (bytes), got ${String(options.bodyLimit)}.`);
   }
+  const bodyLimit = options.bodyLimit ?? defaultBodyLimit(app);
   if (app.hasContentTypeParser(contentType)) app.removeContentTypeParser(contentType);
-  app.addContentTypeParser(
-    contentType,
-    options.bodyLimit === undefined ? { parseAs: 'buffer' } : { parseAs: 'buffer', bodyLimit: options.bodyLimit },
-    (_req, body, done) => done(null, body),
-  );
+  app.addContentTypeParser(contentType, { parseAs: 'buffer', bodyLimit }, (_req, body, done) => done(null, body));
+}
+
+/** The larger of {@link DEFAULT_RAW_BODY_LIMIT} and the instance's `bodyLimit` (when it is a valid one). */
+function defaultBodyLimit(app: ContentTypeParserHost): number {
+  const instance = app.initialConfig?.bodyLimit;
+  return typeof instance === 'number' && Number.isSafeInteger(instance) && instance > DEFAULT_RAW_BODY_LIMIT
+    ? instance
+    : DEFAULT_RAW_BODY_LIMIT;
 }

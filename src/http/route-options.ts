@@ -51,8 +51,9 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
   /**
    * Largest body accepted on this route, in bytes: larger bodies get 413 `body-too-large`, nothing
    * recorded. Keep the framework's raw-body limit (`registerRawJsonBody({ bodyLimit })`,
-   * `express.raw({ limit })`) at or above it: bodies over that limit get the framework's own 413
-   * before this handler runs. @defaultValue 1_048_576
+   * `express.raw({ limit })`) above it: bodies over that limit get the framework's own 413
+   * before this handler runs (`registerRawJsonBody` defaults to max(2 MiB, Fastify's `bodyLimit`)).
+   * @defaultValue 1_048_576
    */
   maxBodyBytes?: number;
 }

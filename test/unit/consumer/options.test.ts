@@ -1,0 +1,128 @@
+/**
+ * consumer/options.ts `resolveDedupConsumerOptions`: unknown option names are refused (the
+ * known ones listed), and every option docs/configuration.md documents is accepted. Needs no
+ * infrastructure: neither the pool nor the Kafka client connects before `start()`.
+ */
+import { readFileSync } from 'node:fs';
+import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
+import { afterAll, describe, expect, it } from 'vitest';
+import { createDedupConsumer } from '../../../consumer/dedup-consumer.js';
+import {
+  DEDUP_CONSUMER_DEFAULTS,
+  resolveDedupConsumerOptions,
+  type DedupConsumerOptions,
+} from '../../../consumer/options.js';
+import { isOutboxkitError } from '../../../src/errors.js';
+import { noopLogger } from '../../../src/logger.js';
+
+const pool = new pg.Pool({ connectionString: 'postgres://nobody@127.0.0.1:1/none' });
+const kafka = new Kafka({ brokers: ['127.0.0.1:1'], logLevel: logLevel.NOTHING });
+afterAll(() => pool.end());
+
+const base = (): DedupConsumerOptions<pg.Pool> => ({
+  kafka,
+  groupId: 'g',
+  topics: ['orders'],
+  database: pool,
+  handler: async () => {},
+});
+
+/** The error `fn` throws (undefined when it returns). */
+function thrown(fn: () => unknown): Error | undefined {
+  try {
+    fn();
+  } catch (err) {
+    return err as Error;
+  }
+  return undefined;
+}
+
+/** Option names in the table of docs/configuration.md's "Dedup consumer" section. */
+function documentedOptions(): string[] {
+  const doc = readFileSync('docs/configuration.md', 'utf8');
+  const section = doc.slice(doc.indexOf('## Dedup consumer'), doc.indexOf('\nInbox cleanup'));
+  return [...section.matchAll(/^\| `([A-Za-z]+)(?:\([^)]*\))?`/gm)].map((m) => m[1]!);
+}
+
+describe('resolveDedupConsumerOptions: unknown option names', () => {
+  it('refuses a typo with InvalidOptionsError naming the key and listing the options', () => {
+    const err = thrown(() => resolveDedupConsumerOptions({ ...base(), fromBeggining: true } as never));
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+    expect(err!.message).toContain('createDedupConsumer: unknown option "fromBeggining"; the options are ');
+    expect(err!.message).toContain('fromBeginning');
+  });
+
+  it("refuses it through createDedupConsumer() too (the reviewer's case)", () => {
+    const err = thrown(() => createDedupConsumer({ ...base(), bogus: true } as never));
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+    expect(err!.message).toContain('unknown option "bogus"');
+  });
+
+  it('names every unknown key, a case slip included', () => {
+    const err = thrown(() => resolveDedupConsumerOptions({ ...base(), bogus: 1, maxattempts: 3 } as never));
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+    expect(err!.message).toContain('unknown options "bogus", "maxattempts";');
+  });
+
+  it('refuses an unknown key even when its value is undefined', () => {
+    const err = thrown(() => resolveDedupConsumerOptions({ ...base(), fromBegining: undefined } as never));
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+    expect(err!.message).toContain('"fromBegining"');
+  });
+
+  it('checks names before values: a misspelt required option is reported as unknown', () => {
+    const { groupId, ...rest } = base();
+    const err = thrown(() => resolveDedupConsumerOptions({ ...rest, groupID: groupId } as never));
+    expect(err!.message).toContain('unknown option "groupID";');
+  });
+});
+
+describe('resolveDedupConsumerOptions: known options', () => {
+  it('accepts known keys whose value is undefined and applies their defaults', () => {
+    const o = resolveDedupConsumerOptions({
+      ...base(),
+      maxAttempts: undefined,
+      fromBeginning: undefined,
+      decode: undefined,
+    });
+    expect(o.maxAttempts).toBe(DEDUP_CONSUMER_DEFAULTS.maxAttempts);
+    expect(o.fromBeginning).toBe(false);
+    expect(o.decode).toBeUndefined();
+  });
+
+  it('accepts every documented option', () => {
+    const decode = (value: Buffer) => value.toString();
+    const hooks = { afterCommit: () => {} };
+    const all: Required<DedupConsumerOptions<pg.Pool>> = {
+      ...base(),
+      schema: 'shipping',
+      deadLetterTopic: (topic) => `${topic}.dead`,
+      maxAttempts: 7,
+      retryInitialMs: 20,
+      retryMaxMs: 200,
+      lockTimeoutMs: 1_000,
+      transactionScope: 'batch',
+      batchMaxMessages: 20,
+      batchMaxMs: 500,
+      partitionsConsumedConcurrently: 2,
+      eventIdHeader: 'x-event-id',
+      sessionTimeoutMs: 10_000,
+      heartbeatIntervalMs: 1_000,
+      fetchMaxWaitMs: 100,
+      autoCommitIntervalMs: 200,
+      fromBeginning: true,
+      inboxRetentionMs: 1_000_000_000,
+      logger: noopLogger,
+      hooks,
+      decode,
+      tracing: false,
+    };
+    expect(Object.keys(all).sort()).toEqual(documentedOptions().sort());
+    const o = resolveDedupConsumerOptions(all);
+    const { deadLetterTopic: _, ...plain } = all;
+    expect(o).toMatchObject(plain);
+    expect(o.deadLetterTopics.get('orders')).toBe('orders.dead');
+    expect(() => createDedupConsumer(all)).not.toThrow();
+  });
+});
