@@ -7,6 +7,7 @@ import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
 import { validate as uuidValidate } from 'uuid';
 import type { Queryable } from '../src/database.js';
+import { InvalidOptionsError } from '../src/errors.js';
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
@@ -64,9 +65,49 @@ export function bool(value: string): boolean {
   throw new InvalidArgumentError('Expected true or false.');
 }
 
+const DATABASE_URL_EXPECTED = 'Expected a PostgreSQL URL such as postgres://user@host:5432/db.';
+
+/**
+ * Checks a PostgreSQL connection string before anything connects: a `postgres://` or
+ * `postgresql://` URL, or a Unix socket directory (`/var/run/postgresql [database]`, which pg
+ * accepts too). Otherwise pg would read "notaurl" as a path under the host "base" (getaddrinfo
+ * ENOTFOUND base), and a bad port would fail with a bare "Invalid URL".
+ *
+ * commander repeats a bad value in its usage error, so a value that may hold a password (a `@`,
+ * or `password` in a query) is refused by an {@link InvalidOptionsError} that does not show it.
+ * Commander applies this parser to the DATABASE_URL value too, not to the default.
+ */
+export function databaseUrl(value: string): string {
+  if (value.startsWith('/')) return value;
+  if (/^postgres(ql)?:\/\//i.test(value)) {
+    // pg also accepts a URL without a host but with a user (`postgres://user@/db?host=/run/pg`),
+    // which it parses with a placeholder host: so does this check.
+    for (const candidate of [value, value.replace('@/', '@localhost/')]) {
+      try {
+        new URL(candidate);
+        return value;
+      } catch {
+        // not a URL: refused below
+      }
+    }
+  }
+  if (value.includes('@') || /password/i.test(value)) {
+    // The parser is not told where the value came from: the flag wins over the env var, so a value
+    // equal to DATABASE_URL's is (or is the same as) the env var's.
+    const fromEnv = process.env.DATABASE_URL === value;
+    const source = fromEnv ? "value from env 'DATABASE_URL'" : "option '--database-url <url>' argument";
+    throw Object.assign(
+      new InvalidOptionsError(`${source} is invalid (not shown: it may hold a password). ${DATABASE_URL_EXPECTED}`),
+      { field: fromEnv ? 'DATABASE_URL' : '--database-url' },
+    );
+  }
+  throw new InvalidArgumentError(DATABASE_URL_EXPECTED);
+}
+
 export const databaseOption = () =>
   new Option('--database-url <url>', 'PostgreSQL connection string (session mode)')
     .env('DATABASE_URL')
+    .argParser(databaseUrl)
     .default(DEFAULT_DATABASE_URL);
 export const schemaOption = () =>
   new Option('--schema <name>', "schema of outboxkit's tables").env('OUTBOXKIT_SCHEMA').default('outboxkit');

@@ -778,11 +778,16 @@ export class Relay extends EventEmitter<RelayEvents> {
           parked ? 'event parked' : 'event publish failed',
         );
         this.emit('relay:failed', { eventId: row.event_id, attempts, parked, error: message });
+        // Stopping: no new producer (stop() disconnects this one); the rows left stay pending.
+        if (this.stopping) break;
         // kafkajs' idempotent producer counts the rejected record's sequence number although the
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
         // start over with a new producer id.
         await this.rebuildProducer();
-        if (!this.producer) throw new Error('no Kafka producer available');
+        if (!this.producer) {
+          if (this.stopping) break; // stop() came during the rebuild, which then made no producer
+          throw new Error('no Kafka producer available');
+        }
         continue;
       }
       published += await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);

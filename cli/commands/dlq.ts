@@ -1,7 +1,7 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { readDeadLetters, replayDeadLetters } from '../../consumer/dead-letter-replay.js';
 import type { DeadLetterSummary } from '../../consumer/dead-letter.js';
-import { addKafkaOptions, int, kafkaFromOptions } from '../shared.js';
+import { addKafkaOptions, eventIdList, int, kafkaFromOptions } from '../shared.js';
 
 function cliKafka(opts: Record<string, unknown>) {
   return kafkaFromOptions(opts, { clientId: 'outboxkit-cli' }).kafka;
@@ -63,7 +63,7 @@ export function registerDlq(program: Command): void {
     )
     .argument('<dlq-topic>', 'the dead-letter topic');
   addKafkaOptions(replay)
-    .option('--event-id <ids...>', 'event ids to replay')
+    .option('--event-id <ids...>', 'event ids (UUIDs) to replay', eventIdList)
     .option('--all', 'every dead letter that has a usable event id')
     .option('--to <topic>', 'produce to this topic instead of the original one')
     .option('--json', 'print JSON')

@@ -1,7 +1,7 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import { quoteSchema } from '../../src/schema-name.js';
 import { listParked, retryParked, skipParked } from '../../relay/sql.js';
-import { databaseOption, eventIdList, int, q, schemaOption, withPool } from '../shared.js';
+import { databaseOption, eventIdList, positiveInt, q, schemaOption, withPool } from '../shared.js';
 
 /** `outboxkit parked list|retry|skip`. */
 export function registerParked(program: Command): void {
@@ -11,7 +11,7 @@ export function registerParked(program: Command): void {
     .description('list parked events with their error and attempts')
     .addOption(databaseOption())
     .addOption(schemaOption())
-    .option('--limit <n>', 'most rows', int, 100)
+    .option('--limit <n>', 'most rows', positiveInt, 100)
     .option('--json', 'print JSON')
     .action(async (opts: { databaseUrl: string; schema: string; limit: number; json?: boolean }) => {
       await withPool(opts.databaseUrl, async (pool) => {
@@ -20,7 +20,7 @@ export function registerParked(program: Command): void {
         if (rows.length === 0) return console.log('no parked events');
         for (const r of rows) {
           console.log(
-            `${r.event_id}  ${r.topic}  key=${r.key ?? '-'}  ${r.type}  ${r.bytes} B  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`,
+            `${r.event_id}  ${r.topic}  key=${r.key ?? '-'}  ${r.type}  ${r.bytes} B (headers ${r.header_bytes} B)  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`,
           );
         }
       });

@@ -65,7 +65,13 @@ export function registerRelay(program: Command): void {
         .argParser(listenPort)
         .default(9464),
     )
-    .addOption(new Option('--log-level <level>', 'pino log level').env('OUTBOXKIT_LOG_LEVEL').default('info'))
+    .addOption(
+      // pino's levels: any other value would make pino() throw at start-up instead of a usage error.
+      new Option('--log-level <level>', 'pino log level')
+        .choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
+        .env('OUTBOXKIT_LOG_LEVEL')
+        .default('info'),
+    )
     .action(async (opts: Record<string, string | number | boolean | undefined>) => {
       const logger = pino({ name: 'outboxkit-relay', level: String(opts.logLevel) });
       // Resolved (and validated) before anything connects; warnings and the redacted settings are logged.

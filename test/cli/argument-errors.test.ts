@@ -171,6 +171,119 @@ describe('arguments checked before anything connects', () => {
   });
 });
 
+describe('option values checked before anything connects', () => {
+  const EXPECTED_URL = 'Expected a PostgreSQL URL such as postgres://user@host:5432/db.';
+
+  it('parked list: --limit below 1 is a usage error, not a PostgreSQL one', async () => {
+    for (const n of ['-1', '0']) {
+      const error = jsonError(await cli(['parked', 'list', '--limit', n, '--database-url', db.url, '--json']));
+      expect(error).toEqual({
+        code: 'commander.invalidArgument',
+        message: `option '--limit <n>' argument '${n}' is invalid. Must be an integer of 1 or more.`,
+      });
+    }
+    const r = await cli(['parked', 'list', '--limit', '-1', '--database-url', db.url]);
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe('');
+    expect(count(r.stderr, "option '--limit <n>' argument '-1' is invalid. Must be an integer of 1 or more.")).toBe(1);
+    expect(count(r.stderr, 'Usage: outboxkit parked list')).toBe(1);
+    const ok = await cli(['parked', 'list', '--limit', '1', '--database-url', db.url, '--json']);
+    expect(ok.code, ok.stderr).toBe(0);
+  });
+
+  it('dlq replay: an --event-id that is not a UUID is a usage error (also after a valid one)', async () => {
+    const valid = '01900000-0000-7000-8000-0000000000aa';
+    for (const ids of [['nope'], [valid, 'nope']]) {
+      // An unreachable broker: only a check before connecting answers at once with a usage error.
+      const r = await cli(['dlq', 'replay', 'some.dlq', '--brokers', '127.0.0.1:1', '--event-id', ...ids, '--json']);
+      expect(r.code).toBe(1);
+      expect(r.stdout).toBe('');
+      const error = jsonError(r);
+      expect(error.code).toBe('commander.invalidArgument');
+      expect(error.message).toMatch(/^option '--event-id <ids\.\.\.>' argument 'nope' is invalid\. Not an event id/);
+    }
+  });
+
+  it('relay: --log-level accepts only pino levels (flag and env)', async () => {
+    const flag = await cli(['relay', '--database-url', db.url, '--log-level', 'verbose']);
+    expect(flag.code).toBe(1);
+    expect(flag.stdout).toBe(''); // the relay logs its Kafka settings on stdout once it starts
+    expect(
+      count(
+        flag.stderr,
+        "option '--log-level <level>' argument 'verbose' is invalid. Allowed choices are fatal, error, warn, info, debug, trace, silent.",
+      ),
+    ).toBe(1);
+    expect(flag.stderr).not.toMatch(/custom levels/);
+    const env = await cli(['relay', '--database-url', db.url, '--json'], { OUTBOXKIT_LOG_LEVEL: 'verbose' });
+    expect(env.code).toBe(1);
+    expect(env.stdout).toBe('');
+    expect(jsonError(env)).toEqual({
+      code: 'commander.invalidArgument',
+      message:
+        "option '--log-level <level>' value 'verbose' from env 'OUTBOXKIT_LOG_LEVEL' is invalid. Allowed choices are fatal, error, warn, info, debug, trace, silent.",
+    });
+  });
+
+  it('--database-url / DATABASE_URL: not a PostgreSQL URL is a usage error (flag and env)', async () => {
+    for (const url of ['notaurl', 'mysql://127.0.0.1/db', 'postgres://127.0.0.1:99999/db', 'postgres:/db']) {
+      const r = await cli(['status', '--database-url', url]);
+      expect(r.code, url).toBe(1);
+      expect(r.stdout).toBe('');
+      expect(count(r.stderr, `option '--database-url <url>' argument '${url}' is invalid. ${EXPECTED_URL}`)).toBe(1);
+      expect(r.stderr).not.toMatch(/ENOTFOUND|Invalid URL/);
+    }
+    const relay = await cli(['relay', '--database-url', 'notaurl']);
+    expect(relay.code).toBe(1);
+    expect(relay.stdout).toBe(''); // the relay did not start
+    expect(count(relay.stderr, `argument 'notaurl' is invalid. ${EXPECTED_URL}`)).toBe(1);
+    const env = await cli(['status', '--json'], { DATABASE_URL: 'notaurl' });
+    expect(env.code).toBe(1);
+    expect(jsonError(env)).toEqual({
+      code: 'commander.invalidArgument',
+      message: `option '--database-url <url>' value 'notaurl' from env 'DATABASE_URL' is invalid. ${EXPECTED_URL}`,
+    });
+  });
+
+  it('--database-url / DATABASE_URL: a bad URL that may hold a password is refused without showing it', async () => {
+    const url = 'postgres://app:s3cret-pw@127.0.0.1:99999/db';
+    const flag = await cli(['status', '--database-url', url]);
+    expect(flag.code).toBe(1);
+    expect(flag.stdout).toBe('');
+    expect(flag.stderr).toBe(
+      `outboxkit: OUTBOXKIT_INVALID_OPTIONS: option '--database-url <url>' argument is invalid (not shown: it may hold a password). ${EXPECTED_URL}\n`,
+    );
+    const env = await cli(['relay', '--json'], { DATABASE_URL: url });
+    expect(env.code).toBe(1);
+    expect(env.stdout).toBe('');
+    expect(env.stderr).not.toMatch(/s3cret/);
+    expect(jsonError(env)).toEqual({
+      code: 'OUTBOXKIT_INVALID_OPTIONS',
+      message: `value from env 'DATABASE_URL' is invalid (not shown: it may hold a password). ${EXPECTED_URL}`,
+      field: 'DATABASE_URL',
+    });
+  });
+
+  it('--database-url / DATABASE_URL: valid forms still connect (URL, Unix socket directory, the default)', async () => {
+    expect((await cli(['status', '--database-url', db.url, '--json'])).code).toBe(0);
+    expect((await cli(['status', '--json'], { DATABASE_URL: db.url.replace(/^postgres:/, 'postgresql:') })).code).toBe(
+      0,
+    );
+    // A socket directory (pg's `/dir [database]` and `?host=/dir` forms) passes the check; the
+    // connection then fails because no server listens there.
+    for (const url of ['/nonexistent-outboxkit-socket', 'postgres://nobody@/none?host=/nonexistent-outboxkit-socket']) {
+      const error = jsonError(await cli(['status', '--database-url', url, '--json']));
+      expect(error, url).toEqual({
+        code: 'ENOENT',
+        message: 'connect ENOENT /nonexistent-outboxkit-socket/.s.PGSQL.5432',
+      });
+    }
+    // No flag: DATABASE_URL if set, else the default URL (never parsed by commander) passes.
+    const r = await cli(['status']);
+    expect(r.stderr).not.toMatch(/database-url|DATABASE_URL/);
+  });
+});
+
 describe('--json on the commands that change something: one JSON object on stdout, nothing else', () => {
   const json = async (args: string[]) => {
     const r = await cli([...args, '--database-url', db.url, '--json']);

@@ -320,6 +320,69 @@ describe('relay start-up', () => {
   });
 });
 
+describe('relay stop', () => {
+  it('a record error while stopping ends the pass: no producer rebuilt, no "no Kafka producer available" warning', async () => {
+    const topic = 'relay-stop-isolating'; // never sent to Kafka: the producer below is a fake
+    await inTx((c) =>
+      enqueue(c, [
+        { topic, key: 'a', type: 't', payload: 1 },
+        { topic, key: 'b', type: 't', payload: 2 },
+      ]),
+    );
+    const warnings: string[] = [];
+    const logger = {
+      debug() {},
+      info() {},
+      error() {},
+      warn(obj: Record<string, unknown>, msg: string) {
+        warnings.push(`${msg}: ${obj.err instanceof Error ? obj.err.message : ''}`);
+      },
+    };
+    let connects = 0;
+    let sends = 0;
+    let stopping: Promise<void> | undefined;
+    let warningsAtStop = -1;
+    let connectsAtStop = -1;
+    const relay: Relay = new Relay({
+      connectionString: db.url,
+      logger,
+      pollIntervalMs: 100,
+      leaseMs: 2_000,
+      retryInitialMs: 10,
+      retryMaxMs: 20,
+      producer: {
+        connect: async () => void connects++,
+        disconnect: async () => undefined,
+        send: async () => {
+          sends++;
+          // The first batch fails: the next pass sends its rows one at a time (isolate()).
+          if (sends === 1) throw new Error('batch failed');
+          // While isolating, a SIGTERM arrives and the broker refuses this record.
+          warningsAtStop = warnings.length;
+          connectsAtStop = connects;
+          stopping = relay.stop();
+          throw Object.assign(new Error('too large'), { type: 'MESSAGE_TOO_LARGE' });
+        },
+      },
+    });
+    const failed: number[] = [];
+    relay.on('relay:failed', (f) => failed.push(f.attempts));
+    try {
+      await relay.start();
+      await waitFor(() => stopping !== undefined, { message: 'the relay isolates a failed batch' });
+      await stopping;
+      expect(sends).toBe(2); // the pass ended at the failed record: no other row was sent
+      expect(failed).toEqual([1]); // the record's failure still counts an attempt
+      expect(connects).toBe(connectsAtStop); // no producer rebuilt once stopping
+      expect(warnings.slice(warningsAtStop)).toEqual(['event publish failed: ']);
+      expect(warnings.join('\n')).not.toMatch(/no Kafka producer available/);
+    } finally {
+      await relay.stop();
+      await db.pool.query('DELETE FROM outboxkit.outbox_events WHERE topic = $1', [topic]);
+    }
+  });
+});
+
 describe('C01 rows whose transactions commit late, at scale', () => {
   it('publishes exactly the committed set: 1,000 transactions of 8 writers with random commit delays, some rolled back', async () => {
     const [topic] = await createTopics(['relay-c01-scale']);
