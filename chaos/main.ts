@@ -226,7 +226,8 @@ async function main(): Promise<number> {
         },
         unexpectedExit: (s, code, signal, tail) => {
           // The line naming the error, not the last line of a multi-line error object (a lone `}`).
-          const lines = tail.map((l) => l.trim()).filter((l) => l.length > 2);
+          // Stack frames (`at ...`) name functions such as emitErrorCloseNT, not the error.
+          const lines = tail.map((l) => l.trim()).filter((l) => l.length > 2 && !l.startsWith('at '));
           const cause = [...lines].reverse().find((l) => /error|exception|fatal/i.test(l)) ?? lines.at(-1) ?? '';
           unexpectedExits.push(`${s.name} exited (${signal ?? code}): ${cause}`.slice(0, 300));
           if (o.verbose) log(`${s.name} exited (${signal ?? code}):\n${tail.join('\n')}`);
