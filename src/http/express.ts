@@ -174,6 +174,8 @@ function partsOf(req: Request): RouteRequest {
   return {
     headers: req.headers,
     method: req.method,
+    // originalUrl: the whole target, also inside a mounted router (where req.url is relative).
+    target: req.originalUrl ?? req.url,
     rawBody: rawBodyOf(req),
     setBody: (body) => (req.body = body),
   };

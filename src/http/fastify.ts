@@ -155,6 +155,7 @@ function partsOf(req: FastifyRequest): RouteRequest {
   return {
     headers: req.headers,
     method: req.method,
+    target: req.url,
     rawBody: rawBodyOf(req),
     setBody: (body) => (req.body = body),
   };

@@ -118,6 +118,8 @@ export function resolveRoute<D extends DatabaseHandle, Req>(
 export interface RouteRequest {
   headers: Record<string, string | string[] | undefined>;
   method: string;
+  /** The request target as received: path and query (`/orders/111/cancel?notify=1`). */
+  target: string;
   /** The raw body bytes (or undefined when there is none). */
   rawBody: FingerprintInput['body'];
   /** Replaces the request's body with the parsed JSON the fingerprint covered. */
@@ -153,6 +155,7 @@ async function identify<D extends DatabaseHandle, Req>(
     tenant,
     operation: route.operation,
     method: parts.method,
+    target: parts.target,
     body: parts.rawBody,
     semanticHeaders: pickHeaders(parts.headers, route.semanticHeaders),
     maxBodyBytes: route.maxBodyBytes,

@@ -3,8 +3,12 @@
  * "the same request". Pure logic, no I/O.
  *
  * ## What is hashed (version 1)
- * `canonicalize({ v: 1, tenant, operation, method?, headers, body? })` encoded as UTF-8, where
+ * `canonicalize({ v: 1, tenant, operation, method?, target?, headers, body? })` encoded as UTF-8, where
  * - `method` is the upper-cased HTTP method, present only when given;
+ * - `target` is the request target (path and query, as received), present only when given: the
+ *   HTTP adapters give it, so a key reused on another resource of one operation
+ *   (`POST /orders/111/cancel`, then `/orders/222/cancel`) is a different request (422), never a
+ *   replay of the first one's response;
  * - `headers` holds the semantic headers the operation declares, names lower-cased (always
  *   present, possibly `{}`); tracing and transport headers must not be declared;
  * - `body` is the parsed JSON body, absent when the body is empty (zero bytes or only JSON
@@ -61,6 +65,13 @@ export interface FingerprintInput {
   operation: string;
   /** The HTTP method; upper-cased. Omit it when `operation` already names it. */
   method?: string;
+  /**
+   * The request target: the path and query as received (`/orders/111/cancel?notify=1`), compared
+   * exactly (no reordering of the query, no percent-decoding). Give it whenever the URL carries
+   * parameters that change the request: without it, the same key and body on another resource
+   * would replay the first resource's response. The HTTP adapters always give it.
+   */
+  target?: string;
   /** The raw request body: bytes (UTF-8 JSON) or text. Empty or `undefined`: no body. */
   body: Buffer | Uint8Array | string | undefined;
   /**
@@ -135,6 +146,10 @@ export function canonicalRequest(input: FingerprintInput): { json: string; body:
   }
   const subject: Record<string, unknown> = { v: FINGERPRINT_VERSION, tenant, operation, headers };
   if (method !== undefined) subject.method = method.toUpperCase();
+  if (input.target !== undefined) {
+    if (typeof input.target !== 'string') throw new InvalidOptionsError('target must be a string (path and query).');
+    subject.target = input.target;
+  }
   if (body.present) subject.body = body.value;
   let json: string | undefined;
   try {

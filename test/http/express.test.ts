@@ -75,8 +75,7 @@ async function startExpress(
   const { pool, behaviour = createOrder, parser = 'raw', ...idem } = options;
   const app = express();
   const calls = { total: 0, byOperation: {} as Record<string, number> };
-  app.post(
-    '/orders',
+  const route = [
     parser === 'raw' ? express.raw({ type: 'application/json', limit: '1mb' }) : express.json(),
     idempotentHandler(
       {
@@ -102,7 +101,12 @@ async function startExpress(
         return behaviour({ call, req, exec, insertOrder });
       },
     ),
-  );
+  ];
+  app.post('/orders', ...route);
+  // The same operation inside a mounted router, on many resources: req.url is relative there.
+  const shop = express.Router();
+  shop.post('/orders/:id/cancel', ...route);
+  app.use('/shop', shop);
   // The application's own error middleware: what the handler throws ends up here, after the rollback.
   app.use((err: Error, _req: Request, res: Response, _next: NextFunction) => {
     res.status(500).json({ error: err.name, code: (err as { code?: unknown }).code ?? null });
@@ -187,6 +191,17 @@ describe('Express adapter: the HTTP contract over real HTTP', () => {
     const other = await post(app, '/orders', { key, body: '{"amount":99}' });
     expectProblem(other, 422, 'OUTBOXKIT_KEY_MISMATCH');
     expect(other.bytes.includes(first.bytes)).toBe(false);
+    expect(app.calls.total).toBe(1);
+    await app.close();
+  });
+
+  it('the request target is fingerprinted whole, also inside a mounted router: another resource is 422', async () => {
+    const app = await startExpress({ pool: db.pool });
+    const key = randomUUID();
+    const first = await post(app, '/shop/orders/111/cancel', { key, body: '{}' });
+    expect(first.status).toBe(201);
+    expect((await post(app, '/shop/orders/111/cancel', { key, body: '{}' })).bytes.equals(first.bytes)).toBe(true);
+    expectProblem(await post(app, '/shop/orders/222/cancel', { key, body: '{}' }), 422, 'OUTBOXKIT_KEY_MISMATCH');
     expect(app.calls.total).toBe(1);
     await app.close();
   });

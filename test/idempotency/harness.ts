@@ -83,6 +83,7 @@ export async function startApp(options: StartAppOptions): Promise<TestApp> {
     for (const [path, operation] of [
       ['/orders', 'create-order'],
       ['/refunds', 'create-refund'],
+      ['/orders/:id/cancel', 'cancel-order'], // one operation, many resources
     ] as const) {
       scope.post(
         path,

@@ -245,6 +245,21 @@ describe('C20 the same key with a different body', () => {
     expect(await countOrders(db.pool)).toBe(1);
   });
 
+  it('the request target is part of the fingerprint: the same key and body on another resource, or another query, is 422', async () => {
+    const app = await startApp({ pool: db.pool });
+    const key = randomUUID();
+    const first = await post(app, '/orders/111/cancel', { key, body: '{}' });
+    expect(first.status).toBe(201);
+    const replay = await post(app, '/orders/111/cancel', { key, body: '{}' });
+    expect(replay.bytes.equals(first.bytes)).toBe(true);
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    // Order 222 must never be told it was cancelled by order 111's stored answer.
+    expectProblem(await post(app, '/orders/222/cancel', { key, body: '{}' }), 422, 'OUTBOXKIT_KEY_MISMATCH');
+    expectProblem(await post(app, '/orders/111/cancel?notify=1', { key, body: '{}' }), 422, 'OUTBOXKIT_KEY_MISMATCH');
+    expect(app.calls.total).toBe(1);
+    await app.close();
+  });
+
   it('a declared semantic header is part of the fingerprint; undeclared headers are not', async () => {
     const app = await startApp({ pool: db.pool, semanticHeaders: ['Accept-Language'] });
     const key = randomUUID();

@@ -44,13 +44,18 @@ describe('fingerprintRequest', () => {
     expect(fp(new Uint8Array(Buffer.from(text)))).toBe(fp(text));
   });
 
-  it('is scoped by tenant, operation, method and declared headers', () => {
+  it('is scoped by tenant, operation, method, request target and declared headers', () => {
     const body = '{"amount":10}';
     const ref = fp(body);
     expect(fp(body, { tenant: 'other' })).not.toBe(ref);
     expect(fp(body, { operation: 'create-refund' })).not.toBe(ref);
     expect(fp(body, { method: 'POST' })).not.toBe(ref);
     expect(fp(body, { method: 'post' })).toBe(fp(body, { method: 'POST' }));
+    // The request target: another resource or another query is another request.
+    expect(fp(body, { target: '/orders/111/cancel' })).not.toBe(ref);
+    expect(fp(body, { target: '/orders/111/cancel' })).not.toBe(fp(body, { target: '/orders/222/cancel' }));
+    expect(fp(body, { target: '/orders/111/cancel' })).not.toBe(fp(body, { target: '/orders/111/cancel?x=1' }));
+    expect(fp(body, { target: '/orders/111/cancel' })).toBe(fp(body, { target: '/orders/111/cancel' }));
     expect(fp(body, { semanticHeaders: { 'accept-language': 'fr' } })).not.toBe(ref);
     expect(fp(body, { semanticHeaders: { 'Accept-Language': 'fr' } })).toBe(
       fp(body, { semanticHeaders: { 'accept-language': 'fr' } }),
