@@ -192,6 +192,9 @@ interface NestingTransaction {
 }
 
 type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; delayMs: number };
+/** SQLSTATE 25P02 in_failed_sql_transaction: a statement of the transaction already failed. */
+const IN_FAILED_SQL_TRANSACTION = '25P02';
+
 const DONE: Step = { kind: 'done' };
 const INTERRUPTED: Step = { kind: 'interrupted' };
 
@@ -839,8 +842,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
               try {
                 if (claimed) {
                   await this.#runHandler(client as TransactionOf<D>, current.event, signal, current.attempt);
-                  // 'E': a statement failed inside the handler, which caught it (pg tracks this
-                  // from ReadyForQuery; no round trip).
+                  // 'E': a statement failed inside the handler, which caught it. pg learns the
+                  // status from ReadyForQuery, which may arrive after the failed statement's
+                  // answer: a miss here is caught by the next statement (see below).
                   if (client.getTransactionStatus() === 'E') throw swallowedFailure(new Error('Transaction status E'));
                 }
                 done.push({
@@ -853,8 +857,29 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
                 failure = { prepared: current, error: err };
                 return;
               }
+              /**
+               * The statement after a message's handler failed with 25P02 (the transaction is
+               * aborted): that handler swallowed a failed statement. Only its savepoint is rolled
+               * back, and it fails as the handler's failure (an attempt), not as a database error.
+               */
+              const swallowedBy = async (err: unknown, savepoint: number): Promise<boolean> => {
+                if (![...codesOf(err)].includes(IN_FAILED_SQL_TRANSACTION)) return false;
+                await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${savepoint}`);
+                const last = done.pop()!;
+                failure = { prepared: last.prepared, error: swallowedFailure(err) };
+                return true;
+              };
               const next = takeNext();
-              if (next === null) return;
+              if (next === null) {
+                // Proves the last message's savepoint sound before the COMMIT of the run.
+                try {
+                  await client.query(`RELEASE SAVEPOINT outboxkit_${n}`);
+                } catch (err) {
+                  if (await swallowedBy(err, n)) return;
+                  throw err;
+                }
+                return;
+              }
               current = next;
               n += 1;
               try {
@@ -863,6 +888,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
                 );
                 claimed = claimedByLast(claim as pg.QueryResult | pg.QueryResult[]);
               } catch (err) {
+                // RELEASE failed: nothing of the string ran, savepoint n - 1 is still there.
+                if (await swallowedBy(err, n - 1)) return;
                 await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
                 failure = { prepared: current, error: err };
                 return;

@@ -204,6 +204,44 @@ describe("transactionScope: 'batch'", () => {
     expect(swallowed).toHaveLength(0);
   });
 
+  it("C24 · swallowed failures are always the handler's: exactly maxAttempts runs each, never a database error", async () => {
+    // pg learns that a transaction failed from ReadyForQuery, which can arrive after the failed
+    // statement's answer: the consumer must not depend on that timing (a miss once made the
+    // whole run roll back as a "database" failure that counted no attempt). Many swallowing
+    // messages, inside runs and last in them, make a dependence show.
+    const [topic] = await createTopicsWithDlq(['batch-c24-many']);
+    const names = Array.from({ length: 12 }, (_, i) => [`good-${i}`, `swallow-${i}`]).flat();
+    const ids = await producer.send(
+      topic!,
+      names.map((n) => ({ partition: 0, value: { n } })),
+    );
+    const calls = new Map<string, number>();
+    const consumer = consumers.create({
+      topics: [topic!],
+      database: db.pool,
+      transactionScope: 'batch',
+      maxAttempts: 2,
+      handler: async ({ tx, event, attempt }) => {
+        calls.set(event.id, (calls.get(event.id) ?? 0) + 1);
+        await insert(tx, event.id, attempt);
+        if (event.json<{ n: string }>().n.startsWith('swallow')) await tx.query('SELECT 1/0').catch(() => {});
+      },
+    });
+    const seen = record(consumer);
+    await consumer.start();
+    await waitFor(() => seen.applied.length === 12 && seen.deadLettered.length === 12, {
+      timeoutMs: 60_000,
+      message: () => `${seen.applied.length} applied, ${seen.deadLettered.length} dead-lettered`,
+    });
+    for (const [i, id] of ids.entries()) {
+      expect(calls.get(id!), names[i]).toBe(names[i]!.startsWith('swallow') ? 2 : 1);
+      expect(await committedRows(id!)).toEqual(
+        names[i]!.startsWith('swallow') ? { inbox: 0, business: 0 } : { inbox: 1, business: 1 },
+      );
+    }
+    expect(seen.errors.map((e) => String(e.error))).toEqual([]);
+  });
+
   it('never commits an offset past a message that keeps failing; the messages before it are committed', async () => {
     const [topic] = await createTopicsWithDlq(['batch-offset']);
     const groupId = randomName('group');
