@@ -9,6 +9,7 @@
 import pRetry, { AbortError as StopRetrying } from 'p-retry';
 import { v7 as uuidv7 } from 'uuid';
 import { InvalidOptionsError } from '../errors.js';
+import { stringifyWithoutLoss } from '../json-text.js';
 import {
   RequestRejectedError,
   RetriesExhaustedError,
@@ -71,14 +72,16 @@ export interface IdempotentClient {
   readonly options: ResolvedClientOptions;
   /**
    * Sends one logical operation: every attempt carries the same key and the same body bytes.
-   * A body that is a string or bytes is sent as is, anything else as `JSON.stringify(body)`;
-   * `content-type` defaults to `application/json`.
+   * A body that is a string or bytes (`Uint8Array`, `ArrayBuffer`, any typed array) is sent as
+   * is, a JSON value as `JSON.stringify(body)`; `content-type` defaults to `application/json`.
    *
    * @returns the first response with a status below 400 (fresh or replayed).
    * @throws {@link RequestRejectedError} on a status that is not retried (400, 413, 422, 404, ...).
    * @throws {@link RetriesExhaustedError} when the attempts or the deadline ran out.
    * @throws `signal.reason` when the caller aborts.
-   * @throws {@link InvalidOptionsError} on an invalid key, header or override.
+   * @throws {@link InvalidOptionsError} on an invalid key, header or override, or a body that is
+   *   neither text, bytes nor a JSON value kept as is (a Blob, FormData, URLSearchParams or stream;
+   *   NaN, a Map or a Set inside it).
    */
   request(method: string, path: string, body?: unknown, options?: RequestOptions): Promise<ClientResponse>;
   post(path: string, body?: unknown, options?: RequestOptions): Promise<ClientResponse>;
@@ -133,10 +136,46 @@ function isNetworkFailure(err: unknown): boolean {
   return true;
 }
 
+/**
+ * The body's bytes, computed once for every attempt: a string or bytes (`Uint8Array`, `Buffer`,
+ * `ArrayBuffer`, any typed array or `DataView`: their bytes) as given, else JSON. Bodies that
+ * `JSON.stringify` would turn into something else without an error are refused: a `Blob`,
+ * `FormData`, `URLSearchParams` or stream (written `{}`), and, at any depth, NaN, ±Infinity, an
+ * invalid Date, a Map, a Set or a typed array. Another logical operation would otherwise run
+ * under the key.
+ */
 function encodeBody(body: unknown): Uint8Array | string | undefined {
   if (body === undefined) return undefined;
   if (typeof body === 'string' || body instanceof Uint8Array) return body;
-  const text = JSON.stringify(body);
+  if (body instanceof ArrayBuffer) return new Uint8Array(body);
+  if (ArrayBuffer.isView(body)) return new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
+  const name = (body as { constructor?: { name?: string } } | null)?.constructor?.name;
+  if (
+    (typeof Blob !== 'undefined' && body instanceof Blob) ||
+    (typeof FormData !== 'undefined' && body instanceof FormData) ||
+    body instanceof URLSearchParams ||
+    (typeof ReadableStream !== 'undefined' && body instanceof ReadableStream)
+  ) {
+    throw new InvalidOptionsError(
+      `The request body is a ${name ?? 'stream'}, which is not sent as is: pass a string, bytes or a JSON value.`,
+    );
+  }
+  let text: string | undefined;
+  try {
+    text = stringifyWithoutLoss(
+      body,
+      (lossy, key) =>
+        new InvalidOptionsError(
+          `The request body ${key === '' ? 'is' : `holds at key ${JSON.stringify(key)}`} ${lossy}, which JSON.stringify ` +
+            'would not keep; send plain values, or the encoded bytes.',
+        ),
+    );
+  } catch (err) {
+    if (err instanceof InvalidOptionsError) throw err;
+    throw new InvalidOptionsError(`The request body cannot be serialised to JSON (${(err as Error).message}).`, {
+      cause: err,
+    });
+  }
   if (text === undefined) throw new InvalidOptionsError('The request body cannot be serialised to JSON.');
   return UTF8_ENCODER.encode(text);
 }

@@ -4,6 +4,7 @@
 import { v7 as uuidv7, validate as uuidValidate } from 'uuid';
 import { InvalidEventError } from '../errors.js';
 import { OUTBOX_LANES } from '../constants.js';
+import { stringifyWithoutLoss } from '../json-text.js';
 import {
   addCloudEventHeaders,
   HEADER_CONTENT_TYPE,
@@ -120,39 +121,20 @@ export function encodeDefault(payload: unknown): EncodedPayload {
   return { value: encodeJson(payload), contentType: JSON_CONTENT_TYPE };
 }
 
-/**
- * What JSON.stringify turns into something else without an error: NaN and ±Infinity (null), an
- * invalid Date (null), a Map or a Set ({}), an ArrayBuffer ({}) and a typed array that is not a
- * Buffer (an object of its elements). A Buffer nested in an object is kept: its toJSON writes
- * `{"type":"Buffer","data":[...]}`. Top-level bytes never come here (they are stored as given).
- */
-function lossyInJson(value: unknown): string | undefined {
-  if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
-  if (value instanceof Date && Number.isNaN(value.getTime())) return 'an invalid Date';
-  if (value instanceof Map) return 'a Map';
-  if (value instanceof Set) return 'a Set';
-  if (value instanceof ArrayBuffer || (ArrayBuffer.isView(value) && !Buffer.isBuffer(value))) {
-    return `a binary ${value.constructor.name}`;
-  }
-  return undefined;
-}
-
 function encodeJson(payload: unknown): Buffer {
   let text: string | undefined;
   try {
     // One pass that also checks each value as given (`this[key]`, before toJSON): what JSON would
     // silently change is refused, at any depth, not published as another value.
-    text = JSON.stringify(payload, function (this: Record<string, unknown>, key: string, value: unknown) {
-      const lossy = lossyInJson(this[key]);
-      if (lossy !== undefined) {
-        throw new InvalidEventError(
+    text = stringifyWithoutLoss(
+      payload,
+      (lossy, key) =>
+        new InvalidEventError(
           `The event payload ${key === '' ? 'is' : `holds at key ${JSON.stringify(key)}`} ${lossy}, which JSON.stringify ` +
             'would not keep (NaN, Infinity and an invalid Date become null, a Map or a Set {}, a typed array an object); ' +
             'send plain values, or the encoded bytes as a Buffer or Uint8Array.',
-        );
-      }
-      return value;
-    });
+        ),
+    );
   } catch (err) {
     if (err instanceof InvalidEventError) throw err;
     throw new InvalidEventError(
