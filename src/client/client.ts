@@ -90,8 +90,8 @@ export interface IdempotentClient {
   delete(path: string, options?: RequestOptions): Promise<ClientResponse>;
 }
 
-// A key that can be sent bare: visible ASCII without `"` and `,` (see src/idempotency/key.ts).
-const BARE_KEY = /^[\x21\x23-\x2b\x2d-\x7e]{1,255}$/;
+// A key that can be sent bare: visible ASCII without `"`, `,` and `;` (see src/idempotency/key.ts).
+const BARE_KEY = /^[\x21\x23-\x2b\x2d-\x3a\x3c-\x7e]{1,255}$/;
 const PRINTABLE_KEY = /^[\x20-\x7e]{1,255}$/;
 const METHOD = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 const UTF8 = new TextDecoder();

@@ -18,9 +18,10 @@ export interface ParseKeyOptions {
   required: boolean;
 }
 
-// A bare key: visible ASCII (0x21-0x7E) without `"` (reserved for sf-strings) and `,` (a list:
-// the header was sent twice and joined by a proxy or by Node.js).
-const BARE_KEY = /^[\x21\x23-\x2b\x2d-\x7e]+$/;
+// A bare key: visible ASCII (0x21-0x7E) without `"` (reserved for sf-strings), `,` (a list: the
+// header was sent twice and joined by a proxy or by Node.js) and `;` (structured-field parameters,
+// refused as in the quoted form: `a;b=c` is the item `a` with a parameter to an RFC 8941 parser).
+const BARE_KEY = /^[\x21\x23-\x2b\x2d-\x3a\x3c-\x7e]+$/;
 // Optional whitespace around a field value (RFC 9110 §5.5: SP and HTAB).
 const OWS = /^[ \t]+|[ \t]+$/g;
 
@@ -33,7 +34,7 @@ const KEY_CHARS = /^[\x20-\x7e]+$/;
  * Accepted forms:
  * - an RFC 8941 sf-string: `"abc"`; inside the quotes printable ASCII 0x20-0x7E with `\"` and
  *   `\\` escapes (RFC 8941 §3.3.3); the returned key is the unescaped value;
- * - a bare token: 1-255 visible ASCII characters (0x21-0x7E) other than `"` and `,`.
+ * - a bare token: 1-255 visible ASCII characters (0x21-0x7E) other than `"`, `,` and `;`.
  *
  * The unquoted key must have 1-255 characters. Surrounding spaces/tabs are ignored. Structured
  * field parameters (`"abc";x=1`) are refused, as is anything after the closing quote.
@@ -87,6 +88,12 @@ function parseBareKey(text: string): string {
   if (text.includes(',')) {
     throw new KeyInvalidError(
       'The Idempotency-Key header holds a list (it was sent more than once); send exactly one key.',
+    );
+  }
+  if (text.includes(';')) {
+    throw new KeyInvalidError(
+      'The Idempotency-Key header has structured-field parameters (`;`), which are not supported; send the key alone, ' +
+        'or quote a key that contains `;` ("a;b").',
     );
   }
   throw new KeyInvalidError(

@@ -52,6 +52,8 @@ describe('encodeKeyHeader', () => {
     expect(encodeKeyHeader('order 42')).toBe('"order 42"');
     expect(encodeKeyHeader('a"b\\c')).toBe('"a\\"b\\\\c"');
     expect(encodeKeyHeader('a,b')).toBe('"a,b"');
+    // `;` would read as parameters bare: quoted, the server accepts it as part of the key.
+    expect(encodeKeyHeader('a;b=c')).toBe('"a;b=c"');
   });
 
   it('refuses an empty, too long or non-ASCII key', () => {

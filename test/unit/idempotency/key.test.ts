@@ -19,7 +19,9 @@ describe('parseIdempotencyKey', () => {
       '9b4b0a6f-8fd3-40ee-9e31-8b2b6dc9e2cb',
     );
     expect(parseIdempotencyKey('a', required)).toBe('a');
-    expect(parseIdempotencyKey("!#$%&'()*+-./:;<=>?@[\\]^_`{|}~", required)).toBe("!#$%&'()*+-./:;<=>?@[\\]^_`{|}~");
+    expect(parseIdempotencyKey("!#$%&'()*+-./:<=>?@[\\]^_`{|}~", required)).toBe("!#$%&'()*+-./:<=>?@[\\]^_`{|}~");
+    // `;` only quoted: bare, it starts structured-field parameters.
+    expect(parseIdempotencyKey('"a;b=c"', required)).toBe('a;b=c');
   });
 
   it('accepts an RFC 8941 sf-string and returns the unescaped value', () => {
@@ -63,6 +65,8 @@ describe('parseIdempotencyKey', () => {
     ['non-ASCII in a string', '"é"'],
     ['tab in a string', '"a\tb"'],
     ['parameters', '"abc";x=1'],
+    ['parameters after a bare token (as an RFC 8941 parser reads it)', 'a;b=c'],
+    ['a bare parameter marker', 'abc;'],
     ['content after the string', '"abc" d'],
     ['comma-joined list of tokens', 'k1, k2'],
     ['comma-joined list without space', 'k1,k2'],
