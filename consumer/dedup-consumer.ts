@@ -103,7 +103,9 @@ export interface DedupConsumer {
    *
    * @param options.timeoutMs - how long to wait, in ms. @defaultValue 30_000
    * @throws {@link LifecycleError} when it did not finish within `timeoutMs` (a handler ignoring
-   *   its abort signal, or a broker that does not answer).
+   *   its abort signal, or a broker that does not answer). A handler still running then may yet
+   *   commit its transaction (effects and inbox row) after the error; its message was not
+   *   acknowledged, and the member that gets the partition next skips it as a duplicate.
    */
   stop(options?: { timeoutMs?: number }): Promise<void>;
   /**
