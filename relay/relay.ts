@@ -689,6 +689,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     await this.settleMarking();
     const seqs = sendable.map((r) => r.seq);
     const done = sql.markPublished(this.db, this.q, this.relayId, seqs, lanes).then((marked) => {
+      if (marked < seqs.length) this.fencedOut(sendable, marked);
       this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
       this.logger.debug({ count: sendable.length, marked }, 'published');
     });
@@ -732,6 +733,24 @@ export class Relay extends EventEmitter<RelayEvents> {
   private readonly maxMessageBytes = new Map<string, number>();
 
   /** Rows whose lane this relay still holds with the token it read them under. */
+  /**
+   * The fencing check refused part of a marking: another relay holds (or held) some of these
+   * lanes (a takeover, or `outboxkit lanes release` on this live relay). Until the next renewal
+   * says which lanes are still ours, nothing more is sent on the lanes of `rows`: otherwise every
+   * pass would send their still-pending rows again (at least once, but a copy per pass).
+   */
+  private fencedOut(rows: readonly sql.PendingRow[], marked: number): void {
+    const lanes = [...new Set(rows.map((r) => r.lane))];
+    for (const lane of lanes) {
+      const held = this.held.get(lane);
+      if (held) this.held.set(lane, { ...held, validUntil: 0 });
+    }
+    this.logger.warn(
+      { sent: rows.length, marked, lanes: lanes.length },
+      'marking refused by the fencing check (lanes taken over or released): their sends stop until the next lease renewal',
+    );
+  }
+
   private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
     const now = performance.now();
     const valid = new Set(
@@ -790,7 +809,12 @@ export class Relay extends EventEmitter<RelayEvents> {
         }
         continue;
       }
-      published += await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
+      const marked = await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
+      if (marked === 0) {
+        this.fencedOut([row], 0);
+        break;
+      }
+      published += marked;
     }
     if (published > 0) this.emit('relay:published', { count: published, marked: published, lanes: lanes.length });
     return published;

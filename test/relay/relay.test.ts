@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PoolClient } from 'pg';
-import { enqueue, HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/index.js';
+import { enqueue, HEADER_EVENT_ID, HEADER_EVENT_TYPE, withPgTransaction } from '../../src/index.js';
+import { releaseOwner } from '../../relay/sql.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { laneOf } from '../../src/outbox/event.js';
 import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
@@ -443,4 +444,53 @@ describe('C01 rows whose transactions commit late, at scale', () => {
     console.log(`C01 at scale: ${lateCommits} of ${committed.size} rows committed after a higher seq was published`);
     expect(lateCommits).toBeGreaterThan(0);
   }, 120_000);
+});
+
+describe('lanes released under a live relay (outboxkit lanes release)', () => {
+  it('stops sending their rows once a marking is refused, until its renewal: a few copies, not one per pass', async () => {
+    const [topic] = await createTopics(['relay-released-live']);
+    const relay = await startRelay(db.url, { leaseMs: 3_000 });
+    await waitFor(() => relay.heldLanes().length === 64);
+    const ids: string[] = [];
+    let writing = true;
+    const writer = (async () => {
+      for (let i = 0; writing; i++) {
+        const [e] = await withPgTransaction(db.pool, (c) =>
+          enqueue(c, { topic: topic!, key: `k${i % 50}`, type: 't', payload: i }),
+        );
+        ids.push(e!.eventId);
+        await new Promise((r) => setTimeout(r, 5)); // about 200 events/s
+      }
+    })();
+    await new Promise((r) => setTimeout(r, 800));
+    // The operator command (`outboxkit lanes release`), twice, while the relay publishes.
+    const release = () => releaseOwner(db.pool, '"outboxkit"', relay.relayId);
+    await release();
+    await new Promise((r) => setTimeout(r, 1_500));
+    await release();
+    await new Promise((r) => setTimeout(r, 1_500));
+    writing = false;
+    await writer;
+    await waitFor(
+      async () =>
+        (await db.pool.query('SELECT 1 FROM outboxkit.outbox_events WHERE published_at IS NULL LIMIT 1')).rowCount ===
+        0,
+      { timeoutMs: 30_000 },
+    );
+    const seen = await readTopic(
+      topic!,
+      (m) => m.headers[HEADER_EVENT_ID]!,
+      (all) => new Set(all).size >= ids.length,
+      30_000,
+    );
+    const copies = new Map<string, number>();
+    for (const id of seen) copies.set(id, (copies.get(id) ?? 0) + 1);
+    expect(new Set(seen).size).toBe(ids.length);
+    const most = Math.max(...copies.values());
+    console.log(`released live: ${seen.length} messages for ${ids.length} events, at most ${most} copies of one`);
+    // Each release may resend what was in flight once; before the fix every pass until the
+    // renewal sent the unmarked rows again (up to 20-75 copies of one event).
+    expect(most).toBeLessThanOrEqual(3);
+    expect(seen.length).toBeLessThanOrEqual(ids.length * 1.5);
+  }, 60_000);
 });
