@@ -4,40 +4,23 @@
  * default `bodyLimit` equals `maxBodyBytes`), and nothing is recorded. Over real HTTP against the
  * real PostgreSQL (the harness of test/idempotency).
  */
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   DEFAULT_MAX_BODY_BYTES,
   DEFAULT_RAW_BODY_LIMIT,
   registerRawJsonBody,
   type ContentTypeParserHost,
 } from '../../src/http/fastify.js';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import {
-  closeAll,
   countOrders,
   countRecords,
-  ORDERS_TABLE_SQL,
   post,
   startApp,
+  useOrdersDatabase,
   type HttpResult,
 } from '../idempotency/harness.js';
 
-let db: TestDatabase;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(ORDERS_TABLE_SQL);
-});
-
-afterEach(async () => {
-  expect(await closeAll(), 'a test left an app open').toBe(0);
-  await db.pool.query('TRUNCATE app_orders, outboxkit.idempotency_keys');
-});
-
-afterAll(async () => {
-  await closeAll();
-  await db?.drop();
-});
+const db = useOrdersDatabase();
 
 /** A JSON body of exactly `bytes` bytes. */
 function jsonOfSize(bytes: number): string {

@@ -7,6 +7,8 @@ import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import Fastify, { type FastifyRequest } from 'fastify';
 import type pg from 'pg';
+import { afterAll, afterEach, beforeAll, expect } from 'vitest';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { joinTransaction, type TransactionHandle } from '../../src/database.js';
 import { idempotentHandler, registerRawJsonBody, type FastifyIdempotencyOptions } from '../../src/http/fastify.js';
 import type { ExecutionContext } from '../../src/idempotency/execute.js';
@@ -130,6 +132,37 @@ export async function startApp(options: StartAppOptions): Promise<TestApp> {
 }
 
 /** Closes every app still open; returns how many were left open. */
+/**
+ * Registers a test file's database: created with `app_orders` before all tests; after each test,
+ * checks that every app was closed and empties `tables`; dropped at the end. The returned handle
+ * reads the database created in beforeAll (`db.pool`, `db.url`).
+ */
+export function useOrdersDatabase(
+  tables = 'app_orders, outboxkit.idempotency_keys',
+): Pick<TestDatabase, 'pool' | 'url'> {
+  let db: TestDatabase | undefined;
+  beforeAll(async () => {
+    db = await createTestDatabase();
+    await db.pool.query(ORDERS_TABLE_SQL);
+  });
+  afterEach(async () => {
+    expect(await closeAll(), 'a test left an app open').toBe(0);
+    await db!.pool.query(`TRUNCATE ${tables}`);
+  });
+  afterAll(async () => {
+    await closeAll();
+    await db?.drop();
+  });
+  return {
+    get pool() {
+      return db!.pool;
+    },
+    get url() {
+      return db!.url;
+    },
+  };
+}
+
 export async function closeAll(): Promise<number> {
   const open = [...apps];
   await Promise.all(open.map((a) => a.close()));

@@ -4,37 +4,20 @@
  */
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { describe, expect, it } from 'vitest';
 import { waitFor } from '../helpers/wait-for.js';
 import {
-  closeAll,
   countOrders,
   countRecords,
   createOrder,
-  ORDERS_TABLE_SQL,
   post,
   readRecords,
   startApp,
+  useOrdersDatabase,
   type HttpResult,
 } from './harness.js';
 
-let db: TestDatabase;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(ORDERS_TABLE_SQL);
-});
-
-afterEach(async () => {
-  expect(await closeAll(), 'a test left an app open').toBe(0);
-  await db.pool.query('TRUNCATE app_orders, outboxkit.idempotency_keys');
-});
-
-afterAll(async () => {
-  await closeAll();
-  await db?.drop();
-});
+const db = useOrdersDatabase();
 
 function expectProblem(res: HttpResult, status: number, code: string): Record<string, unknown> {
   expect(res.status).toBe(status);

@@ -4,38 +4,21 @@
  * Over real HTTP against the real PostgreSQL.
  */
 import { randomUUID } from 'node:crypto';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { joinTransaction, type TransactionHandle } from '../../src/database.js';
 import { enqueue } from '../../src/outbox/enqueue.js';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import {
-  closeAll,
   countOrders,
   countRecords,
   createOrder,
-  ORDERS_TABLE_SQL,
   post,
   readRecords,
   startApp,
+  useOrdersDatabase,
   type HandlerContext,
 } from './harness.js';
 
-let db: TestDatabase;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(ORDERS_TABLE_SQL);
-});
-
-afterEach(async () => {
-  expect(await closeAll(), 'a test left an app open').toBe(0);
-  await db.pool.query('TRUNCATE app_orders, outboxkit.idempotency_keys, outboxkit.outbox_events');
-});
-
-afterAll(async () => {
-  await closeAll();
-  await db?.drop();
-});
+const db = useOrdersDatabase('app_orders, outboxkit.idempotency_keys, outboxkit.outbox_events');
 
 async function countEvents(): Promise<number> {
   const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.outbox_events');
