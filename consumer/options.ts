@@ -6,7 +6,7 @@ import { is } from 'drizzle-orm';
 import { PgTransaction } from 'drizzle-orm/pg-core';
 import type { Kafka } from 'kafkajs';
 import type { DatabaseHandle, TransactionOf } from '../src/database.js';
-import { InvalidOptionsError } from '../src/errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
@@ -235,19 +235,6 @@ const KNOWN_OPTIONS = Object.keys({
   tracing: true,
 } satisfies Record<keyof DedupConsumerOptions<DatabaseHandle>, true>);
 
-/**
- * Refuses option names the consumer does not know (a typo such as `fromBeggining` would otherwise
- * fall back to the default silently), whatever their value, `undefined` included.
- */
-function checkKnownKeys(options: object): void {
-  const unknown = Object.keys(options).filter((key) => !KNOWN_OPTIONS.includes(key));
-  if (unknown.length === 0) return;
-  const named = unknown.map((key) => JSON.stringify(key));
-  fail(
-    `unknown option${unknown.length === 1 ? '' : 's'} ${named.join(', ')}; the options are ${KNOWN_OPTIONS.join(', ')}.`,
-  );
-}
-
 function integer(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
     fail(`${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}.`);
@@ -281,7 +268,7 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   options: DedupConsumerOptions<D>,
 ): ResolvedDedupConsumerOptions<D> {
   if (typeof options !== 'object' || options === null) fail('options must be an object.');
-  checkKnownKeys(options);
+  refuseUnknownOptions(options, KNOWN_OPTIONS, 'createDedupConsumer');
   const d = DEDUP_CONSUMER_DEFAULTS;
   const { kafka, groupId, topics, database, handler } = options;
 

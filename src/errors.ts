@@ -94,6 +94,21 @@ export class InvalidOptionsError extends OutboxkitError {
   }
 }
 
+/**
+ * Refuses option names that `what` does not know (a typo such as `fromBeggining` would otherwise
+ * fall back to the default silently), whatever their value, `undefined` included.
+ *
+ * @throws {@link InvalidOptionsError} naming the unknown keys and listing `known`.
+ */
+export function refuseUnknownOptions(options: object, known: readonly string[], what: string): void {
+  const unknown = Object.keys(options).filter((key) => !known.includes(key));
+  if (unknown.length === 0) return;
+  throw new InvalidOptionsError(
+    `${what}: unknown option${unknown.length === 1 ? '' : 's'} ${unknown.map((k) => JSON.stringify(k)).join(', ')}; ` +
+      `the options are ${known.join(', ')}.`,
+  );
+}
+
 /** An outbox event was rejected before anything was written. Thrown by `enqueue()`. */
 export class InvalidEventError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {

@@ -3,7 +3,7 @@
  */
 import { createHash } from 'node:crypto';
 import { joinTransaction, type TransactionHandle } from '../database.js';
-import { InvalidEventError, InvalidOptionsError } from '../errors.js';
+import { InvalidEventError, InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { notifyChannel, quoteSchema } from '../schema-name.js';
 import { activeContextHeaders } from '../tracing.js';
@@ -107,7 +107,7 @@ export interface Outbox {
 const MAX_FIELD_BYTES = 1_073_741_823;
 
 /** Every option name of {@link createOutbox}: any other name is refused (a typo must not pass silently). */
-const OUTBOX_OPTION_NAMES: ReadonlySet<string> = new Set([
+const OUTBOX_OPTION_NAMES: readonly string[] = [
   'schema',
   'maxPayloadBytes',
   'maxHeaderBytes',
@@ -115,7 +115,7 @@ const OUTBOX_OPTION_NAMES: ReadonlySet<string> = new Set([
   'encode',
   'cloudEvents',
   'traceContext',
-] satisfies (keyof OutboxOptions)[]);
+] satisfies (keyof OutboxOptions)[];
 
 /**
  * The bytes of the headers the relay publishes with the event (the stored ones, `event-id` and
@@ -216,13 +216,7 @@ function params(rows: readonly PreparedEvent[]): unknown[] {
  * @throws {@link InvalidOptionsError} on an invalid schema name or limit.
  */
 export function createOutbox(options: OutboxOptions = {}): Outbox {
-  const unknown = Object.keys(options ?? {}).filter((k) => !OUTBOX_OPTION_NAMES.has(k));
-  if (unknown.length > 0) {
-    throw new InvalidOptionsError(
-      `Unknown outbox option${unknown.length > 1 ? 's' : ''} ${unknown.map((k) => JSON.stringify(k)).join(', ')}; ` +
-        `the options are ${[...OUTBOX_OPTION_NAMES].join(', ')}.`,
-    );
-  }
+  refuseUnknownOptions(options ?? {}, OUTBOX_OPTION_NAMES, 'createOutbox');
   const resolved = { ...OUTBOX_DEFAULTS, ...options };
   const table = `${quoteSchema(resolved.schema)}.outbox_events`;
   for (const name of ['maxPayloadBytes', 'maxHeaderBytes'] as const) {
