@@ -71,6 +71,22 @@ import {
   type InboxRow,
 } from './inbox-sql.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
+import {
+  claimWithProgressText,
+  continuesStream,
+  isProvenHandled,
+  markHandled,
+  markWritten,
+  newStream,
+  probeProgress,
+  progressAfter,
+  readProgress,
+  verifyAnchor,
+  writeProgress,
+  type PartitionStream,
+  type RecordIdentity,
+  type StoredProgress,
+} from './progress.js';
 import { runHandler } from './tracing.js';
 import {
   resolveDedupConsumerOptions,
@@ -180,6 +196,8 @@ interface EventPrepared {
   pending: PendingMessage;
   /** This run's attempt number, from 1. */
   attempt: number;
+  /** `recordProgress`: the progress row its transaction writes when it is applied. */
+  progress?: StoredProgress;
 }
 
 /** What one batch-mode transaction did (see `#applyRun`). */
@@ -213,6 +231,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #producer: Producer;
   readonly #stopController = new AbortController();
   readonly #pending = new Map<string, PendingMessage>();
+  /** `recordProgress`: the stream of each partition this process consumes (see progress.ts). */
+  readonly #streams = new Map<string, PartitionStream>();
   readonly #resumeTimers = new Set<NodeJS.Timeout>();
   #state: State = 'new';
   #startPromise: Promise<void> | undefined;
@@ -227,6 +247,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #beginSql: string;
   /** The inbox claim's text with its values inlined (for the simple query protocol). */
   readonly #claimText: (row: InboxRow) => string;
+  /** The same claim writing the partition's progress when it inserts (`recordProgress`). */
+  readonly #claimWithProgressText: (row: InboxRow, progress: StoredProgress) => string;
 
   constructor(options: DedupConsumerOptions<D>) {
     this.#o = resolveDedupConsumerOptions(options);
@@ -235,6 +257,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#events = new TypedEmitter(this.#o.logger);
     this.#beginSql = `BEGIN; SET LOCAL lock_timeout = '${this.#o.lockTimeoutMs}ms'`;
     this.#claimText = inboxClaimText(this.#o.schemaSql, this.#o.groupId);
+    this.#claimWithProgressText = claimWithProgressText(this.#o.schemaSql, this.#o.groupId, this.#claimText);
     const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
     this.#consumer = kafka.consumer({
       groupId,
@@ -355,13 +378,16 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       // listener (once per pool), so PostgreSQL terminating an idle connection cannot crash the
       // process (test/consumer/pool-idle-terminated.test.ts). The handler transactions below use
       // withPgTransaction() directly, which does not.
-      await runTransaction(database, (tx) =>
-        probeInbox(joinTransaction(tx as TransactionHandle, 'the dedup consumer'), schemaSql),
-      );
+      await runTransaction(database, async (tx) => {
+        const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
+        await probeInbox(q, schemaSql);
+        if (this.#o.recordProgress) await probeProgress(q, schemaSql);
+      });
     } catch (err) {
       if ([...codesOf(err)].some((code) => MISSING_RELATION.has(code))) {
         throw new InboxUnavailableError(
-          `The inbox table "${schema}".inbox does not exist in this database; apply outboxkit's migrations ` +
+          `The inbox table "${schema}".inbox${this.#o.recordProgress ? ' (or consumer_progress, for recordProgress)' : ''} ` +
+            "does not exist in this database; apply outboxkit's migrations " +
             '(`outboxkit migrate`, or migrate() from outboxkit) or set the `schema` option to the schema that holds it.',
           { cause: err },
         );
@@ -482,6 +508,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       clearTimeout(watchdog);
       this.#state = 'stopped';
       this.#pending.clear();
+      this.#streams.clear();
     }
     this.#o.logger.info({ groupId: this.groupId }, 'Dedup consumer stopped.');
   }
@@ -501,6 +528,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   #onJoin(assignment: Record<string, number[]>): void {
+    // A new generation: every partition's next batch begins a new stream (progress.ts).
+    this.#streams.clear();
     // Forget the retry state of partitions this member no longer owns.
     for (const key of this.#pending.keys()) {
       const [topic, partition] = splitKey(key);
@@ -511,6 +540,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   #onCrash(error: Error, restart: boolean): void {
+    this.#streams.clear();
     // Crashed for good while running: say so (state, log), so the process can exit and be restarted.
     if (!restart && this.#state === 'running') this.#state = 'crashed';
     this.#o.logger.error(
@@ -534,8 +564,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // What the handlers of this batch see: aborted on stop() or when the partitions may go.
     const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
     try {
+      const stream = this.#o.recordProgress ? await this.#streamOf(payload) : undefined;
       if (this.#o.transactionScope === 'batch') {
-        await this.#runBatchInTransactions(payload, keepAlive, signal);
+        await this.#runBatchInTransactions(payload, keepAlive, signal, stream);
         return;
       }
       for (const message of batch.messages) {
@@ -543,17 +574,22 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         if (this.#mustStop(payload)) return;
         // The group is rebalancing: leave the rest to whoever owns the partition next.
         keepAlive.throwIfLost();
-        const step = await this.#process(batch.topic, batch.partition, message, signal);
-        if (step.kind === 'interrupted') {
-          keepAlive.throwIfLost();
-          return;
+        if (isProvenHandled(stream, BigInt(message.offset))) {
+          this.#skipHandled(batch.topic, batch.partition, message);
+        } else {
+          const step = await this.#process(batch.topic, batch.partition, message, signal, stream);
+          if (step.kind === 'interrupted') {
+            keepAlive.throwIfLost();
+            return;
+          }
+          if (step.kind === 'retry-later') {
+            this.#pauseFor(payload.pause, step.delayMs);
+            return;
+          }
         }
-        if (step.kind === 'retry-later') {
-          this.#pauseFor(payload.pause, step.delayMs);
-          return;
-        }
-        // Applied, duplicate or dead-lettered: now, and only now, the offset may be committed.
+        // Applied, duplicate, dead-lettered or proven handled: now, and only now, the offset may be committed.
         payload.resolveOffset(message.offset);
+        markHandled(stream, BigInt(message.offset));
         // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
         await payload.heartbeat();
         await payload.commitOffsetsIfNecessary();
@@ -561,6 +597,74 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     } finally {
       keepAlive.stop();
     }
+  }
+
+  /**
+   * `recordProgress`: the partition's stream (progress.ts) that this batch continues, or a new
+   * one with the partition's stored progress; then looks for the stored row's anchor in the batch.
+   * A failed read of the stored row costs the optimisation, never a skip: the stream then trusts
+   * nothing it did not write itself.
+   */
+  async #streamOf(payload: EachBatchPayload): Promise<PartitionStream | undefined> {
+    const { batch } = payload;
+    const first = batch.messages[0];
+    if (first === undefined) return undefined;
+    const key = partitionKey(batch.topic, batch.partition);
+    // kafkajs's Batch keeps the offset it fetched from (not in its typings); every record from
+    // there to the first message is one there is nothing to handle for (control, aborted, compacted).
+    const raw = (batch as { fetchedOffset?: unknown }).fetchedOffset;
+    const fetched = typeof raw === 'string' && /^[0-9]{1,19}$/.test(raw) ? BigInt(raw) : BigInt(first.offset);
+    const existing = this.#streams.get(key);
+    const stream = continuesStream(existing, fetched)
+      ? existing
+      : await this.#newStream(batch.topic, batch.partition, fetched);
+    this.#streams.set(key, stream);
+    if (stream.candidate !== null) {
+      const { messages } = batch;
+      verifyAnchor(
+        stream,
+        (offset) => {
+          const text = offset.toString();
+          const message = messages.find((m) => m.offset === text);
+          return message && identityOf(message, this.#o.eventIdHeader);
+        },
+        BigInt(messages[messages.length - 1]!.offset),
+      );
+    }
+    return stream;
+  }
+
+  /** A new stream of a partition (progress.ts), with the partition's stored progress as its candidate. */
+  async #newStream(topic: string, partition: number, fetched: bigint): Promise<PartitionStream> {
+    let stored: StoredProgress | null = null;
+    try {
+      stored = await runTransaction(this.#o.database, (tx) =>
+        readProgress(
+          joinTransaction(tx as TransactionHandle, 'the dedup consumer'),
+          this.#o.schemaSql,
+          this.groupId,
+          topic,
+          partition,
+        ),
+      );
+    } catch (err) {
+      this.#o.logger.warn(
+        { groupId: this.groupId, topic, partition, err },
+        "Could not read the partition's recorded progress; its redelivered records go through the inbox.",
+      );
+    }
+    return newStream(fetched, stored);
+  }
+
+  /** A redelivered record that the partition's progress proves handled: skipped, no transaction. */
+  #skipHandled(topic: string, partition: number, message: KafkaMessage): void {
+    const eventId = readEventId(decodeHeaders(message.headers), this.#o.eventIdHeader);
+    this.#pending.delete(partitionKey(topic, partition));
+    this.#o.logger.debug(
+      { groupId: this.groupId, topic, partition, offset: message.offset, eventId },
+      'Redelivered record skipped: the recorded progress proves it handled.',
+    );
+    this.#events.emit('consumer:progress-skipped', { topic, partition, offset: message.offset, eventId });
   }
 
   /** On stop(), or when a seek made the rest of this batch stale. */
@@ -574,22 +678,39 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * message that failed ends its run: the messages before it commit and are resolved, and it is
    * retried (partition paused) or dead-lettered exactly as in `'message'` mode.
    */
-  async #runBatchInTransactions(payload: EachBatchPayload, keepAlive: KeepAlive, signal: AbortSignal): Promise<void> {
+  async #runBatchInTransactions(
+    payload: EachBatchPayload,
+    keepAlive: KeepAlive,
+    signal: AbortSignal,
+    stream: PartitionStream | undefined,
+  ): Promise<void> {
     const { batch } = payload;
     let next = 0;
     while (next < batch.messages.length) {
       if (this.#mustStop(payload)) return;
       keepAlive.throwIfLost();
       const message = batch.messages[next]!;
-      const first = this.#prepare(batch.topic, batch.partition, message);
+      if (isProvenHandled(stream, BigInt(message.offset))) {
+        this.#skipHandled(batch.topic, batch.partition, message);
+        payload.resolveOffset(message.offset);
+        markHandled(stream, BigInt(message.offset));
+        next += 1;
+        await payload.heartbeat();
+        await payload.commitOffsetsIfNecessary();
+        continue;
+      }
+      const first = this.#prepare(batch.topic, batch.partition, message, stream);
       let step: Step = DONE;
       let resolved = 0;
       if (first.kind === 'dead-letter') {
         // Nothing of an earlier run is left open: dead-letter it, then resolve it.
-        step = await this.#process(batch.topic, batch.partition, message, signal);
+        step = await this.#process(batch.topic, batch.partition, message, signal, stream);
         if (step.kind === 'done') resolved = 1;
       } else {
-        const run = await this.#applyRun(payload, first, next, keepAlive, signal);
+        const run = await this.#applyRun(payload, first, next, keepAlive, signal, stream);
+        // The run's transaction wrote the progress of its last applied message (if any).
+        const lastApplied = run.done.findLast((d) => d.outcome === 'applied');
+        if (lastApplied?.prepared.progress) markWritten(stream, lastApplied.prepared.progress);
         // Committed: run the after-commit hook of each message and resolve it, in order.
         for (const done of run.done) {
           try {
@@ -600,6 +721,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
           }
           this.#succeeded(done.prepared, done.outcome, done.durationMs);
           payload.resolveOffset(done.prepared.message.offset);
+          markHandled(stream, BigInt(done.prepared.message.offset));
           resolved += 1;
         }
         if (step.kind === 'done' && run.failure) {
@@ -607,6 +729,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
           if (step.kind === 'done') {
             // Dead-lettered after the messages before it committed.
             payload.resolveOffset(run.failure.prepared.message.offset);
+            markHandled(stream, BigInt(run.failure.prepared.message.offset));
             resolved += 1;
           }
         }
@@ -619,7 +742,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         this.#pauseFor(payload.pause, step.delayMs);
         return;
       }
-      if (step.kind === 'done' && first.kind === 'dead-letter') payload.resolveOffset(message.offset);
+      if (step.kind === 'done' && first.kind === 'dead-letter') {
+        payload.resolveOffset(message.offset);
+        markHandled(stream, BigInt(message.offset));
+      }
       next += resolved;
       // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
       await payload.heartbeat();
@@ -649,7 +775,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * usable event id (case C16: never guess one), or one the consumer already gave up on, only
    * needs dead-lettering.
    */
-  #prepare(topic: string, partition: number, message: KafkaMessage): Prepared {
+  #prepare(topic: string, partition: number, message: KafkaMessage, stream?: PartitionStream): Prepared {
     const position: MessagePosition = { topic, partition, offset: message.offset };
     const headers = decodeHeaders(message.headers);
     const eventId = readEventId(headers, this.#o.eventIdHeader);
@@ -676,11 +802,21 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       };
     }
     const event = toConsumedEvent(topic, partition, message, eventId, headers);
-    return { kind: 'event', message, position, event, pending, attempt: pending.attempts + 1 };
+    const progress =
+      stream === undefined
+        ? undefined
+        : progressAfter(stream, { offset: BigInt(message.offset), eventId, timestamp: timestampOf(message) });
+    return { kind: 'event', message, position, event, pending, attempt: pending.attempts + 1, progress };
   }
 
-  async #process(topic: string, partition: number, message: KafkaMessage, signal: AbortSignal): Promise<Step> {
-    const prepared = this.#prepare(topic, partition, message);
+  async #process(
+    topic: string,
+    partition: number,
+    message: KafkaMessage,
+    signal: AbortSignal,
+    stream?: PartitionStream,
+  ): Promise<Step> {
+    const prepared = this.#prepare(topic, partition, message, stream);
     if (prepared.kind === 'dead-letter') {
       const { position, eventId, reason, attempts, error } = prepared;
       await this.#deadLetter(message, position, eventId, reason, attempts, error);
@@ -689,7 +825,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const startedAt = performance.now();
     let outcome: 'applied' | 'duplicate';
     try {
-      outcome = await this.#applyOnce(prepared.event, signal, prepared.attempt);
+      outcome = await this.#applyOnce(prepared.event, signal, prepared.attempt, prepared.progress, stream);
     } catch (err) {
       return this.#failed(prepared, err, signal);
     }
@@ -810,6 +946,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     from: number,
     keepAlive: KeepAlive,
     signal: AbortSignal,
+    stream: PartitionStream | undefined,
   ): Promise<Run> {
     const { database, schemaSql, groupId, lockTimeoutMs, batchMaxMessages, batchMaxMs } = this.#o;
     const { batch } = payload;
@@ -829,7 +966,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       if (message === undefined || done.length >= batchMaxMessages) return null;
       if (performance.now() - openedAt >= batchMaxMs) return null;
       if (this.#mustStop(payload) || keepAlive.signal.aborted) return null;
-      const next = this.#prepare(batch.topic, batch.partition, message);
+      // Proven handled: skipped by the caller, outside any transaction.
+      if (isProvenHandled(stream, BigInt(message.offset))) return null;
+      const next = this.#prepare(batch.topic, batch.partition, message, stream);
       return next.kind === 'event' ? next : null;
     };
     try {
@@ -886,7 +1025,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
               n += 1;
               try {
                 const claim = await client.query(
-                  `RELEASE SAVEPOINT outboxkit_${n - 1}; SAVEPOINT outboxkit_${n}; ${this.#claimText(rowOf(current))}`,
+                  `RELEASE SAVEPOINT outboxkit_${n - 1}; SAVEPOINT outboxkit_${n}; ${this.#claimOf(current.progress, rowOf(current))}`,
                 );
                 claimed = claimedByLast(claim as pg.QueryResult | pg.QueryResult[]);
               } catch (err) {
@@ -898,7 +1037,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
               }
             }
           },
-          { beginSql: `${this.#beginSql}; SAVEPOINT outboxkit_0; ${this.#claimText(rowOf(first))}` },
+          { beginSql: `${this.#beginSql}; SAVEPOINT outboxkit_0; ${this.#claimOf(first.progress, rowOf(first))}` },
         );
       } else {
         await runTransaction(database, async (tx) => {
@@ -910,8 +1049,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             try {
               // A nested drizzle transaction is a savepoint, rolled back when the callback throws.
               const outcome = await (tx as unknown as NestingTransaction).transaction(async (sp) => {
-                const claimed = await claimInboxRow(joinTransaction(sp, 'the dedup consumer'), schemaSql, rowOf(p));
+                const spq = joinTransaction(sp, 'the dedup consumer');
+                const claimed = await claimInboxRow(spq, schemaSql, rowOf(p));
                 if (!claimed) return 'duplicate' as const;
+                if (p.progress)
+                  await writeProgress(spq, schemaSql, groupId, p.event.topic, p.event.partition, p.progress);
                 await this.#runHandler(sp as TransactionOf<D>, p.event, signal, p.attempt);
                 try {
                   await assertTransactionUsable(joinTransaction(sp, 'the dedup consumer'));
@@ -957,7 +1099,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    *   anything else is the consumer's own statements (connection, lock timeout on the inbox row,
    *   commit).
    */
-  async #applyOnce(event: ConsumedEvent, signal: AbortSignal, attempt: number): Promise<'applied' | 'duplicate'> {
+  async #applyOnce(
+    event: ConsumedEvent,
+    signal: AbortSignal,
+    attempt: number,
+    progress?: StoredProgress,
+    stream?: PartitionStream,
+  ): Promise<'applied' | 'duplicate'> {
     const { database, schemaSql, groupId, lockTimeoutMs } = this.#o;
     const pool = isPgPool(database);
     let handlerReturned = false;
@@ -974,6 +1122,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
         await setTransactionLockTimeout(q, lockTimeoutMs);
         claimed = await claimInboxRow(q, schemaSql, row);
+        if (claimed && progress) await writeProgress(q, schemaSql, groupId, event.topic, event.partition, progress);
       }
       if (!claimed) return 'duplicate';
       await this.#runHandler(tx, event, signal, attempt);
@@ -993,7 +1142,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         ? await withPgTransaction(
             database,
             body as (c: pg.PoolClient, begun: pg.QueryResult | pg.QueryResult[]) => Promise<'applied' | 'duplicate'>,
-            { beginSql: `${this.#beginSql}; ${this.#claimText(row)}` },
+            { beginSql: `${this.#beginSql}; ${this.#claimOf(progress, row)}` },
           )
         : await runTransaction(database, body);
     } catch (err) {
@@ -1001,6 +1150,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       if (handlerReturned && isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')) throw swallowedFailure(err);
       throw err;
     }
+    // Committed: the stream now trusts the progress row it wrote (before any hook may fail).
+    if (outcome === 'applied' && progress) markWritten(stream, progress);
     await this.#afterCommit(event, outcome);
     return outcome;
   }
@@ -1046,6 +1197,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#events.emit('consumer:dead-lettered', { ...position, eventId, deadLetterTopic, reason, attempts, error });
   }
 
+  /** The inbox claim's text, writing the partition's progress too when there is a row to write. */
+  #claimOf(progress: StoredProgress | undefined, row: InboxRow): string {
+    return progress ? this.#claimWithProgressText(row, progress) : this.#claimText(row);
+  }
+
   /** One send at a time on the idempotent producer. */
   #send(topic: string, message: Message): Promise<void> {
     const sent = this.#sendChain.then(() => this.#producer.send({ topic, acks: -1, messages: [message] }));
@@ -1073,6 +1229,20 @@ function isPgPool(database: unknown): database is pg.Pool {
     'totalCount' in database &&
     typeof (database as { connect?: unknown }).connect === 'function'
   );
+}
+
+/** A message's Kafka timestamp, in ms since the epoch (-1 when the record has none). */
+function timestampOf(message: KafkaMessage): bigint {
+  return /^-?[0-9]{1,19}$/.test(message.timestamp) ? BigInt(message.timestamp) : -1n;
+}
+
+/** What the progress anchor compares of a record. */
+function identityOf(message: KafkaMessage, eventIdHeader: string): RecordIdentity {
+  return {
+    offset: BigInt(message.offset),
+    eventId: readEventId(decodeHeaders(message.headers), eventIdHeader),
+    timestamp: timestampOf(message),
+  };
 }
 
 function partitionKey(topic: string, partition: number): string {

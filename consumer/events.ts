@@ -19,6 +19,12 @@ export interface DedupConsumerEvents {
   /** The event id was already in the inbox for this group: the handler did not run. */
   'consumer:duplicate': { event: ConsumedEvent };
   /**
+   * `recordProgress` only: a redelivered record that the partition's progress proves handled
+   * (applied, found in the inbox or dead-lettered before) was skipped without a transaction.
+   * `eventId` is null for a record that has no usable event id (it was dead-lettered).
+   */
+  'consumer:progress-skipped': MessagePosition & { eventId: string | null };
+  /**
    * The handler failed; its transaction rolled back and the message will run again after
    * `delayMs` (its partition is paused meanwhile; other partitions go on).
    */

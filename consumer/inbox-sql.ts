@@ -45,7 +45,7 @@ export async function claimInboxRow(q: Queryable, schemaSql: string, row: InboxR
 }
 
 /** A UUID as `readEventId()` returns it (lower case); anything else never reaches inlined SQL. */
-const UUID_TEXT = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+export const UUID_TEXT = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 /** A Kafka offset as kafkajs gives it: the decimal text of a non-negative int64. */
 const OFFSET_TEXT = /^[0-9]{1,19}$/;
 
@@ -85,9 +85,14 @@ export function inboxClaimText(schemaSql: string, groupId: string): (row: InboxR
   };
 }
 
-/** Whether the claim (the last statement of a simple-protocol query string) inserted its row. */
+/**
+ * Whether the claim (the last statement of a simple-protocol query string) inserted its row: an
+ * `INSERT` of one row, or the one-row `SELECT ... AS claimed` of the claim that also writes the
+ * partition's progress (`claimWithProgressText()` in progress.ts).
+ */
 export function claimedByLast(results: pg.QueryResult | pg.QueryResult[]): boolean {
   const last = Array.isArray(results) ? results[results.length - 1] : results;
+  if (last?.command === 'SELECT') return Number((last.rows[0] as { claimed?: unknown } | undefined)?.claimed) === 1;
   return last?.command === 'INSERT' && last.rowCount === 1;
 }
 

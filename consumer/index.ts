@@ -39,5 +39,6 @@ export {
   DEFAULT_INBOX_RETENTION_MS,
   type CleanupInboxOptions,
 } from './inbox-cleanup.js';
+export { resetConsumerProgress, type ResetConsumerProgressOptions } from './progress.js';
 export { InboxUnavailableError, InvalidMessageError } from './errors.js';
 export { consumerMetrics, HANDLER_DURATION_BUCKETS } from './metrics.js';

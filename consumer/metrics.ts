@@ -27,6 +27,8 @@ function counter(registry: client.Registry, name: string, help: string): client.
  *
  * - `outboxkit_consumer_applied_total`: events whose handler ran and committed.
  * - `outboxkit_consumer_duplicates_total`: events skipped because the group had applied them.
+ * - `outboxkit_consumer_progress_skipped_total`: redelivered records skipped without a
+ *   transaction because the partition's progress proves them handled (`recordProgress`).
  * - `outboxkit_consumer_retries_total`: failed handler runs that will run again.
  * - `outboxkit_consumer_dead_lettered_total`: messages sent to the dead-letter topic.
  * - `outboxkit_consumer_errors_total`: failures outside the handler (database down, lock
@@ -48,6 +50,11 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
     registry,
     'outboxkit_consumer_duplicates_total',
     'Events skipped because the inbox shows the consumer group already applied them.',
+  );
+  const progressSkipped = counter(
+    registry,
+    'outboxkit_consumer_progress_skipped_total',
+    "Redelivered records skipped without a transaction: the partition's recorded progress proves them handled.",
   );
   const retries = counter(
     registry,
@@ -77,7 +84,7 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
 
   const group = consumer.groupId;
   for (const topic of consumer.topics) {
-    for (const c of [applied, duplicates, retries, deadLettered, errors]) c.inc({ group, topic }, 0);
+    for (const c of [applied, duplicates, progressSkipped, retries, deadLettered, errors]) c.inc({ group, topic }, 0);
     duration.zero({ group, topic });
   }
   const off = [
@@ -86,6 +93,7 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
       duration.observe({ group, topic: event.topic }, durationMs / 1_000);
     }),
     consumer.on('consumer:duplicate', ({ event }) => duplicates.inc({ group, topic: event.topic })),
+    consumer.on('consumer:progress-skipped', ({ topic }) => progressSkipped.inc({ group, topic })),
     consumer.on('consumer:retry', ({ event }) => retries.inc({ group, topic: event.topic })),
     consumer.on('consumer:dead-lettered', ({ topic }) => deadLettered.inc({ group, topic })),
     consumer.on('consumer:error', ({ topic }) => errors.inc({ group, topic })),

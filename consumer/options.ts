@@ -143,6 +143,18 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    * @defaultValue 691_200_000 (8 days, above Kafka's default 7-day retention)
    */
   inboxRetentionMs?: number;
+  /**
+   * Also record each partition's progress in PostgreSQL, in the transaction of the effects (table
+   * `consumer_progress`: a range of handled offsets and the event id and Kafka timestamp of the
+   * record at its end). A member that gets a partition after a crash, a rebalance or an offset
+   * reset then skips the redelivered records it can prove handled without an inbox claim each,
+   * once one of its fetched batches holds that last record again; every other record goes
+   * through the inbox as usual. Kafka's committed offsets stay authoritative (progress never
+   * moves the consumer), and a recreated topic or a later copy of an event never matches the
+   * stored record. Costs one small row update in each applied message's transaction (no extra
+   * round trip with a `pg.Pool`). See README "Partition progress". @defaultValue false
+   */
+  recordProgress?: boolean;
   /** Structured logger (pino-compatible). @defaultValue a no-op logger */
   logger?: Logger;
   /** Test-only hooks; see {@link DedupConsumerHooks}. @defaultValue none */
@@ -181,6 +193,7 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   autoCommitIntervalMs: 5_000,
   fromBeginning: false,
   inboxRetentionMs: DEFAULT_INBOX_RETENTION_MS,
+  recordProgress: false,
   logger: noopLogger,
   tracing: true,
 });
@@ -229,6 +242,7 @@ const KNOWN_OPTIONS = Object.keys({
   autoCommitIntervalMs: true,
   fromBeginning: true,
   inboxRetentionMs: true,
+  recordProgress: true,
   logger: true,
   hooks: true,
   decode: true,
@@ -350,6 +364,8 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   const fromBeginning = options.fromBeginning ?? d.fromBeginning;
   if (typeof fromBeginning !== 'boolean') fail('fromBeginning must be a boolean.');
   const inboxRetentionMs = integer('inboxRetentionMs', options.inboxRetentionMs ?? d.inboxRetentionMs, 1);
+  const recordProgress = options.recordProgress ?? d.recordProgress;
+  if (typeof recordProgress !== 'boolean') fail('recordProgress must be a boolean.');
   const logger = options.logger ?? d.logger;
   for (const level of ['debug', 'info', 'warn', 'error'] as const) {
     if (typeof (logger as unknown as Record<string, unknown>)?.[level] !== 'function') {
@@ -388,6 +404,7 @@ export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
     autoCommitIntervalMs,
     fromBeginning,
     inboxRetentionMs,
+    recordProgress,
     logger,
     hooks,
     decode,

@@ -151,7 +151,33 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     (t) => [primaryKey({ columns: [t.consumerGroup, t.eventId] }), index('inbox_processed_idx').on(t.processedAt)],
   );
 
-  return { schema, outboxEvents, relayLanes, relayInstances, idempotencyKeys, inbox };
+  /**
+   * The dedup consumer's optional partition progress (`recordProgress: true`): per (consumer group,
+   * topic, partition), a range of offsets whose records the group has handled, and the event id
+   * and Kafka timestamp (ms) of the record at its last offset: the anchor that tells this log from
+   * a recreated topic's, and a record from a later copy of the same event.
+   * Written in the transaction of the effects; Kafka's committed offsets stay authoritative.
+   * One row per partition: no retention needed.
+   */
+  const consumerProgress = schema.table(
+    'consumer_progress',
+    {
+      consumerGroup: text('consumer_group').notNull(),
+      topic: text('topic').notNull(),
+      partition: integer('partition').notNull(),
+      rangeStart: bigint('range_start', { mode: 'bigint' }).notNull(),
+      lastOffset: bigint('last_offset', { mode: 'bigint' }).notNull(),
+      lastEventId: uuid('last_event_id').notNull(),
+      lastTimestamp: bigint('last_timestamp', { mode: 'bigint' }).notNull(),
+      updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+    },
+    (t) => [
+      primaryKey({ columns: [t.consumerGroup, t.topic, t.partition] }),
+      check('consumer_progress_range_check', sql`${t.rangeStart} <= ${t.lastOffset}`),
+    ],
+  );
+
+  return { schema, outboxEvents, relayLanes, relayInstances, idempotencyKeys, inbox, consumerProgress };
 }
 
 const tables = outboxkitTables();
@@ -162,3 +188,4 @@ export const relayLanes = tables.relayLanes;
 export const relayInstances = tables.relayInstances;
 export const idempotencyKeys = tables.idempotencyKeys;
 export const inbox = tables.inbox;
+export const consumerProgress = tables.consumerProgress;

@@ -42,6 +42,7 @@ describe('migrate()', () => {
     const appliedCounts = results.map((r) => (r.stdout.match(/"applied":\["[^\]]+\]/) ? 1 : 0));
     expect(appliedCounts.reduce((a: number, b: number) => a + b, 0)).toBe(1);
     expect((await tables('billing_ok')).sort()).toEqual([
+      'consumer_progress',
       'idempotency_keys',
       'inbox',
       'outbox_events',
@@ -56,7 +57,7 @@ describe('migrate()', () => {
       'CREATE SCHEMA shared_app; CREATE TABLE shared_app.migrations (id serial PRIMARY KEY, name text)',
     );
     const { applied } = await migrate({ connectionString: db.url, schema: 'shared_app' });
-    expect(applied).toEqual(['0000_init']);
+    expect(applied).toEqual(['0000_init', '0001_consumer_progress']);
     expect((await tables('shared_app')).sort()).toContain('outboxkit_migrations');
   });
 

@@ -1,8 +1,9 @@
 import { Option, type Command } from 'commander';
 import { CLEANUP_INBOX_DEFAULTS, cleanupInbox } from '../../consumer/inbox-cleanup.js';
+import { resetConsumerProgress } from '../../consumer/progress.js';
 import { databaseOption, int, schemaOption, withPool } from '../shared.js';
 
-/** `outboxkit inbox cleanup`. */
+/** `outboxkit inbox cleanup` and `outboxkit inbox progress-reset`. */
 export function registerInbox(program: Command): void {
   const inbox = program.command('inbox').description("the dedup consumer's inbox (applied event ids per group)");
   inbox
@@ -49,4 +50,25 @@ export function registerInbox(program: Command): void {
         });
       },
     );
+  inbox
+    .command('progress-reset')
+    .description(
+      "delete a consumer group's partition progress rows (recordProgress); never needed for correctness, " +
+        'use it after recreating a topic',
+    )
+    .addOption(databaseOption())
+    .addOption(schemaOption())
+    .requiredOption('--group <consumer-group>', 'the consumer group')
+    .option('--topic <topic>', "only this topic's rows")
+    .option('--json', 'print JSON: { "deleted": n }')
+    .action(async (opts: { databaseUrl: string; schema: string; group: string; topic?: string; json?: boolean }) => {
+      await withPool(opts.databaseUrl, async (pool) => {
+        const deleted = await resetConsumerProgress(pool, {
+          schema: opts.schema,
+          groupId: opts.group,
+          topic: opts.topic,
+        });
+        console.log(opts.json ? JSON.stringify({ deleted }) : `deleted ${deleted} progress rows`);
+      });
+    });
 }

@@ -303,6 +303,26 @@ describe('--json on the commands that change something: one JSON object on stdou
     expect(await json(['inbox', 'cleanup'])).toEqual({ code: 0, value: { deleted: 0, more: false } });
   });
 
+  it("inbox progress-reset deletes one group's rows (one topic, or all), and needs --group", async () => {
+    await db.pool.query(
+      `INSERT INTO outboxkit.consumer_progress (consumer_group, topic, partition, range_start, last_offset, last_event_id, last_timestamp)
+       VALUES ('g1', 'a', 0, 0, 5, '01900000-0000-7000-8000-0000000000aa', 1),
+              ('g1', 'a', 1, 0, 5, '01900000-0000-7000-8000-0000000000ab', 1),
+              ('g1', 'b', 0, 0, 5, '01900000-0000-7000-8000-0000000000ac', 1),
+              ('g2', 'a', 0, 0, 5, '01900000-0000-7000-8000-0000000000ad', 1)`,
+    );
+    expect(await json(['inbox', 'progress-reset', '--group', 'g1', '--topic', 'a'])).toEqual({
+      code: 0,
+      value: { deleted: 2 },
+    });
+    expect(await json(['inbox', 'progress-reset', '--group', 'g1'])).toEqual({ code: 0, value: { deleted: 1 } });
+    const { rows } = await db.pool.query('SELECT consumer_group FROM outboxkit.consumer_progress');
+    expect(rows).toEqual([{ consumer_group: 'g2' }]);
+    const r = await cli(['inbox', 'progress-reset', '--database-url', db.url]);
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toMatch(/--group/);
+  });
+
   it('parked retry/skip: counts, and ids that are not parked events in the JSON (exit 1)', async () => {
     const [event] = await withPgTransaction(db.pool, (c) =>
       enqueue(c, { topic: randomName('json'), key: 'k', type: 't', payload: 1 }),

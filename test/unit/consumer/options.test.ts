@@ -103,6 +103,7 @@ describe('resolveDedupConsumerOptions: known options', () => {
       retryMaxMs: 200,
       lockTimeoutMs: 1_000,
       transactionScope: 'batch',
+      recordProgress: true,
       batchMaxMessages: 20,
       batchMaxMs: 500,
       partitionsConsumedConcurrently: 2,
