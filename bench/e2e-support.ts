@@ -418,6 +418,66 @@ export class LoadGenerator {
   }
 }
 
+/**
+ * Calls `send()` at a fixed rate (per second) from this process, open loop, at most `maxInFlight`
+ * at once; what falls more than a second behind is dropped and counted. The feed of a stage
+ * measured alone (bench/e2e.ts): its own CPU is this process's, never a stage's.
+ */
+export class PacedFeeder {
+  readonly counters = { sent: 0, ok: 0, errors: 0, shed: 0 };
+  private inFlight = 0;
+  private t0 = 0;
+  private rate = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private idle: (() => void) | undefined;
+
+  constructor(
+    private readonly send: (i: number) => Promise<void>,
+    private readonly maxInFlight = 16,
+  ) {}
+
+  /** Starts sending at `rate` per second (counts restart). */
+  start(rate: number): void {
+    this.rate = rate;
+    this.t0 = performance.now();
+    this.counters.sent = this.counters.ok = this.counters.errors = this.counters.shed = 0;
+    this.timer ??= setInterval(() => this.tick(), 4);
+  }
+
+  /** Stops sending and waits for the sends in flight. */
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    this.timer = undefined;
+    if (this.inFlight > 0) await new Promise<void>((r) => (this.idle = r));
+  }
+
+  private tick(): void {
+    let todo =
+      Math.floor(((performance.now() - this.t0) * this.rate) / 1000) - (this.counters.sent + this.counters.shed);
+    if (todo > this.rate) {
+      this.counters.shed += todo - this.rate;
+      todo = this.rate;
+    }
+    while (todo-- > 0 && this.inFlight < this.maxInFlight) {
+      const i = this.counters.sent++;
+      this.inFlight++;
+      this.send(i)
+        .then(
+          () => this.counters.ok++,
+          () => this.counters.errors++,
+        )
+        .finally(() => {
+          this.inFlight--;
+          if (this.inFlight === 0 && this.idle) {
+            const r = this.idle;
+            this.idle = undefined;
+            r();
+          }
+        });
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The pipeline
 // ---------------------------------------------------------------------------------------------

@@ -12,11 +12,20 @@
  *    in flight — outbox backlog plus consumer lag — at most max(2 % of the rate, 5)/s), doubling
  *    by ×1.5, then bisecting; the best rate is then confirmed over a longer window (a minute by
  *    default), stepping down by 15 % if it fails.
- * 2. CPU-seconds per 1,000 events, at half that rate: each stage alone — (W) HTTP + outbox writes
- *    with relay and consumer stopped, (R) a relay draining that backlog with the consumer stopped,
- *    (C) the consumer consuming it alone — then the whole pipeline at the same rate. Ratio =
- *    pipeline / (W + R + C). Figures include the bench database's PostgreSQL backends, PostgreSQL's
- *    auxiliary processes and the broker's JVM; the load generator (this process) is excluded.
+ * 2. CPU-seconds per 1,000 events, at half that rate: each stage alone, then the whole pipeline at
+ *    the same rate; ratio = pipeline / (W + R + C), read two ways:
+ *    - at the same rate (the like-with-like reading): (W) HTTP + outbox writes with relay and
+ *      consumer stopped; (R) the relay publishing events that a feeder in this process commits at
+ *      that rate (one `enqueue()` per transaction, to a topic nobody reads), minus the feeder
+ *      alone; (C) the consumer applying events that a kafkajs producer in this process sends at
+ *      that rate, minus that producer alone. Each stage then does its own work at the pipeline's
+ *      pace (one pass, one fetch per event or so), and what the feed itself costs PostgreSQL and
+ *      the broker is taken out;
+ *    - draining a backlog: (R) a relay draining W's backlog, (C) the consumer consuming it; each
+ *      then works in large batches, which the pipeline at a low rate never does.
+ *    Figures include the bench database's PostgreSQL backends, PostgreSQL's auxiliary processes
+ *    and the broker's JVM; the load generator and the feeders (this process, and their own
+ *    database connections) are excluded.
  * 3. Latency at half the rate (the pipeline window above) and at 1,000 orders/s if sustainable:
  *    order row insert → shipment row insert, both `clock_timestamp()` of the database.
  *
@@ -46,6 +55,11 @@ import {
   type LatencyFigures,
   type Window,
 } from './e2e-support.js';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { v7 as uuidv7 } from 'uuid';
+import { enqueue, HEADER_EVENT_ID, HEADER_EVENT_TYPE, withPgTransaction } from '../src/index.js';
+import { BENCH_APPLICATION, PacedFeeder } from './e2e-support.js';
 import { machine } from './support.js';
 
 const STEP_S = knob('BENCH_E2E_STEP_S', 15);
@@ -80,7 +94,8 @@ const round10 = (x: number) => Math.max(10, Math.round(x / 10) * 10);
 export async function run(): Promise<string> {
   const startedAt = Date.now();
   const loadBefore = loadAverage();
-  const p = await Pipeline.create({ partitions: PARTITIONS, bench: 'e2e' });
+  const feedTopic = `bench.e2e.feed.${randomUUID().slice(0, 8)}`;
+  const p = await Pipeline.create({ partitions: PARTITIONS, bench: 'e2e', extraTopics: [feedTopic] });
   let load: LoadGenerator | undefined;
   try {
     await p.startOrders();
@@ -266,6 +281,13 @@ export async function run(): Promise<string> {
     });
     await p.waitDrained(DRAIN_TIMEOUT_MS);
 
+    // 2b. Each stage alone at the same rate, fed from this process (see the file's doc).
+    await p.stopRelays();
+    await p.stopConsumer();
+    const atRate = await stagesAtRate(p, rate, feedTopic);
+    await p.startRelay();
+    await p.waitDrained(DRAIN_TIMEOUT_MS);
+
     // 3. The whole pipeline at the same rate; its window gives the latency at that rate too.
     say(`pipeline at ${rate}/s for ${LATENCY_S} s`);
     const whole = await measureWindow(p, l, rate, LATENCY_S);
@@ -295,6 +317,9 @@ export async function run(): Promise<string> {
     const per1k = (s: Stage) => (cpuDelta(s.from, s.to, s.groups) / s.events) * 1000;
     const sumStages = stages.reduce((a, s) => a + per1k(s), 0);
     const ratio = per1k(wholeStage) / sumStages;
+    const wAtRate = per1k(stages[0]!);
+    const sumAtRate = wAtRate + atRate.relay.per1k + atRate.consumer.per1k;
+    const ratioAtRate = per1k(wholeStage) / sumAtRate;
     const groupsShown = ['orders', 'relay', 'consumer', 'postgres', 'broker'];
     const idleS = 5;
     const stepRow = (w: Window, kind: string) => [
@@ -391,8 +416,20 @@ export async function run(): Promise<string> {
         ]),
       ),
       '',
-      `Sum of the stages alone: ${f3(sumStages)} CPU-s per 1,000 events; whole pipeline: ${f3(per1k(wholeStage))}.`,
-      `**B5 CPU ratio pipeline / sum of stages = ${f3(ratio)}** (target ≤ 1.3).`,
+      `#### Stages alone at the same rate (${rate}/s): the like-with-like reading`,
+      '',
+      table(
+        ['stage', 'window', 'events', 's', ...groupsShown.map((g) => `${g} CPU-s`), 'CPU-s per 1,000 events'],
+        atRate.rows,
+      ),
+      '',
+      `R = (relay with its feed) − (the feed alone), C = (consumer with its feed) − (the feed alone), per 1,000 events; W as above. ` +
+        `Sum W + R + C = ${f3(wAtRate)} + ${f3(atRate.relay.per1k)} + ${f3(atRate.consumer.per1k)} = ${f3(sumAtRate)} CPU-s per 1,000 events; ` +
+        `whole pipeline ${f3(per1k(wholeStage))}.`,
+      `**B5 CPU ratio pipeline / sum of the stages alone at the same rate = ${f3(ratioAtRate)}** (target ≤ 1.3).`,
+      '',
+      `Draining reading (R and C draining W's backlog in large batches, the table above): sum ${f3(sumStages)} CPU-s per 1,000 events; ` +
+        `pipeline / sum = **${f3(ratio)}**.`,
       `(info) Fixed cost in that figure: the idle rates below over the pipeline window come to ${f3(
         (groupsShown.reduce((a, g) => a + ((idleTo[g] ?? 0) - (idleFrom[g] ?? 0)) / idleS, 0) *
           wholeStage.seconds *
@@ -414,5 +451,185 @@ export async function run(): Promise<string> {
       load.close();
     }
     await p.close();
+  }
+}
+
+/** One stage alone at the pipeline's rate: its marginal CPU per 1,000 events, and the table rows behind it. */
+interface AtRate {
+  per1k: number;
+}
+
+/**
+ * (R) and (C) of the ratio at the same rate: each stage alone, fed from this process at `rate`,
+ * minus what its feed costs alone (PostgreSQL and the broker take the feed's writes; the feeders'
+ * own CPU and database connections are never counted). Expects no relay and no consumer running;
+ * leaves the consumer running (and no relay).
+ */
+async function stagesAtRate(
+  p: Pipeline,
+  rate: number,
+  feedTopic: string,
+): Promise<{ relay: AtRate; consumer: AtRate; rows: (string | number)[][] }> {
+  const groupsShown = ['orders', 'relay', 'consumer', 'postgres', 'broker'];
+  const rows: (string | number)[][] = [];
+  // The SQL feed: one event per transaction, as the orders service writes them (NOTIFY on).
+  const feedPool = new pg.Pool({ connectionString: p.db.url, max: 8, application_name: `${BENCH_APPLICATION}-feeder` });
+  feedPool.on('error', () => undefined);
+  let feedWritten = 0;
+  const otherBefore = p.otherEvents;
+  p.otherEvents = () => otherBefore() + feedWritten;
+  const payloadOf = (i: number) => ({
+    orderId: randomUUID(),
+    tenant: 'tenant-a',
+    cartId: `feed-${i}`,
+    currency: 'EUR',
+    amount: 100,
+  });
+  const sqlFeed = new PacedFeeder(async (i) => {
+    const payload = payloadOf(i);
+    await withPgTransaction(feedPool, (c) =>
+      enqueue(c, {
+        topic: feedTopic,
+        key: payload.orderId,
+        type: 'order.created',
+        aggregateType: 'order',
+        aggregateId: payload.orderId,
+        payload,
+      }),
+    );
+    feedWritten++;
+  });
+  // The Kafka feed: records as the relay writes them (key, event id and type headers), one send
+  // at a time on an idempotent producer with acks=all.
+  const producer = p.kafka.producer({ idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: false });
+  await producer.connect();
+  let kafkaTopic = feedTopic;
+  const kafkaFeed = new PacedFeeder(async (i) => {
+    const payload = payloadOf(i);
+    await producer.send({
+      topic: kafkaTopic,
+      acks: -1,
+      messages: [
+        {
+          key: payload.orderId,
+          value: JSON.stringify(payload),
+          headers: { [HEADER_EVENT_ID]: uuidv7(), [HEADER_EVENT_TYPE]: 'order.created' },
+        },
+      ],
+    });
+  }, 1);
+
+  /** One window of CPU_S at `rate`, after a 3 s warm-up; `count` reads the events the stage handled. */
+  const window = async (
+    name: string,
+    feed: PacedFeeder,
+    groups: string[],
+    count: () => Promise<number>,
+  ): Promise<{ cpuPerS: number; eventsPerS: number }> => {
+    feed.start(rate);
+    await sleep(3_000);
+    const n0 = await count();
+    const s0 = await p.cpu.sample();
+    const t0 = performance.now();
+    await sleep(CPU_S * 1000);
+    const s1 = await p.cpu.sample();
+    const t1 = performance.now();
+    const n1 = await count();
+    await feed.stop();
+    const seconds = (t1 - t0) / 1000;
+    const cpu = cpuDelta(s0, s1, groups);
+    rows.push([
+      name,
+      groups.join(' + '),
+      n1 - n0,
+      f1(seconds),
+      ...groupsShown.map((g) => (groups.includes(g) ? f2((s1[g] ?? 0) - (s0[g] ?? 0)) : '–')),
+      n1 > n0 ? f3((cpu / (n1 - n0)) * 1000) : '–',
+    ]);
+    if (feed.counters.errors > 0) throw new Error(`${name}: ${feed.counters.errors} feed sends failed`);
+    return { cpuPerS: cpu / seconds, eventsPerS: (n1 - n0) / seconds };
+  };
+  const marginal = (withStage: { cpuPerS: number; eventsPerS: number }, feedAlone: { cpuPerS: number }) =>
+    ((withStage.cpuPerS - feedAlone.cpuPerS) / withStage.eventsPerS) * 1000;
+
+  try {
+    say(`stage R at ${rate}/s: the SQL feed alone for ${CPU_S} s`);
+    const sqlAlone = await window(
+      'SQL feed alone (relay stopped)',
+      sqlFeed,
+      ['postgres', 'broker'],
+      async () => feedWritten,
+    );
+    // Its events were never published: nobody needs them.
+    await p.monitor.query('DELETE FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NULL', [feedTopic]);
+
+    const relay = await p.startRelay();
+    await waitFor(
+      'the relay to hold every lane',
+      async () =>
+        (
+          await p.monitor.query<{ n: number }>(
+            'SELECT count(*)::int AS n FROM outboxkit.relay_lanes WHERE owner_id = $1',
+            [relay.relayId],
+          )
+        ).rows[0]!.n === 64,
+      { timeoutMs: 30_000, everyMs: 100, children: p.relays },
+    );
+    say(`stage R at ${rate}/s: the relay with the SQL feed for ${CPU_S} s`);
+    const withRelay = await window(
+      'relay publishing the SQL feed',
+      sqlFeed,
+      ['relay', 'postgres', 'broker'],
+      async () => (await p.probe()).published,
+    );
+    await waitFor('the relay to publish the feed', async () => (await p.probe()).pending === 0, {
+      timeoutMs: DRAIN_TIMEOUT_MS,
+      everyMs: 100,
+      children: p.relays,
+    });
+    await p.stopRelays();
+
+    say(`stage C at ${rate}/s: the Kafka feed alone for ${CPU_S} s`);
+    const kafkaAlone = await window(
+      'Kafka feed alone (to a topic nobody reads)',
+      kafkaFeed,
+      ['postgres', 'broker'],
+      async () => kafkaFeed.counters.ok,
+    );
+    await p.startConsumer();
+    await p.rebase();
+    kafkaTopic = p.topic;
+    say(`stage C at ${rate}/s: the consumer with the Kafka feed for ${CPU_S} s`);
+    const withConsumer = await window(
+      'consumer applying the Kafka feed',
+      kafkaFeed,
+      ['consumer', 'postgres', 'broker'],
+      async () => (await p.probe()).applied,
+    );
+    // The feed's shipments belong to no order: removed once all are applied, so that the
+    // pipeline's "drained" check (orders = shipments) holds again.
+    await waitFor(
+      'the consumer to apply the feed',
+      async () => {
+        const { rows: r } = await p.monitor.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM orders_demo.shipments s WHERE NOT EXISTS (SELECT 1 FROM orders_demo.orders o WHERE o.id = s.order_id)`,
+        );
+        return r[0]!.n >= kafkaFeed.counters.ok;
+      },
+      { timeoutMs: DRAIN_TIMEOUT_MS, everyMs: 250, children: [p.consumer!] },
+    );
+    await p.monitor.query(
+      'DELETE FROM orders_demo.shipments s WHERE NOT EXISTS (SELECT 1 FROM orders_demo.orders o WHERE o.id = s.order_id)',
+    );
+    return {
+      relay: { per1k: marginal(withRelay, sqlAlone) },
+      consumer: { per1k: marginal(withConsumer, kafkaAlone) },
+      rows,
+    };
+  } finally {
+    await sqlFeed.stop();
+    await kafkaFeed.stop();
+    await producer.disconnect().catch(() => undefined);
+    await feedPool.end().catch(() => undefined);
   }
 }
