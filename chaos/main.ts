@@ -42,6 +42,8 @@ import {
   profileName,
   resolveChaosOptions,
   kindList,
+  recordProgressMode,
+  recordsProgress,
   sabotageList,
   seedValue,
   type ChaosOptions,
@@ -104,6 +106,14 @@ function parseOptions(argv: string[]): ChaosOptions {
     .option('--keep', 'keep the database and the topics after the run')
     .option('--verbose', 'print each fault as it is injected')
     .option('--log-dir <dir>', "where each service's output is kept (default: .chaos-logs/run-<pid>)")
+    .addOption(
+      new Option(
+        '--record-progress <mode>',
+        'consumer members with recordProgress (partition progress in PostgreSQL): mixed (odd members), all, none',
+      )
+        .argParser(recordProgressMode)
+        .default('mixed'),
+    )
     .option(
       '--kinds <list>',
       `fault kinds to schedule, comma-separated (default: all: ${Object.keys(FAULT_KINDS).join(', ')})`,
@@ -130,7 +140,7 @@ async function main(): Promise<number> {
   const log = (m: string) => console.log(`[chaos +${((Date.now() - startedAt) / 1000).toFixed(0)} s] ${m}`);
   const faketime = findFaketimeLibrary();
   log(
-    `profile ${o.profile}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers, seed ${o.seed}`,
+    `profile ${o.profile}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers (recordProgress: ${o.recordProgress}), seed ${o.seed}`,
   );
   if (!faketime) log('faketime is NOT installed: clock-skew faults will be skipped (apt-get install faketime)');
   if (o.sabotage.length > 0)
@@ -206,6 +216,11 @@ async function main(): Promise<number> {
       // Short leases: a dead relay's lanes are taken over within seconds. Published rows are kept
       // for the check (the default retention could delete them during a long run).
       // Log level info: the relay's "relay started" line tells the supervisor it is ready.
+      // Consumer members with partition progress in PostgreSQL (--record-progress).
+      envOf: (s): Record<string, string> =>
+        s.role === 'consumer' && recordsProgress(o.recordProgress, Number(s.name.split('-')[1]))
+          ? { SHIPPING_RECORD_PROGRESS: '1' }
+          : {},
       relayArgs: [
         'relay',
         '--lease-ms',

@@ -94,6 +94,27 @@ export interface ChaosOptions extends Profile {
   kinds: FaultKind[] | undefined;
   /** Test-only: guarantees the example breaks on purpose (empty for a real run). */
   sabotage: SabotageKind[];
+  /**
+   * Which consumer members run with `recordProgress` (partition progress in PostgreSQL): every
+   * one, none, or `mixed` (odd-numbered members), so that partitions also move between members of
+   * both kinds. @defaultValue 'mixed'
+   */
+  recordProgress: RecordProgressMode;
+}
+
+/** See {@link ChaosOptions.recordProgress}. */
+export const RECORD_PROGRESS_MODES = ['mixed', 'all', 'none'] as const;
+export type RecordProgressMode = (typeof RECORD_PROGRESS_MODES)[number];
+
+export function recordProgressMode(value: string): RecordProgressMode {
+  if (!(RECORD_PROGRESS_MODES as readonly string[]).includes(value))
+    throw new InvalidArgumentError(`Expected one of ${RECORD_PROGRESS_MODES.join(', ')}.`);
+  return value as RecordProgressMode;
+}
+
+/** Whether consumer member `n` (from 1) runs with `recordProgress` in mode `mode`. */
+export function recordsProgress(mode: RecordProgressMode, n: number): boolean {
+  return mode === 'all' || (mode === 'mixed' && n % 2 === 1);
 }
 
 export function positiveInt(value: string): number {
@@ -158,6 +179,7 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
     logDir: flags.logDir,
     sabotage: flags.sabotage ?? [],
     kinds: flags.kinds,
+    recordProgress: flags.recordProgress ?? 'mixed',
   };
   if (options.relays < 2 || options.relays > 3)
     throw new InvalidArgumentError('--relays must be 2 or 3 (several instances is what the faults test).');

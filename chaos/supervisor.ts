@@ -51,6 +51,8 @@ export interface SupervisorOptions {
   /** Environment shared by every service (DATABASE_URL, KAFKA_BROKERS, topic, group...). */
   env: Record<string, string>;
   relayArgs: string[];
+  /** Environment of one service on top of `env` (per-member settings), if any. */
+  envOf?: (s: Service) => Record<string, string>;
   random: Random;
   events: SupervisorEvents;
   /** libfaketime's preload library, or undefined when faketime is not installed. */
@@ -152,6 +154,7 @@ export class Supervisor {
     s.starts++;
     const env: Record<string, string> = {
       ...this.o.env,
+      ...this.o.envOf?.(s),
       // The harness finds each process's backends by application_name (pg_terminate_backend).
       PGAPPNAME: `chaos-${s.name}`,
     };

@@ -32,6 +32,8 @@ export async function startShipping(options: {
   sessionTimeoutMs?: number;
   /** Heartbeat interval, in ms. @defaultValue the consumer's (3_000) */
   heartbeatIntervalMs?: number;
+  /** The consumer's `recordProgress` (partition progress in PostgreSQL). @defaultValue false */
+  recordProgress?: boolean;
   /**
    * Test-only: delete the inbox row in the handler's transaction, as if the effect were applied
    * without recording the event, so every redelivery applies it again (breaks DESIGN G4 on
@@ -49,6 +51,7 @@ export async function startShipping(options: {
     fromBeginning: true,
     ...(options.sessionTimeoutMs === undefined ? {} : { sessionTimeoutMs: options.sessionTimeoutMs }),
     ...(options.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: options.heartbeatIntervalMs }),
+    recordProgress: options.recordProgress ?? false,
     async handler({ tx, event }) {
       const order = event.json() as { orderId: string; cartId: string; customerId?: string; customerVersion?: number };
       if (order.cartId.startsWith('undeliverable-')) throw new Error('No carrier delivers to this address.');
@@ -90,6 +93,7 @@ async function main(): Promise<void> {
     groupId: process.env.SHIPPING_GROUP ?? 'shipping',
     sessionTimeoutMs: optionalInt(process.env.SHIPPING_SESSION_TIMEOUT_MS),
     heartbeatIntervalMs: optionalInt(process.env.SHIPPING_HEARTBEAT_INTERVAL_MS),
+    recordProgress: process.env.SHIPPING_RECORD_PROGRESS === '1',
     sabotageNoDedup: (process.env.CHAOS_SABOTAGE ?? '').split(',').includes('no-dedup'),
   });
   // kafkajs gave up on the consumer (an error it does not retry): exit, so that the supervisor

@@ -7,7 +7,14 @@ import { InvalidArgumentError } from 'commander';
 import { describe, expect, it } from 'vitest';
 import { runFaultPhase } from '../../chaos/fault-phase.js';
 import { chooseCrashPoint, CRASH_POINTS, FAULT_KINDS, planFaults, type FaultKind } from '../../chaos/faults.js';
-import { kindList, PROFILES, resolveChaosOptions, sabotageList } from '../../chaos/options.js';
+import {
+  kindList,
+  PROFILES,
+  recordProgressMode,
+  recordsProgress,
+  resolveChaosOptions,
+  sabotageList,
+} from '../../chaos/options.js';
 import { seededRandom } from '../../chaos/random.js';
 
 const KINDS = Object.keys(FAULT_KINDS) as FaultKind[];
@@ -184,6 +191,15 @@ describe('chaos options', () => {
     expect(sabotageList('no-dedup, lose-events,no-dedup')).toEqual(['no-dedup', 'lose-events']);
     expect(() => sabotageList('no-dedup,typo')).toThrow(InvalidArgumentError);
     expect(resolveChaosOptions({}).sabotage).toEqual([]);
+  });
+
+  it('--record-progress: mixed by default (odd members), all or none', () => {
+    expect(resolveChaosOptions({}).recordProgress).toBe('mixed');
+    expect([1, 2, 3, 4].map((n) => recordsProgress('mixed', n))).toEqual([true, false, true, false]);
+    expect([1, 2].map((n) => recordsProgress('all', n))).toEqual([true, true]);
+    expect([1, 2].map((n) => recordsProgress('none', n))).toEqual([false, false]);
+    expect(recordProgressMode('all')).toBe('all');
+    expect(() => recordProgressMode('some')).toThrow(InvalidArgumentError);
   });
 
   it('parses --kinds and rejects an unknown kind', () => {
