@@ -72,18 +72,17 @@ import {
 } from './inbox-sql.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
 import {
+  beginBatch,
   claimWithProgressText,
-  continuesStream,
   isProvenHandled,
-  markHandled,
+  markDeadLettered,
   markWritten,
-  newStream,
+  newPartitionProgress,
   probeProgress,
   progressAfter,
   readProgress,
-  verifyAnchor,
   writeProgress,
-  type PartitionStream,
+  type PartitionProgress,
   type RecordIdentity,
   type StoredProgress,
 } from './progress.js';
@@ -108,7 +107,9 @@ export interface DedupConsumer {
    *
    * @param signal - stops the consumer when aborted (like calling `stop()`).
    * @throws {@link TopicMissingError} naming the missing topics (nothing is created).
-   * @throws {@link InboxUnavailableError} when the inbox table is missing or PostgreSQL is down.
+   * @throws {@link InboxUnavailableError} when the inbox table (or, with `recordProgress`, the
+   *   `consumer_progress` table) is missing (`retriable: false`: apply the migrations), or
+   *   PostgreSQL is down (`retriable: true`).
    * @throws {@link LifecycleError} when called twice, after `stop()`, or if stopped while starting.
    */
   start(signal?: AbortSignal): Promise<void>;
@@ -212,6 +213,8 @@ interface NestingTransaction {
 }
 
 type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; delayMs: number };
+/** Subtransaction ids PostgreSQL caches per transaction (`PGPROC_MAX_CACHED_SUBXIDS`, src/include/storage/proc.h). */
+const PG_CACHED_SUBXIDS = 64;
 /** SQLSTATE 25P02 in_failed_sql_transaction: a statement of the transaction already failed. */
 const IN_FAILED_SQL_TRANSACTION = '25P02';
 
@@ -231,8 +234,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #producer: Producer;
   readonly #stopController = new AbortController();
   readonly #pending = new Map<string, PendingMessage>();
-  /** `recordProgress`: the stream of each partition this process consumes (see progress.ts). */
-  readonly #streams = new Map<string, PartitionStream>();
+  /** `recordProgress`: what this process knows of each partition it consumes (see progress.ts). */
+  readonly #progress = new Map<string, PartitionProgress>();
   readonly #resumeTimers = new Set<NodeJS.Timeout>();
   #state: State = 'new';
   #startPromise: Promise<void> | undefined;
@@ -258,6 +261,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#beginSql = `BEGIN; SET LOCAL lock_timeout = '${this.#o.lockTimeoutMs}ms'`;
     this.#claimText = inboxClaimText(this.#o.schemaSql, this.#o.groupId);
     this.#claimWithProgressText = claimWithProgressText(this.#o.schemaSql, this.#o.groupId, this.#claimText);
+    if (this.#o.transactionScope === 'batch' && this.#o.batchMaxMessages > PG_CACHED_SUBXIDS) {
+      this.#o.logger.warn(
+        { groupId: this.groupId, batchMaxMessages: this.#o.batchMaxMessages },
+        `batchMaxMessages is above ${PG_CACHED_SUBXIDS}: a transaction with more subtransactions than PostgreSQL caches ` +
+          '(PGPROC_MAX_CACHED_SUBXIDS) slows down every session’s snapshots while it is open. Keep it at most 64.',
+      );
+    }
     const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
     this.#consumer = kafka.consumer({
       groupId,
@@ -372,7 +382,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   async #checkInbox(): Promise<void> {
-    const { database, schema, schemaSql } = this.#o;
+    const { database, schema, schemaSql, recordProgress } = this.#o;
+    let table = 'inbox';
     try {
       // Through runTransaction() on purpose: for a pg.Pool it also adds outboxkit's 'error'
       // listener (once per pool), so PostgreSQL terminating an idle connection cannot crash the
@@ -381,14 +392,19 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       await runTransaction(database, async (tx) => {
         const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
         await probeInbox(q, schemaSql);
-        if (this.#o.recordProgress) await probeProgress(q, schemaSql);
+        table = 'consumer_progress';
+        if (recordProgress) await probeProgress(q, schemaSql);
       });
     } catch (err) {
       if ([...codesOf(err)].some((code) => MISSING_RELATION.has(code))) {
+        const what =
+          table === 'inbox'
+            ? `The inbox table "${schema}".inbox does not exist in this database`
+            : `The table "${schema}".consumer_progress, which recordProgress writes, does not exist in this database ` +
+              '(migration 0001_consumer_progress not applied)';
         throw new InboxUnavailableError(
-          `The inbox table "${schema}".inbox${this.#o.recordProgress ? ' (or consumer_progress, for recordProgress)' : ''} ` +
-            "does not exist in this database; apply outboxkit's migrations " +
-            '(`outboxkit migrate`, or migrate() from outboxkit) or set the `schema` option to the schema that holds it.',
+          `${what}; apply outboxkit's migrations (\`outboxkit migrate\`, or migrate() from outboxkit) or set the ` +
+            '`schema` option to the schema that holds it.',
           { cause: err },
         );
       }
@@ -508,7 +524,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       clearTimeout(watchdog);
       this.#state = 'stopped';
       this.#pending.clear();
-      this.#streams.clear();
+      this.#progress.clear();
     }
     this.#o.logger.info({ groupId: this.groupId }, 'Dedup consumer stopped.');
   }
@@ -528,8 +544,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   #onJoin(assignment: Record<string, number[]>): void {
-    // A new generation: every partition's next batch begins a new stream (progress.ts).
-    this.#streams.clear();
+    // A new generation: the next batch of each partition reads its stored progress again.
+    this.#progress.clear();
     // Forget the retry state of partitions this member no longer owns.
     for (const key of this.#pending.keys()) {
       const [topic, partition] = splitKey(key);
@@ -540,7 +556,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   #onCrash(error: Error, restart: boolean): void {
-    this.#streams.clear();
+    this.#progress.clear();
     // Crashed for good while running: say so (state, log), so the process can exit and be restarted.
     if (!restart && this.#state === 'running') this.#state = 'crashed';
     this.#o.logger.error(
@@ -564,9 +580,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // What the handlers of this batch see: aborted on stop() or when the partitions may go.
     const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
     try {
-      const stream = this.#o.recordProgress ? await this.#streamOf(payload) : undefined;
+      const partitionProgress = this.#o.recordProgress ? await this.#progressOf(payload) : undefined;
       if (this.#o.transactionScope === 'batch') {
-        await this.#runBatchInTransactions(payload, keepAlive, signal, stream);
+        await this.#runBatchInTransactions(payload, keepAlive, signal, partitionProgress);
         return;
       }
       for (const message of batch.messages) {
@@ -574,10 +590,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         if (this.#mustStop(payload)) return;
         // The group is rebalancing: leave the rest to whoever owns the partition next.
         keepAlive.throwIfLost();
-        if (isProvenHandled(stream, BigInt(message.offset))) {
+        if (isProvenHandled(partitionProgress, BigInt(message.offset))) {
           this.#skipHandled(batch.topic, batch.partition, message);
         } else {
-          const step = await this.#process(batch.topic, batch.partition, message, signal, stream);
+          const step = await this.#process(batch.topic, batch.partition, message, signal, partitionProgress);
           if (step.kind === 'interrupted') {
             keepAlive.throwIfLost();
             return;
@@ -589,7 +605,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         }
         // Applied, duplicate, dead-lettered or proven handled: now, and only now, the offset may be committed.
         payload.resolveOffset(message.offset);
-        markHandled(stream, BigInt(message.offset));
         // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
         await payload.heartbeat();
         await payload.commitOffsetsIfNecessary();
@@ -600,45 +615,38 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * `recordProgress`: the partition's stream (progress.ts) that this batch continues, or a new
-   * one with the partition's stored progress; then looks for the stored row's anchor in the batch.
-   * A failed read of the stored row costs the optimisation, never a skip: the stream then trusts
-   * nothing it did not write itself.
+   * `recordProgress`: what this process knows of the batch's partition (its stored progress,
+   * read when this process gets the partition), and whether this batch trusts it (progress.ts).
+   * A failed read of the stored row costs the optimisation, never a skip: the partition then
+   * trusts nothing until it wrote a row itself.
    */
-  async #streamOf(payload: EachBatchPayload): Promise<PartitionStream | undefined> {
+  async #progressOf(payload: EachBatchPayload): Promise<PartitionProgress | undefined> {
     const { batch } = payload;
-    const first = batch.messages[0];
+    const { messages } = batch;
+    const first = messages[0];
     if (first === undefined) return undefined;
     const key = partitionKey(batch.topic, batch.partition);
+    let progress = this.#progress.get(key);
+    if (progress === undefined) {
+      progress = newPartitionProgress(await this.#storedProgress(batch.topic, batch.partition));
+      this.#progress.set(key, progress);
+    }
     // kafkajs's Batch keeps the offset it fetched from (not in its typings); every record from
     // there to the first message is one there is nothing to handle for (control, aborted, compacted).
     const raw = (batch as { fetchedOffset?: unknown }).fetchedOffset;
     const fetched = typeof raw === 'string' && /^[0-9]{1,19}$/.test(raw) ? BigInt(raw) : BigInt(first.offset);
-    const existing = this.#streams.get(key);
-    const stream = continuesStream(existing, fetched)
-      ? existing
-      : await this.#newStream(batch.topic, batch.partition, fetched);
-    this.#streams.set(key, stream);
-    if (stream.candidate !== null) {
-      const { messages } = batch;
-      verifyAnchor(
-        stream,
-        (offset) => {
-          const text = offset.toString();
-          const message = messages.find((m) => m.offset === text);
-          return message && identityOf(message, this.#o.eventIdHeader);
-        },
-        BigInt(messages[messages.length - 1]!.offset),
-      );
-    }
-    return stream;
+    beginBatch(progress, fetched, (offset) => {
+      const text = offset.toString();
+      const message = messages.find((m) => m.offset === text);
+      return message && identityOf(message, this.#o.eventIdHeader);
+    });
+    return progress;
   }
 
-  /** A new stream of a partition (progress.ts), with the partition's stored progress as its candidate. */
-  async #newStream(topic: string, partition: number, fetched: bigint): Promise<PartitionStream> {
-    let stored: StoredProgress | null = null;
+  /** The partition's stored progress row, or null (also when it cannot be read: logged). */
+  async #storedProgress(topic: string, partition: number): Promise<StoredProgress | null> {
     try {
-      stored = await runTransaction(this.#o.database, (tx) =>
+      return await runTransaction(this.#o.database, (tx) =>
         readProgress(
           joinTransaction(tx as TransactionHandle, 'the dedup consumer'),
           this.#o.schemaSql,
@@ -652,8 +660,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         { groupId: this.groupId, topic, partition, err },
         "Could not read the partition's recorded progress; its redelivered records go through the inbox.",
       );
+      return null;
     }
-    return newStream(fetched, stored);
   }
 
   /** A redelivered record that the partition's progress proves handled: skipped, no transaction. */
@@ -682,7 +690,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     payload: EachBatchPayload,
     keepAlive: KeepAlive,
     signal: AbortSignal,
-    stream: PartitionStream | undefined,
+    partitionProgress: PartitionProgress | undefined,
   ): Promise<void> {
     const { batch } = payload;
     let next = 0;
@@ -690,27 +698,26 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       if (this.#mustStop(payload)) return;
       keepAlive.throwIfLost();
       const message = batch.messages[next]!;
-      if (isProvenHandled(stream, BigInt(message.offset))) {
+      if (isProvenHandled(partitionProgress, BigInt(message.offset))) {
         this.#skipHandled(batch.topic, batch.partition, message);
         payload.resolveOffset(message.offset);
-        markHandled(stream, BigInt(message.offset));
         next += 1;
         await payload.heartbeat();
         await payload.commitOffsetsIfNecessary();
         continue;
       }
-      const first = this.#prepare(batch.topic, batch.partition, message, stream);
+      const first = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
       let step: Step = DONE;
       let resolved = 0;
       if (first.kind === 'dead-letter') {
         // Nothing of an earlier run is left open: dead-letter it, then resolve it.
-        step = await this.#process(batch.topic, batch.partition, message, signal, stream);
+        step = await this.#process(batch.topic, batch.partition, message, signal, partitionProgress);
         if (step.kind === 'done') resolved = 1;
       } else {
-        const run = await this.#applyRun(payload, first, next, keepAlive, signal, stream);
+        const run = await this.#applyRun(payload, first, next, keepAlive, signal, partitionProgress);
         // The run's transaction wrote the progress of its last applied message (if any).
         const lastApplied = run.done.findLast((d) => d.outcome === 'applied');
-        if (lastApplied?.prepared.progress) markWritten(stream, lastApplied.prepared.progress);
+        if (lastApplied?.prepared.progress) markWritten(partitionProgress, lastApplied.prepared.progress);
         // Committed: run the after-commit hook of each message and resolve it, in order.
         for (const done of run.done) {
           try {
@@ -721,7 +728,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
           }
           this.#succeeded(done.prepared, done.outcome, done.durationMs);
           payload.resolveOffset(done.prepared.message.offset);
-          markHandled(stream, BigInt(done.prepared.message.offset));
           resolved += 1;
         }
         if (step.kind === 'done' && run.failure) {
@@ -729,7 +735,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
           if (step.kind === 'done') {
             // Dead-lettered after the messages before it committed.
             payload.resolveOffset(run.failure.prepared.message.offset);
-            markHandled(stream, BigInt(run.failure.prepared.message.offset));
             resolved += 1;
           }
         }
@@ -742,10 +747,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         this.#pauseFor(payload.pause, step.delayMs);
         return;
       }
-      if (step.kind === 'done' && first.kind === 'dead-letter') {
-        payload.resolveOffset(message.offset);
-        markHandled(stream, BigInt(message.offset));
-      }
+      if (step.kind === 'done' && first.kind === 'dead-letter') payload.resolveOffset(message.offset);
       next += resolved;
       // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
       await payload.heartbeat();
@@ -775,7 +777,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * usable event id (case C16: never guess one), or one the consumer already gave up on, only
    * needs dead-lettering.
    */
-  #prepare(topic: string, partition: number, message: KafkaMessage, stream?: PartitionStream): Prepared {
+  #prepare(topic: string, partition: number, message: KafkaMessage, partitionProgress?: PartitionProgress): Prepared {
     const position: MessagePosition = { topic, partition, offset: message.offset };
     const headers = decodeHeaders(message.headers);
     const eventId = readEventId(headers, this.#o.eventIdHeader);
@@ -803,9 +805,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     }
     const event = toConsumedEvent(topic, partition, message, eventId, headers);
     const progress =
-      stream === undefined
+      partitionProgress === undefined
         ? undefined
-        : progressAfter(stream, { offset: BigInt(message.offset), eventId, timestamp: timestampOf(message) });
+        : progressAfter(partitionProgress, {
+            offset: BigInt(message.offset),
+            eventId,
+            timestamp: timestampOf(message),
+          });
     return { kind: 'event', message, position, event, pending, attempt: pending.attempts + 1, progress };
   }
 
@@ -814,9 +820,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     partition: number,
     message: KafkaMessage,
     signal: AbortSignal,
-    stream?: PartitionStream,
+    partitionProgress?: PartitionProgress,
   ): Promise<Step> {
-    const prepared = this.#prepare(topic, partition, message, stream);
+    const prepared = this.#prepare(topic, partition, message, partitionProgress);
     if (prepared.kind === 'dead-letter') {
       const { position, eventId, reason, attempts, error } = prepared;
       await this.#deadLetter(message, position, eventId, reason, attempts, error);
@@ -825,7 +831,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const startedAt = performance.now();
     let outcome: 'applied' | 'duplicate';
     try {
-      outcome = await this.#applyOnce(prepared.event, signal, prepared.attempt, prepared.progress, stream);
+      outcome = await this.#applyOnce(prepared.event, signal, prepared.attempt, prepared.progress, partitionProgress);
     } catch (err) {
       return this.#failed(prepared, err, signal);
     }
@@ -946,7 +952,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     from: number,
     keepAlive: KeepAlive,
     signal: AbortSignal,
-    stream: PartitionStream | undefined,
+    partitionProgress: PartitionProgress | undefined,
   ): Promise<Run> {
     const { database, schemaSql, groupId, lockTimeoutMs, batchMaxMessages, batchMaxMs } = this.#o;
     const { batch } = payload;
@@ -967,8 +973,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       if (performance.now() - openedAt >= batchMaxMs) return null;
       if (this.#mustStop(payload) || keepAlive.signal.aborted) return null;
       // Proven handled: skipped by the caller, outside any transaction.
-      if (isProvenHandled(stream, BigInt(message.offset))) return null;
-      const next = this.#prepare(batch.topic, batch.partition, message, stream);
+      if (isProvenHandled(partitionProgress, BigInt(message.offset))) return null;
+      const next = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
       return next.kind === 'event' ? next : null;
     };
     try {
@@ -1104,7 +1110,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     signal: AbortSignal,
     attempt: number,
     progress?: StoredProgress,
-    stream?: PartitionStream,
+    partitionProgress?: PartitionProgress,
   ): Promise<'applied' | 'duplicate'> {
     const { database, schemaSql, groupId, lockTimeoutMs } = this.#o;
     const pool = isPgPool(database);
@@ -1150,8 +1156,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       if (handlerReturned && isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')) throw swallowedFailure(err);
       throw err;
     }
-    // Committed: the stream now trusts the progress row it wrote (before any hook may fail).
-    if (outcome === 'applied' && progress) markWritten(stream, progress);
+    // Committed: the partition's known progress row (before any hook may fail).
+    if (outcome === 'applied' && progress) markWritten(partitionProgress, progress);
     await this.#afterCommit(event, outcome);
     return outcome;
   }
@@ -1190,6 +1196,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       throw err;
     }
     this.#pending.delete(partitionKey(position.topic, position.partition));
+    // Never inside a progress range: rewinding the offsets re-drives it, as without progress.
+    markDeadLettered(this.#progress.get(partitionKey(position.topic, position.partition)), BigInt(position.offset));
     this.#o.logger.error(
       { groupId: this.groupId, ...position, eventId, deadLetterTopic, reason, attempts },
       'Message dead-lettered.',

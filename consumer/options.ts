@@ -107,7 +107,7 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    * `transactionScope: 'batch'` only: most messages in one transaction. Every message that writes
    * takes a subtransaction id; PostgreSQL caches 64 of them per transaction
    * (`PGPROC_MAX_CACHED_SUBXIDS`), beyond which every session's snapshots get slower while the
-   * transaction is open, so keep it below 64. @defaultValue 50
+   * transaction is open, so keep it at most 64 (a warning is logged at creation above). @defaultValue 50
    */
   batchMaxMessages?: number;
   /**
@@ -145,14 +145,15 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   inboxRetentionMs?: number;
   /**
    * Also record each partition's progress in PostgreSQL, in the transaction of the effects (table
-   * `consumer_progress`: a range of handled offsets and the event id and Kafka timestamp of the
-   * record at its end). A member that gets a partition after a crash, a rebalance or an offset
-   * reset then skips the redelivered records it can prove handled without an inbox claim each,
-   * once one of its fetched batches holds that last record again; every other record goes
-   * through the inbox as usual. Kafka's committed offsets stay authoritative (progress never
-   * moves the consumer), and a recreated topic or a later copy of an event never matches the
-   * stored record. Costs one small row update in each applied message's transaction (no extra
-   * round trip with a `pg.Pool`). See README "Partition progress". @defaultValue false
+   * `consumer_progress`: a range of applied offsets from one fetched batch, and the event id and
+   * Kafka timestamp of the record at its end). A member that gets a partition after a crash, a
+   * rebalance or an offset reset then skips the redelivered records the row proves applied,
+   * without an inbox claim each, in a fetched batch that holds that last record again; every
+   * other record (dead-lettered ones included) goes through the inbox as usual. Kafka's committed
+   * offsets stay authoritative (progress never moves the consumer), and a recreated topic or a
+   * later copy of an event never matches the stored record. Costs one small row update in each
+   * applied message's transaction (no extra round trip with a `pg.Pool`); needs migration 0001.
+   * See README "Partition progress". @defaultValue false
    */
   recordProgress?: boolean;
   /** Structured logger (pino-compatible). @defaultValue a no-op logger */

@@ -5,27 +5,30 @@
  * skip records it can prove it handled.
  *
  * **What a progress row states.** For (consumer group, topic, partition): every record of the
- * partition's log at an offset in `[rangeStart, lastOffset]` was handled by the group (applied,
- * found in the inbox, or dead-lettered), and the record at `lastOffset` carried the event id
- * `lastEventId` and the Kafka timestamp `lastTimestamp`. The row is written in the transaction of
- * the effects of the message at `lastOffset`, so it commits with them or not at all.
+ * partition's log at an offset in `[rangeStart, lastOffset]` was applied by the group, or found
+ * already applied (its inbox row), and the record at `lastOffset` carried the event id
+ * `lastEventId` and the Kafka timestamp `lastTimestamp`. Dead-lettered records are never inside
+ * a range, so rewinding the offsets re-drives them as without progress. The row is written in
+ * the transaction of the effects of the message at `lastOffset`: it commits with them or not at
+ * all.
  *
- * **Why the range is sound.** One partition is consumed in offset order, one message at a time,
- * and a message is handled before the next one starts. A *stream* is what one process fetched of
- * a partition without a break: its first fetch offset `start`, then batches that each begin at
- * the offset after the last handled one. A fetch returns every record from its fetch
- * offset on (records it leaves out are control records, aborted or compacted ones: nothing to
- * handle), so when a stream has handled the message at offset `o`, every record of `[start, o]` is
- * handled. A new stream begins after every group join, a crash of the kafkajs consumer, a seek, or
- * a fetch that does not continue the stream.
+ * **Why a row is true.** One partition is consumed in offset order, one message at a time, and a
+ * message is handled before the next one starts. One fetch (a kafkajs batch) returns the records
+ * of one log from its fetch offset on; the records it leaves out are control records, aborted or
+ * compacted ones: nothing to handle. So within a batch, once the message at offset `o` is
+ * handled, every record from the batch's fetch offset (or from just after its last dead-lettered
+ * record) to `o` is handled, in that log. A row never spans two batches unless the second one
+ * proved the first one's row (below): two fetches of one partition need not read one log (a
+ * topic deleted and recreated under a running consumer can go on at the same offset in the new
+ * log, without any error).
  *
- * **Why a recreated topic or an offset reset never makes it skip an unseen record.** A stream
- * only trusts a stored row once one of its own batches contains the row's anchor: a record at
- * `lastOffset` with the same event id and Kafka timestamp. Then this log is the log the row
- * speaks of, and the stream skips the batch's records in `[rangeStart, lastOffset]`; records
- * outside that range go through the inbox as usual. An offset reset to an earlier position of the
- * same log reads records below `rangeStart` through the inbox, then meets the anchor. A topic
- * that was deleted and recreated has other records at those offsets: another event id at
+ * **Why a recreated topic or an offset reset never makes it skip an unseen record.** A batch
+ * trusts a row (one read from the database, or the last one this process wrote) only when it
+ * holds the row's anchor: a record at `lastOffset` with the same event id and Kafka timestamp.
+ * Then this log is the log the row speaks of: the batch's records in `[rangeStart, lastOffset]`
+ * are skipped, and the others go through the inbox as usual. An offset reset to an earlier
+ * position of the same log reads the records below `rangeStart` through the inbox. A topic that
+ * was deleted and recreated has other records at those offsets: another event id at
  * `lastOffset`, or, for a later copy of the same event (a relay republish, `outboxkit dlq
  * replay`), another timestamp: Kafka stamps each produce anew (CreateTime by the producer,
  * LogAppendTime by the broker). The one case that can match is a copy that keeps the original
@@ -44,7 +47,7 @@ import {
   type TransactionHandle,
 } from '../src/database.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
-import { InvalidOptionsError } from '../src/errors.js';
+import { InvalidOptionsError, refuseUnknownOptions, schemaMissingOr } from '../src/errors.js';
 import { quoteSchema } from '../src/schema-name.js';
 import { UUID_TEXT, type InboxRow } from './inbox-sql.js';
 
@@ -57,18 +60,24 @@ export interface StoredProgress {
   lastTimestamp: bigint;
 }
 
-/** What this process knows of one partition it consumes (see the module doc: a stream). */
-export interface PartitionStream {
-  /** Fetch offset of the stream's first batch: the stream has handled every record from here to `lastHandled`. */
-  readonly start: bigint;
-  /** Offset of the last message the stream handled (`start - 1` before the first). */
-  lastHandled: bigint;
-  /** The row read when the stream began, until the stream sees its anchor (then `trusted`) or passes it. */
-  candidate: StoredProgress | null;
-  /** The stored row whose anchor this stream saw: its range is handled in this log. */
-  trusted: StoredProgress | null;
-  /** The last row this stream wrote (committed): its range is handled in this log. */
-  own: StoredProgress | null;
+/** What this process knows of one partition it consumes (see the module doc). */
+export interface PartitionProgress {
+  /**
+   * The latest row known true of some log of the partition: the last one this process wrote
+   * (committed), else the one read from the database when it got the partition. A batch trusts
+   * it only when it holds its anchor.
+   */
+  known: StoredProgress | null;
+  /** The batch being handled. */
+  batch: {
+    /**
+     * Where a row written now may start: the batch's fetch offset, or the offset after its last
+     * dead-lettered record.
+     */
+    start: bigint;
+    /** `known`, when this batch holds its anchor: its records in the row's range are handled. */
+    trusted: StoredProgress | null;
+  };
 }
 
 /** The identity of one record, as the anchor compares it. */
@@ -80,94 +89,72 @@ export interface RecordIdentity {
   timestamp: bigint;
 }
 
-/**
- * Whether a batch fetched at `fetchedOffset` continues `stream` (else a new stream begins): only
- * a fetch at the offset right after the last handled message does. kafkajs fetches from the
- * last resolved offset, and the consumer resolves each message as it handles it, so any other
- * fetch offset is a jump: a seek, an offset reset (out of range), or a topic deleted and
- * recreated under the running consumer, whose new log kafkajs reads from its start.
- */
-export function continuesStream(stream: PartitionStream | undefined, fetchedOffset: bigint): stream is PartitionStream {
-  return stream !== undefined && fetchedOffset === stream.lastHandled + 1n;
-}
-
-/** A new stream whose first batch was fetched at `fetchedOffset`, with the row stored for its partition. */
-export function newStream(fetchedOffset: bigint, stored: StoredProgress | null): PartitionStream {
-  return { start: fetchedOffset, lastHandled: fetchedOffset - 1n, candidate: stored, trusted: null, own: null };
+/** A partition's state when this process gets it, with the row stored for it (if any). */
+export function newPartitionProgress(stored: StoredProgress | null): PartitionProgress {
+  return { known: stored, batch: { start: 0n, trusted: null } };
 }
 
 /**
- * Looks for the candidate row's anchor among a batch's records (sorted by offset, as a fetch
- * returns them): when the record at the anchor's offset has the same event id and timestamp, the
- * stream trusts the row from now on. A batch whose records pass the anchor's offset without it
- * (another record there, or none: compacted) ends the candidate: it is never trusted.
+ * Starts a batch fetched at `fetchedOffset`: it trusts the known row only if it holds that row's
+ * anchor (a record at the row's last offset with the same event id and timestamp).
  *
  * @param identityAt - the identity of the batch's record at an offset, or undefined when the
  *   batch has none there (called for the anchor's offset only).
- * @param lastOffset - the batch's last record offset.
- * @returns true when the stream trusts a row after this call.
+ * @returns true when the batch trusts the known row.
  */
-export function verifyAnchor(
-  stream: PartitionStream,
+export function beginBatch(
+  p: PartitionProgress,
+  fetchedOffset: bigint,
   identityAt: (offset: bigint) => RecordIdentity | undefined,
-  lastOffset: bigint,
 ): boolean {
-  const candidate = stream.candidate;
-  if (stream.trusted !== null || candidate === null) return stream.trusted !== null;
-  const r = identityAt(candidate.lastOffset);
-  if (r !== undefined && r.eventId === candidate.lastEventId && r.timestamp === candidate.lastTimestamp) {
-    stream.trusted = candidate;
-    stream.candidate = null;
-    return true;
+  const known = p.known;
+  let trusted: StoredProgress | null = null;
+  if (known !== null) {
+    const r = identityAt(known.lastOffset);
+    if (r !== undefined && r.eventId === known.lastEventId && r.timestamp === known.lastTimestamp) trusted = known;
   }
-  // Another record at the anchor's offset (another log: a recreated topic; or a later copy), or
-  // none although the batch reaches past it: never trusted.
-  if (r !== undefined || lastOffset >= candidate.lastOffset) stream.candidate = null;
-  return false;
+  p.batch = { start: fetchedOffset, trusted };
+  return trusted !== null;
 }
 
-function covers(row: StoredProgress | null, offset: bigint): boolean {
-  return row !== null && offset >= row.rangeStart && offset <= row.lastOffset;
-}
-
-/** Whether the record at `offset` is proven handled (skip it without a transaction). */
-export function isProvenHandled(stream: PartitionStream | undefined, offset: bigint): boolean {
-  return stream !== undefined && (covers(stream.trusted, offset) || covers(stream.own, offset));
+/** Whether the current batch's record at `offset` is proven handled (skip it without a transaction). */
+export function isProvenHandled(p: PartitionProgress | undefined, offset: bigint): boolean {
+  const t = p?.batch.trusted;
+  return t != null && offset >= t.rangeStart && offset <= t.lastOffset;
 }
 
 /**
- * The row to write in the transaction of the message `record` when it is applied. The stream
- * has handled every record from `start` to this one, and what it wrote before joins on (its own
- * row ends before this record, with nothing unhandled between). The trusted row joins on too
- * once the stream reaches it (this record is at most one before its range): its anchor is in the
- * stream, so the union is one range. Before that, the stream's own range is written (a true
- * statement too; the trusted row still proves its records in memory).
+ * The row to write in the transaction of the batch's message `record` when it is applied: from
+ * the batch's start to this record, joined with the trusted row once the batch reaches it (this
+ * record is at most one before its range; the anchor is in the batch, so the union is one range
+ * of one log), ending at the trusted row's anchor if that lies further on.
  */
-export function progressAfter(stream: PartitionStream, record: RecordIdentity & { eventId: string }): StoredProgress {
-  let rangeStart = stream.start;
-  if (stream.own !== null && stream.own.rangeStart < rangeStart) rangeStart = stream.own.rangeStart;
+export function progressAfter(p: PartitionProgress, record: RecordIdentity & { eventId: string }): StoredProgress {
   let row: StoredProgress = {
-    rangeStart,
+    rangeStart: p.batch.start,
     lastOffset: record.offset,
     lastEventId: record.eventId,
     lastTimestamp: record.timestamp,
   };
-  const t = stream.trusted;
+  const t = p.batch.trusted;
   if (t !== null && record.offset + 1n >= t.rangeStart) {
-    if (t.rangeStart < row.rangeStart) row = { ...row, rangeStart: t.rangeStart };
-    if (t.lastOffset > record.offset) row = { ...t, rangeStart: row.rangeStart };
+    const rangeStart = t.rangeStart < row.rangeStart ? t.rangeStart : row.rangeStart;
+    row = t.lastOffset > record.offset ? { ...t, rangeStart } : { ...row, rangeStart };
   }
   return row;
 }
 
-/** Records that the stream handled the message at `offset` (applied, duplicate, skipped or dead-lettered). */
-export function markHandled(stream: PartitionStream | undefined, offset: bigint): void {
-  if (stream !== undefined && offset > stream.lastHandled) stream.lastHandled = offset;
+/** After the transaction holding `row` committed: the partition's known row. */
+export function markWritten(p: PartitionProgress | undefined, row: StoredProgress): void {
+  if (p !== undefined) p.known = row;
 }
 
-/** After the transaction holding `row` committed: the stream's own row. */
-export function markWritten(stream: PartitionStream | undefined, row: StoredProgress): void {
-  if (stream !== undefined) stream.own = row;
+/**
+ * A record of the batch was dead-lettered: no row written later in the batch may cover it, so
+ * that rewinding the offsets re-drives it (as without progress).
+ */
+export function markDeadLettered(p: PartitionProgress | undefined, offset: bigint): void {
+  if (p !== undefined && offset + 1n > p.batch.start) p.batch.start = offset + 1n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,38 +271,53 @@ export function claimWithProgressText(
 export interface ResetConsumerProgressOptions {
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
-  /** The consumer group whose progress rows are deleted (required). */
-  groupId: string;
+  /** The consumer group whose progress rows are deleted (required; the name `cleanupInbox()` uses). */
+  consumerGroup: string;
   /** Only this topic's rows. @defaultValue every topic of the group */
   topic?: string;
 }
 
+const RESET_OPTIONS = ['schema', 'consumerGroup', 'topic'];
+
 /**
  * Deletes a consumer group's partition progress rows (`recordProgress`), all of them or one
- * topic's. Never needed for correctness: a row is trusted only after its anchor record was read
- * again. Use it after recreating a topic, so that no member reads rows that can no longer match.
+ * topic's. Never needed for correctness: a row is trusted only by a fetched batch that holds its
+ * anchor record again.
  *
  * @param db - a `pg.Pool` or a drizzle database.
  * @returns how many rows were deleted.
- * @throws {@link InvalidOptionsError} when `groupId` is missing or empty, or the schema name is invalid.
+ * @throws {@link InvalidOptionsError} when `db` is not a pool or drizzle database, an option name
+ *   is unknown, `consumerGroup` is missing or empty, `topic` is empty, or the schema name is invalid.
+ * @throws {@link SchemaMissingError} when the progress table does not exist (migration 0001).
  */
 export async function resetConsumerProgress(
   db: DatabaseHandle,
   options: ResetConsumerProgressOptions,
 ): Promise<number> {
-  const { groupId, topic } = options ?? ({} as ResetConsumerProgressOptions);
-  if (typeof groupId !== 'string' || groupId.length === 0) {
-    throw new InvalidOptionsError('resetConsumerProgress: groupId must be a non-empty string.');
+  const fail = (message: string): never => {
+    throw new InvalidOptionsError(`resetConsumerProgress: ${message}`);
+  };
+  const isPool = typeof (db as { connect?: unknown })?.connect === 'function';
+  const isDrizzle = typeof (db as { transaction?: unknown })?.transaction === 'function';
+  if (!isPool && !isDrizzle) fail('db must be a pg.Pool or a drizzle database.');
+  if (typeof options !== 'object' || options === null) fail('options must be an object.');
+  refuseUnknownOptions(options, RESET_OPTIONS, 'resetConsumerProgress');
+  const { consumerGroup, topic } = options;
+  if (typeof consumerGroup !== 'string' || consumerGroup.length === 0)
+    fail('consumerGroup must be a non-empty string.');
+  if (topic !== undefined && (typeof topic !== 'string' || topic.length === 0))
+    fail('topic must be a non-empty string when given.');
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const schemaSql = quoteSchema(schema);
+  try {
+    return await runTransaction(db, async (tx) => {
+      const { rowCount } = await joinTransaction(tx as TransactionHandle, 'resetConsumerProgress').query(
+        `DELETE FROM ${schemaSql}.consumer_progress WHERE consumer_group = $1 AND ($2::text IS NULL OR topic = $2::text)`,
+        [consumerGroup, topic ?? null],
+      );
+      return rowCount;
+    });
+  } catch (err) {
+    throw schemaMissingOr(err, schema);
   }
-  if (topic !== undefined && (typeof topic !== 'string' || topic.length === 0)) {
-    throw new InvalidOptionsError('resetConsumerProgress: topic must be a non-empty string when given.');
-  }
-  const schemaSql = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
-  return runTransaction(db, async (tx) => {
-    const { rowCount } = await joinTransaction(tx as TransactionHandle, 'resetConsumerProgress').query(
-      `DELETE FROM ${schemaSql}.consumer_progress WHERE consumer_group = $1 AND ($2::text IS NULL OR topic = $2::text)`,
-      [groupId, topic ?? null],
-    );
-    return rowCount;
-  });
 }

@@ -65,7 +65,7 @@ export function registerInbox(program: Command): void {
       await withPool(opts.databaseUrl, async (pool) => {
         const deleted = await resetConsumerProgress(pool, {
           schema: opts.schema,
-          groupId: opts.group,
+          consumerGroup: opts.group,
           topic: opts.topic,
         });
         console.log(opts.json ? JSON.stringify({ deleted }) : `deleted ${deleted} progress rows`);

@@ -9,7 +9,12 @@ import { sql } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { afterAll, afterEach, beforeAll, describe, expect, inject, it } from 'vitest';
 import { CRASH_POINT_AFTER_COMMIT } from '../../consumer/dedup-consumer.js';
-import type { DedupConsumer, DedupConsumerEvents, DedupConsumerOptions } from '../../consumer/index.js';
+import {
+  resetConsumerProgress,
+  type DedupConsumer,
+  type DedupConsumerEvents,
+  type DedupConsumerOptions,
+} from '../../consumer/index.js';
 import type { DatabaseHandle } from '../../src/database.js';
 import { isOutboxkitError } from '../../src/errors.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
@@ -290,7 +295,7 @@ describe('Issue 6 · partition progress in PostgreSQL (recordProgress)', () => {
     });
   });
 
-  it('a topic deleted and recreated under a running consumer: every record of the new log is applied', async () => {
+  it('a topic deleted and recreated under a running, idle consumer: every record of the new log is applied', async () => {
     const [topic] = await createTopicsWithDlq(['progress-live-recreate']);
     const consumer = consumers.create({ topics: [topic!], database: db.pool, handler, recordProgress: true });
     const seen = watch(consumer);
@@ -301,9 +306,9 @@ describe('Issue 6 · partition progress in PostgreSQL (recordProgress)', () => {
     );
     await waitFor(() => seen.recorded.applied.length === 6);
     await waitFor(() => committedAtLogEnd(consumers.kafka, consumer.groupId, topic!));
-    // kafkajs keeps fetching: its position (6) is out of range in the new log, so it starts that
-    // log from offset 0 (fromBeginning), with or without a rejoin. Offsets 0..5 are the recorded
-    // range of the old log: a fetch back into it begins a new stream, whose anchor check fails.
+    // An idle consumer's next fetch (offset 6) is out of range in the new log (empty at first),
+    // so kafkajs starts it from offset 0 (fromBeginning): back into the old log's recorded range,
+    // where the anchor check fails.
     await recreateTopic(topic!);
     const fresh = await producer.send(
       topic!,
@@ -312,6 +317,109 @@ describe('Issue 6 · partition progress in PostgreSQL (recordProgress)', () => {
     await waitFor(() => seen.recorded.applied.length === 16, { timeoutMs: 30_000 });
     expect(seen.skipped).toEqual([]);
     await expectEachOnce([...old, ...fresh]);
+  });
+
+  it('a topic recreated while the consumer is busy (it goes on at the same offset in the new log): a later reset to the earliest offset still applies every record', async () => {
+    const [topic] = await createTopicsWithDlq(['progress-busy-recreate']);
+    const groupId = randomName('group');
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    let busy = false;
+    const slowHandler: typeof handler = async (ctx) => {
+      await handler(ctx);
+      if ((ctx.event.json() as { old?: number }).old === 5) {
+        busy = true;
+        await released;
+      }
+    };
+    const first = consumers.create({
+      groupId,
+      topics: [topic!],
+      database: db.pool,
+      handler: slowHandler,
+      recordProgress: true,
+    });
+    const seenFirst = watch(first);
+    await first.start();
+    const old = await producer.send(
+      topic!,
+      Array.from({ length: 6 }, (_, i) => ({ partition: 0, value: { old: i } })),
+    );
+    await waitFor(() => busy);
+    // While the handler of offset 5 runs: a new log with 10 records. The consumer's next fetch,
+    // at offset 6, is in range there: kafkajs reads new 6..9 and never new 0..5 (as without
+    // progress). The progress written then must not claim new 0..5.
+    await recreateTopic(topic!);
+    const fresh = await producer.send(
+      topic!,
+      Array.from({ length: 10 }, (_, i) => ({ partition: 0, value: { fresh: i } })),
+    );
+    release();
+    await waitFor(() => seenFirst.recorded.applied.length === 10, { timeoutMs: 30_000 });
+    expect(seenFirst.recorded.applied.map((a) => a.event.id)).toEqual([...old, ...fresh.slice(6)]);
+    await first.stop();
+    const row = (await progressRow(groupId, topic!, 0))!;
+    expect(Number(row.range_start)).toBeGreaterThanOrEqual(6);
+
+    // The operator notices and rewinds the group: new 0..5 must be applied now.
+    await resetToEarliest(groupId, topic!);
+    const second = consumers.create({ groupId, topics: [topic!], database: db.pool, handler, recordProgress: true });
+    const seen = watch(second);
+    await second.start();
+    await waitFor(() => seen.recorded.applied.length === 6, { timeoutMs: 30_000 });
+    await waitFor(() => committedAtLogEnd(consumers.kafka, groupId, topic!));
+    expect(seen.recorded.applied.map((a) => a.event.id)).toEqual(fresh.slice(0, 6));
+    await expectEachOnce([...old, ...fresh]);
+  });
+
+  it('a rewind re-drives dead-lettered records, as without progress (they are never inside a range)', async () => {
+    const [topic] = await createTopicsWithDlq(['progress-dlq-rewind']);
+    const groupId = randomName('group');
+    const poisonRuns: string[] = [];
+    const failing: typeof handler = async (ctx) => {
+      if ((ctx.event.json() as { poison?: boolean }).poison) {
+        poisonRuns.push(ctx.event.offset);
+        throw new Error('cannot apply this one');
+      }
+      await handler(ctx);
+    };
+    const opts = {
+      groupId,
+      topics: [topic!],
+      database: db.pool,
+      handler: failing,
+      recordProgress: true,
+      maxAttempts: 2,
+    };
+    const first = consumers.create(opts);
+    const seenFirst = watch(first);
+    await first.start();
+    const [a, , , c] = await producer.send(topic!, [
+      { partition: 0, value: { n: 'a' } },
+      { partition: 0, value: { poison: true } },
+      { partition: 0, value: { n: 'no-id' }, eventId: null },
+      { partition: 0, value: { n: 'c' } },
+    ]);
+    await waitFor(() => seenFirst.recorded.applied.length === 2 && seenFirst.recorded.deadLettered.length === 2);
+    await waitFor(() => committedAtLogEnd(consumers.kafka, groupId, topic!));
+    await first.stop();
+    expect(poisonRuns).toEqual(['1', '1']);
+    // The range after the last dead letter: c only.
+    expect(await progressRow(groupId, topic!, 0)).toEqual({ range_start: '3', last_offset: '3', last_event_id: c });
+
+    await resetToEarliest(groupId, topic!);
+    const second = consumers.create(opts);
+    const seen = watch(second);
+    await second.start();
+    await waitFor(() => seen.recorded.deadLettered.length === 2 && seen.skipped.length === 1, { timeoutMs: 30_000 });
+    await waitFor(() => committedAtLogEnd(consumers.kafka, groupId, topic!));
+    // The poison message ran again (then dead-lettered again), the record without an event id was
+    // dead-lettered again, a is a duplicate in the inbox, c is skipped by progress.
+    expect(poisonRuns).toEqual(['1', '1', '1', '1']);
+    expect(seen.recorded.deadLettered.map((d) => d.offset)).toEqual(['1', '2']);
+    expect(seen.recorded.duplicates.map((d) => d.event.id)).toEqual([a]);
+    expect(seen.skipped.map((s) => s.offset)).toEqual(['3']);
+    await expectEachOnce([a!, c!]);
   });
 
   it('a redelivery within one member (the after-commit step failed) is skipped by progress, with a drizzle database', async () => {
@@ -364,8 +472,35 @@ describe('Issue 6 · partition progress in PostgreSQL (recordProgress)', () => {
     });
     const err = await consumer.start().catch((e: unknown) => e);
     expect(isOutboxkitError(err, 'OUTBOXKIT_STORE_UNAVAILABLE')).toBe(true);
-    expect(String((err as Error).message)).toMatch(/consumer_progress.*apply outboxkit's migrations/);
+    expect(String((err as Error).message)).toMatch(
+      /^The table "old_schema"\.consumer_progress, which recordProgress writes, does not exist .*0001_consumer_progress.*apply outboxkit's migrations/,
+    );
+    expect((err as { retriable?: boolean }).retriable).toBe(false);
     expect(consumer.state).toBe('stopped');
+  });
+
+  it('resetConsumerProgress: typed errors for a bad call, SchemaMissingError without the table', async () => {
+    const bad = async (call: () => Promise<unknown>) =>
+      call().then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+    for (const call of [
+      () => resetConsumerProgress(undefined as never, { consumerGroup: 'g' }),
+      () => resetConsumerProgress(db.pool, { consumerGroup: 'g', tpoic: 't' } as never),
+      () => resetConsumerProgress(db.pool, { consumerGroup: '' }),
+      () => resetConsumerProgress(db.pool, { consumerGroup: 'g', topic: '' }),
+      () => resetConsumerProgress(db.pool, undefined as never),
+    ]) {
+      expect(isOutboxkitError(await bad(call), 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+    }
+    expect(
+      String(await bad(() => resetConsumerProgress(db.pool, { consumerGroup: 'g', tpoic: 't' } as never))),
+    ).toMatch(/unknown option "tpoic"/);
+    await db.pool.query('CREATE SCHEMA IF NOT EXISTS old_schema');
+    const missing = await bad(() => resetConsumerProgress(db.pool, { consumerGroup: 'g', schema: 'old_schema' }));
+    expect(isOutboxkitError(missing, 'OUTBOXKIT_SCHEMA_MISSING')).toBe(true);
+    expect(await resetConsumerProgress(db.pool, { consumerGroup: 'no-such-group' })).toBe(0);
   });
 
   it('without recordProgress nothing is written to consumer_progress and redeliveries go through the inbox', async () => {

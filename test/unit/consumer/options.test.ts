@@ -127,3 +127,17 @@ describe('resolveDedupConsumerOptions: known options', () => {
     expect(() => createDedupConsumer(all)).not.toThrow();
   });
 });
+
+describe('batchMaxMessages above what PostgreSQL caches', () => {
+  const warned = (options: Partial<DedupConsumerOptions<pg.Pool>>): string[] => {
+    const messages: string[] = [];
+    createDedupConsumer({ ...base(), ...options, logger: { ...noopLogger, warn: (_o, m) => messages.push(m ?? '') } });
+    return messages;
+  };
+
+  it("warns at creation when 'batch' transactions may hold more than 64 subtransactions", () => {
+    expect(warned({ transactionScope: 'batch', batchMaxMessages: 65 }).join()).toMatch(/batchMaxMessages is above 64/);
+    expect(warned({ transactionScope: 'batch', batchMaxMessages: 64 })).toEqual([]);
+    expect(warned({ transactionScope: 'message', batchMaxMessages: 500 })).toEqual([]);
+  });
+});

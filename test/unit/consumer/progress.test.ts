@@ -1,17 +1,16 @@
 /**
  * The partition progress rules (consumer/progress.ts), without infrastructure: when a batch
- * continues a stream, when a stored row is trusted, what is skipped, and what row is written.
+ * trusts a row, what is skipped, and what row is written.
  */
 import { describe, expect, it } from 'vitest';
 import {
+  beginBatch,
   claimWithProgressText,
-  continuesStream,
   isProvenHandled,
-  markHandled,
+  markDeadLettered,
   markWritten,
-  newStream,
+  newPartitionProgress,
   progressAfter,
-  verifyAnchor,
   type RecordIdentity,
   type StoredProgress,
 } from '../../../consumer/progress.js';
@@ -24,76 +23,60 @@ const ID_B = '0190a1b2-0000-7000-8000-00000000000b';
 const STORED: StoredProgress = { rangeStart: 10n, lastOffset: 20n, lastEventId: ID_A, lastTimestamp: 1000n };
 
 /** A batch's lookup from records given as [offset, event id, timestamp]. */
-function batch(...records: [number, string | null, number][]): [(o: bigint) => RecordIdentity | undefined, bigint] {
+function records(...list: [number, string | null, number][]): (o: bigint) => RecordIdentity | undefined {
   const byOffset = new Map<bigint, RecordIdentity>(
-    records.map(([offset, eventId, timestamp]) => [
+    list.map(([offset, eventId, timestamp]) => [
       BigInt(offset),
       { offset: BigInt(offset), eventId, timestamp: BigInt(timestamp) },
     ]),
   );
-  return [(o) => byOffset.get(o), BigInt(records[records.length - 1]![0])];
+  return (o) => byOffset.get(o);
 }
 
-describe('continuesStream', () => {
-  it('continues only at the offset after the last handled message', () => {
-    const s = newStream(5n, null);
-    expect(continuesStream(s, 5n)).toBe(true); // nothing handled yet: its own start
-    markHandled(s, 9n);
-    expect(continuesStream(s, 10n)).toBe(true); // the next fetch
-    // Back into handled offsets: a seek, an offset reset, or a topic recreated under the
-    // running consumer (kafkajs reads the new log from its start): a new stream.
-    expect(continuesStream(s, 7n)).toBe(false);
-    expect(continuesStream(s, 0n)).toBe(false);
-    expect(continuesStream(s, 11n)).toBe(false); // a gap: a seek or reset forwards
-    expect(continuesStream(undefined, 0n)).toBe(false);
-  });
-});
-
-describe('verifyAnchor', () => {
-  it('trusts the stored row when the batch holds its last record, same event id and timestamp', () => {
-    const s = newStream(15n, STORED);
-    expect(verifyAnchor(s, ...batch([15, ID_B, 900], [20, ID_A, 1000], [21, ID_B, 1001]))).toBe(true);
-    expect(s.trusted).toEqual(STORED);
-    expect(isProvenHandled(s, 15n)).toBe(true);
-    expect(isProvenHandled(s, 20n)).toBe(true);
-    expect(isProvenHandled(s, 21n)).toBe(false);
-    expect(isProvenHandled(s, 9n)).toBe(false);
+describe('beginBatch: when a batch trusts the known row', () => {
+  it('trusts it when the batch holds its last record with the same event id and timestamp', () => {
+    const p = newPartitionProgress(STORED);
+    expect(beginBatch(p, 15n, records([15, ID_B, 900], [20, ID_A, 1000], [21, ID_B, 1001]))).toBe(true);
+    expect(isProvenHandled(p, 15n)).toBe(true);
+    expect(isProvenHandled(p, 20n)).toBe(true);
+    expect(isProvenHandled(p, 21n)).toBe(false);
+    expect(isProvenHandled(p, 9n)).toBe(false);
   });
 
   it('never trusts another record at the anchor offset: a recreated topic (other id) or a later copy (other timestamp)', () => {
-    const recreated = newStream(0n, STORED);
-    expect(verifyAnchor(recreated, ...batch([0, ID_B, 5], [20, ID_B, 1000]))).toBe(false);
-    expect(recreated.candidate).toBeNull();
+    const recreated = newPartitionProgress(STORED);
+    expect(beginBatch(recreated, 0n, records([0, ID_B, 5], [20, ID_B, 1000]))).toBe(false);
     expect(isProvenHandled(recreated, 15n)).toBe(false);
 
-    const copy = newStream(0n, STORED);
-    expect(verifyAnchor(copy, ...batch([20, ID_A, 5000]))).toBe(false);
-    expect(copy.candidate).toBeNull();
+    const copy = newPartitionProgress(STORED);
+    expect(beginBatch(copy, 0n, records([20, ID_A, 5000]))).toBe(false);
     expect(isProvenHandled(copy, 20n)).toBe(false);
   });
 
-  it('keeps the candidate while batches end before the anchor, drops it once one passes the offset without it', () => {
-    const s = newStream(10n, STORED);
-    expect(verifyAnchor(s, ...batch([10, ID_B, 1], [15, ID_B, 2]))).toBe(false);
-    expect(s.candidate).toEqual(STORED);
-    expect(isProvenHandled(s, 12n)).toBe(false); // not trusted yet: through the inbox
-    // Compacted away: the batch goes past offset 20 without a record there.
-    expect(verifyAnchor(s, ...batch([19, ID_B, 3], [22, ID_B, 4]))).toBe(false);
-    expect(s.candidate).toBeNull();
+  it('trusts nothing in a batch without the anchor, even one that follows it at once', () => {
+    // The next fetch after the anchor: it may read another log (a topic recreated under a running
+    // consumer goes on at the same offset), so nothing of the row carries over.
+    const p = newPartitionProgress(STORED);
+    expect(beginBatch(p, 21n, records([21, ID_B, 1], [22, ID_B, 2]))).toBe(false);
+    expect(progressAfter(p, { offset: 22n, eventId: ID_B, timestamp: 2n }).rangeStart).toBe(21n);
+    // Nor does a batch that ends before the anchor.
+    expect(beginBatch(p, 10n, records([10, ID_B, 1], [15, ID_B, 2]))).toBe(false);
+    expect(isProvenHandled(p, 12n)).toBe(false);
   });
 
-  it('is a no-op without a stored row', () => {
-    const s = newStream(0n, null);
-    expect(verifyAnchor(s, ...batch([0, ID_A, 1]))).toBe(false);
-    expect(isProvenHandled(s, 0n)).toBe(false);
+  it('is a no-op without a known row', () => {
+    const p = newPartitionProgress(null);
+    expect(beginBatch(p, 0n, records([0, ID_A, 1]))).toBe(false);
+    expect(isProvenHandled(p, 0n)).toBe(false);
+    expect(isProvenHandled(undefined, 0n)).toBe(false);
   });
 });
 
-describe('progressAfter', () => {
-  it('writes the stream’s own range while it trusts nothing', () => {
-    const s = newStream(30n, STORED); // starts after the stored range: cannot see its anchor
-    markHandled(s, 31n);
-    expect(progressAfter(s, { offset: 32n, eventId: ID_B, timestamp: 7n })).toEqual({
+describe('progressAfter: the row a batch writes', () => {
+  it('from the batch’s fetch offset while it trusts nothing', () => {
+    const p = newPartitionProgress(null);
+    beginBatch(p, 30n, records());
+    expect(progressAfter(p, { offset: 32n, eventId: ID_B, timestamp: 7n })).toEqual({
       rangeStart: 30n,
       lastOffset: 32n,
       lastEventId: ID_B,
@@ -101,10 +84,10 @@ describe('progressAfter', () => {
     });
   });
 
-  it('joins the trusted row when the stream began inside it', () => {
-    const inside = newStream(15n, STORED);
-    verifyAnchor(inside, ...batch([20, ID_A, 1000]));
-    expect(progressAfter(inside, { offset: 21n, eventId: ID_B, timestamp: 1001n })).toEqual({
+  it('joined with the trusted row when the batch began inside it', () => {
+    const p = newPartitionProgress(STORED);
+    beginBatch(p, 15n, records([20, ID_A, 1000]));
+    expect(progressAfter(p, { offset: 21n, eventId: ID_B, timestamp: 1001n })).toEqual({
       rangeStart: 10n,
       lastOffset: 21n,
       lastEventId: ID_B,
@@ -112,35 +95,48 @@ describe('progressAfter', () => {
     });
   });
 
-  it('an offset reset to before the trusted range: own range until the stream reaches it, then one range with its anchor', () => {
-    const s = newStream(3n, STORED);
-    verifyAnchor(s, ...batch([3, ID_B, 1], [20, ID_A, 1000]));
-    // 3..8 are not proven (below the range): applied, each writing the stream's own range.
+  it('an offset reset to before the trusted range: the batch’s own range until it reaches it, then one range with its anchor', () => {
+    const p = newPartitionProgress(STORED);
+    beginBatch(p, 3n, records([3, ID_B, 1], [20, ID_A, 1000]));
     for (let o = 3n; o <= 8n; o++) {
-      expect(isProvenHandled(s, o)).toBe(false);
-      const row = progressAfter(s, { offset: o, eventId: ID_B, timestamp: o });
+      expect(isProvenHandled(p, o)).toBe(false);
+      const row = progressAfter(p, { offset: o, eventId: ID_B, timestamp: o });
       expect(row).toEqual({ rangeStart: 3n, lastOffset: o, lastEventId: ID_B, lastTimestamp: o });
-      markWritten(s, row);
-      markHandled(s, o);
+      markWritten(p, row);
     }
     // 9 is the last one before the range: the union 3..20, anchored at the trusted row's record.
-    const joined = progressAfter(s, { offset: 9n, eventId: ID_B, timestamp: 9n });
+    const joined = progressAfter(p, { offset: 9n, eventId: ID_B, timestamp: 9n });
     expect(joined).toEqual({ rangeStart: 3n, lastOffset: 20n, lastEventId: ID_A, lastTimestamp: 1000n });
-    markWritten(s, joined);
-    markHandled(s, 9n);
-    for (const o of [10n, 15n, 20n]) expect(isProvenHandled(s, o)).toBe(true);
-    expect(isProvenHandled(s, 21n)).toBe(false);
-    expect(progressAfter(s, { offset: 21n, eventId: ID_B, timestamp: 21n }).rangeStart).toBe(3n);
+    markWritten(p, joined);
+    for (const o of [10n, 15n, 20n]) expect(isProvenHandled(p, o)).toBe(true);
+    expect(isProvenHandled(p, 21n)).toBe(false);
+    expect(progressAfter(p, { offset: 21n, eventId: ID_B, timestamp: 21n }).rangeStart).toBe(3n);
   });
 
-  it('after a write, the stream proves its own row and extends it', () => {
-    const s = newStream(40n, null);
-    const row = progressAfter(s, { offset: 40n, eventId: ID_A, timestamp: 1n });
-    markWritten(s, row);
-    markHandled(s, 40n);
-    expect(isProvenHandled(s, 40n)).toBe(true); // its transaction committed: proven, if fetched again
-    expect(isProvenHandled(s, 41n)).toBe(false);
-    expect(progressAfter(s, { offset: 41n, eventId: ID_B, timestamp: 2n }).rangeStart).toBe(40n);
+  it('a row the process wrote is trusted by a later batch only if it holds that row’s anchor', () => {
+    const p = newPartitionProgress(null);
+    beginBatch(p, 40n, records([40, ID_A, 1]));
+    const row = progressAfter(p, { offset: 40n, eventId: ID_A, timestamp: 1n });
+    markWritten(p, row);
+    // Refetched (its offset was not resolved): same record, proven handled.
+    expect(beginBatch(p, 40n, records([40, ID_A, 1], [41, ID_B, 2]))).toBe(true);
+    expect(isProvenHandled(p, 40n)).toBe(true);
+    expect(progressAfter(p, { offset: 41n, eventId: ID_B, timestamp: 2n }).rangeStart).toBe(40n);
+    // Another record at offset 40 (the topic was recreated meanwhile): nothing proven.
+    expect(beginBatch(p, 40n, records([40, ID_B, 9]))).toBe(false);
+    expect(isProvenHandled(p, 40n)).toBe(false);
+  });
+
+  it('never covers a dead-lettered record: the range starts again after it', () => {
+    const p = newPartitionProgress(null);
+    beginBatch(p, 0n, records());
+    markWritten(p, progressAfter(p, { offset: 0n, eventId: ID_A, timestamp: 1n }));
+    markDeadLettered(p, 1n);
+    expect(progressAfter(p, { offset: 2n, eventId: ID_B, timestamp: 2n }).rangeStart).toBe(2n);
+    // A rewind later: the row covers only what was applied after the dead letter.
+    const later = newPartitionProgress({ rangeStart: 2n, lastOffset: 2n, lastEventId: ID_B, lastTimestamp: 2n });
+    beginBatch(later, 0n, records([0, ID_A, 1], [1, null, 1], [2, ID_B, 2]));
+    expect([0n, 1n, 2n].map((o) => isProvenHandled(later, o))).toEqual([false, false, true]);
   });
 });
 
