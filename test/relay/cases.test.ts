@@ -4,7 +4,8 @@ import { inject } from 'vitest';
 import { createOutbox, enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createKafkajsProducer } from '../../relay/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
+import { createDedupConsumer } from '../../consumer/index.js';
+import { createTopics, createTopicsOn, randomName, readTopic, testKafka } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
 import { spawnCli, spawnRelay } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
@@ -26,7 +27,7 @@ async function pending(topic: string): Promise<number> {
 }
 
 describe('C05 crash between the broker ack and marking the rows', () => {
-  it('republishes with the same event id and key after a SIGKILL; nothing is lost', async () => {
+  it('republishes with the same event id and key after a SIGKILL; nothing is lost; the dedup consumer applies each once', async () => {
     const [topic] = await createTopics(['c05']);
     const written = await withPgTransaction(db.pool, (c) =>
       enqueue(
@@ -51,6 +52,37 @@ describe('C05 crash between the broker ack and marking the rows', () => {
       expect(copies).toHaveLength(2);
       expect(copies.every((c) => c.key === w.key)).toBe(true);
     }
+
+    // The dedup consumer applies each event once: the second copies are duplicates.
+    await createTopicsOn(testKafka(), [{ topic: `${topic!}.dlq`, numPartitions: 1, replicationFactor: 1 }]);
+    await db.pool.query('CREATE TABLE c05_effects (event_id uuid NOT NULL)');
+    const consumer = createDedupConsumer({
+      kafka: testKafka('outboxkit-c05-consumer'),
+      groupId: randomName('c05'),
+      topics: [topic!],
+      database: db.pool,
+      fromBeginning: true,
+      fetchMaxWaitMs: 100,
+      handler: async ({ tx, event }) => {
+        await tx.query('INSERT INTO c05_effects (event_id) VALUES ($1)', [event.id]);
+      },
+    });
+    let applied = 0;
+    let duplicates = 0;
+    consumer.on('consumer:applied', () => applied++);
+    consumer.on('consumer:duplicate', () => duplicates++);
+    try {
+      await consumer.start();
+      await waitFor(() => applied + duplicates === 20);
+    } finally {
+      await consumer.stop();
+    }
+    expect({ applied, duplicates }).toEqual({ applied: 10, duplicates: 10 });
+    const { rows } = await db.pool.query<{ event_id: string; n: number }>(
+      'SELECT event_id, count(*)::int AS n FROM c05_effects GROUP BY event_id',
+    );
+    expect(rows.map((r) => r.n)).toEqual(written.map(() => 1));
+    expect(new Set(rows.map((r) => r.event_id))).toEqual(new Set(written.map((w) => w.eventId)));
   });
 });
 
