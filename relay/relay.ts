@@ -234,8 +234,8 @@ export class Relay extends EventEmitter<RelayEvents> {
       });
     this.pool.on('error', (err) => this.logger.warn({ err }, 'idle PostgreSQL connection failed'));
     this.db = {
-      query: async <R>(text: string, values?: readonly unknown[]) => {
-        const r = await this.pool.query(text, values as unknown[]);
+      query: async <R>(text: string, values?: readonly unknown[], options?: { name?: string }) => {
+        const r = await this.pool.query({ text, values: values as unknown[], name: options?.name });
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };
