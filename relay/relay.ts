@@ -34,6 +34,7 @@ import {
   type OutboundRecord,
   type RelayProducer,
 } from './producer.js';
+import { MarkQueue, type MarkBatch } from './mark-queue.js';
 import * as sql from './sql.js';
 
 /** Options of {@link Relay}. */
@@ -360,7 +361,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     await this.cleaning;
     await this.readAhead?.rows;
     this.readAhead = undefined;
-    await this.settleMarking().catch(() => undefined);
+    await this.marks.settle().catch(() => undefined);
     try {
       await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
       await sql.deregisterInstance(this.db, this.q, this.relayId);
@@ -501,7 +502,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       // Give them back after the pass in flight, which may still be publishing their rows, and
       // after its marking: a late mark would fail the fencing check and the rows go out again.
       await this.currentPass;
-      await this.settleMarking().catch(() => undefined);
+      await this.marks.settle().catch(() => undefined);
       await sql.releaseLanes(this.db, this.q, this.relayId, extra);
     }
     this.emit('relay:lanes', { held: this.heldLanes() });
@@ -528,7 +529,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       const lanes = this.heldLanes();
       this.held.clear();
       await this.currentPass;
-      await this.settleMarking().catch(() => undefined);
+      await this.marks.settle().catch(() => undefined);
       await sql.releaseLanes(this.db, this.q, this.relayId, lanes);
       this.emit('relay:lanes', { held: [] });
     }
@@ -551,8 +552,19 @@ export class Relay extends EventEmitter<RelayEvents> {
   private isolateNext = false;
   /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
   private readAhead: { leases: string; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
-  /** The acknowledged batch being marked published while the next pass runs (at most one). */
-  private marking: { seqs: string[]; done: Promise<void> } | undefined;
+  /**
+   * Acknowledged batches being marked published while the next passes run: one statement at a
+   * time, the batches acknowledged meanwhile together in the next one.
+   */
+  private readonly marks = new MarkQueue(
+    (seqs, held) => sql.markPublished(this.db, this.q, this.relayId, seqs, held),
+    (batches, marked) => {
+      const count = batches.reduce((n, b) => n + b.seqs.length, 0);
+      if (marked < count) this.fencedOut(new Set(batches.flatMap((b) => b.lanes)), count, marked);
+      this.emit('relay:published', { count, marked, lanes: batches[0]!.held.length });
+      this.logger.debug({ count, marked }, 'published');
+    },
+  );
 
   private async loop(): Promise<void> {
     let failures = 0;
@@ -567,7 +579,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         failures++;
         this.failingSince ??= performance.now();
         this.readAhead = undefined;
-        await this.settleMarking().catch(() => undefined);
+        await this.marks.settle().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
@@ -624,16 +636,23 @@ export class Relay extends EventEmitter<RelayEvents> {
     // A batch read ahead while the previous one was sent, if read under the same leases.
     const ahead = this.readAhead;
     this.readAhead = undefined;
-    // Rows of the batch being marked are still pending in the table: not read again meanwhile.
-    const marking = this.marking?.seqs ?? [];
+    // Rows acknowledged but not marked yet are still pending in the table: not read again meanwhile.
     const rows =
       (ahead?.leases === leases ? await ahead.rows : undefined) ??
-      (await sql.readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, marking));
+      (await sql.readPending(
+        this.db,
+        this.q,
+        laneIds,
+        o.batchSize,
+        o.maxBatchBytes,
+        o.holdKeyBehindFailure,
+        this.marks.pendingSeqs(),
+      ));
     if (rows.length === 0) return 0;
     const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
     if (this.isolateNext) {
-      await this.settleMarking();
+      await this.marks.settle();
       // The last batch failed: send one by one, so that a record at fault (too large, topic
       // gone...) is found and only it counts an attempt. A broker outage fails the first send
       // and the loop backs off. Back to batches once a whole pass went through.
@@ -651,15 +670,17 @@ export class Relay extends EventEmitter<RelayEvents> {
     // More rows may be pending when the read hit its row bound or its byte bound.
     const pageRows = rows[0]!.page_rows;
     this.morePending = pageRows >= o.batchSize || pageRows > rows.length;
-    if (this.morePending) {
+    const readNext = (): void => {
+      if (this.readAhead || this.stopping) return;
       const next = sql
         .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
-          ...marking,
+          ...this.marks.pendingSeqs(),
           ...rows.map((r) => r.seq),
         ])
         .catch(() => undefined); // the next pass reads again
       this.readAhead = { leases, rows: next };
-    }
+    };
+    if (this.morePending) readNext();
     let acked = 0;
     try {
       await crashPoint('relay:before-send');
@@ -676,37 +697,19 @@ export class Relay extends EventEmitter<RelayEvents> {
       // next pass isolates.
       this.isolateNext = true;
       this.readAhead = undefined;
-      if (acked > 0) {
-        const seqs = sendable.slice(0, acked).map((r) => r.seq);
-        await sql.markPublished(this.db, this.q, this.relayId, seqs, lanes);
-      }
+      this.marks.add(markBatch(sendable.slice(0, acked), leases, lanes));
       throw err;
     }
     await crashPoint('relay:after-send');
-    // The rows are marked while the next pass reads and sends (that pass skips them), so the
-    // marking is off the path of the next events' latency. At most one marking is in flight; a
-    // failed one surfaces here, on the next pass, and its rows are published again (at least once).
-    await this.settleMarking();
-    const seqs = sendable.map((r) => r.seq);
-    const done = sql.markPublished(this.db, this.q, this.relayId, seqs, lanes).then((marked) => {
-      if (marked < seqs.length) this.fencedOut(sendable, marked);
-      this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
-      this.logger.debug({ count: sendable.length, marked }, 'published');
-    });
-    done.catch(() => undefined); // awaited by settleMarking()
-    this.marking = { seqs, done };
+    // The rows are marked while the next passes read and send (they skip them), so the marking is
+    // off the path of the next events' latency. A marking that failed surfaces here, on a later
+    // pass, and its rows are published again (at least once). Bounded: when the database falls
+    // behind by more than a batch, the pass waits for the marking in flight.
+    this.logger.debug({ rows: sendable.length, bytes: payloadBytes(sendable) }, 'batch acknowledged');
+    this.marks.add(markBatch(sendable, leases, lanes));
+    this.marks.takeFailure();
+    await this.marks.drainTo(o.batchSize);
     return sendable.length;
-  }
-
-  /** Waits for the marking in flight, if any; rethrows its error. */
-  private async settleMarking(): Promise<void> {
-    const marking = this.marking;
-    if (!marking) return;
-    try {
-      await marking.done;
-    } finally {
-      if (this.marking === marking) this.marking = undefined;
-    }
   }
 
   /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
@@ -732,25 +735,25 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   private readonly maxMessageBytes = new Map<string, number>();
 
-  /** Rows whose lane this relay still holds with the token it read them under. */
   /**
-   * The fencing check refused part of a marking: another relay holds (or held) some of these
-   * lanes (a takeover, or `outboxkit lanes release` on this live relay). Until the next renewal
-   * says which lanes are still ours, nothing more is sent on the lanes of `rows`: otherwise every
-   * pass would send their still-pending rows again (at least once, but a copy per pass).
+   * The fencing check refused part of a marking (`marked` of `sent` rows): another relay holds (or
+   * held) some of `lanes`, the lanes of the marking's rows (a takeover, or `outboxkit lanes
+   * release` on this live relay). Until the next renewal says which lanes are still ours, nothing
+   * more is sent on them: otherwise every pass would send their still-pending rows again (at least
+   * once, but a copy per pass).
    */
-  private fencedOut(rows: readonly sql.PendingRow[], marked: number): void {
-    const lanes = [...new Set(rows.map((r) => r.lane))];
+  private fencedOut(lanes: ReadonlySet<number>, sent: number, marked: number): void {
     for (const lane of lanes) {
       const held = this.held.get(lane);
       if (held) this.held.set(lane, { ...held, validUntil: 0 });
     }
     this.logger.warn(
-      { sent: rows.length, marked, lanes: lanes.length },
+      { sent, marked, lanes: lanes.size },
       'marking refused by the fencing check (lanes taken over or released): their sends stop until the next lease renewal',
     );
   }
 
+  /** Rows whose lane this relay still holds with the token it read them under. */
   private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
     const now = performance.now();
     const valid = new Set(
@@ -811,7 +814,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       }
       const marked = await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
       if (marked === 0) {
-        this.fencedOut([row], 0);
+        this.fencedOut(new Set([row.lane]), 1, 0);
         break;
       }
       published += marked;
@@ -836,6 +839,16 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     if (total > 0) this.emit('relay:cleaned', { deleted: total });
   }
+}
+
+function markBatch(rows: readonly sql.PendingRow[], leases: string, held: readonly LaneLease[]): MarkBatch {
+  return { seqs: rows.map((r) => r.seq), lanes: [...new Set(rows.map((r) => r.lane))], leases, held };
+}
+
+function payloadBytes(rows: readonly sql.PendingRow[]): number {
+  let n = 0;
+  for (const r of rows) n += r.payload.length;
+  return n;
 }
 
 function toRecord(row: sql.PendingRow): OutboundRecord {
