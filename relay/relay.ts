@@ -450,8 +450,12 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   private wakeUp(): void {
+    this.wakes++;
     this.woken = true;
     this.wake?.();
+    const onWake = this.onWake;
+    this.onWake = undefined;
+    onWake?.();
   }
 
   private async sleep(ms: number): Promise<void> {
@@ -551,7 +555,11 @@ export class Relay extends EventEmitter<RelayEvents> {
   private currentPass: Promise<unknown> = Promise.resolve();
   private isolateNext = false;
   /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
-  private readAhead: { leases: string; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
+  private readAhead: { leases: string; wakes: number; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
+  /** Wake-ups so far (notifications, new lanes): a pass tells by it whether rows may have come since it read. */
+  private wakes = 0;
+  /** Set while a batch is in flight: starts the read of the next batch when a notification comes. */
+  private onWake: (() => void) | undefined;
   /**
    * Acknowledged batches being marked published while the next passes run: one statement at a
    * time, the batches acknowledged meanwhile together in the next one.
@@ -636,9 +644,13 @@ export class Relay extends EventEmitter<RelayEvents> {
     // A batch read ahead while the previous one was sent, if read under the same leases.
     const ahead = this.readAhead;
     this.readAhead = undefined;
+    const aheadRows = ahead?.leases === leases ? await ahead.rows : undefined;
+    // Wake-ups (notifications) counted when this batch's read began: a higher count now means rows
+    // may have committed after its snapshot.
+    const wakesAtRead = aheadRows && ahead ? ahead.wakes : this.wakes;
     // Rows acknowledged but not marked yet are still pending in the table: not read again meanwhile.
     const rows =
-      (ahead?.leases === leases ? await ahead.rows : undefined) ??
+      aheadRows ??
       (await sql.readPending(
         this.db,
         this.q,
@@ -663,24 +675,41 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     const records = sendable.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
-    // A full batch (rows or bytes) means more rows are waiting: read the next batch while this one is in flight,
-    // so the database's half and the broker's half of the work overlap. The read skips this
-    // batch's rows (pending until marked); the next batch is sent only after this one is
-    // acknowledged, so a key's order holds. Dropped if this send fails (the next pass isolates).
-    // More rows may be pending when the read hit its row bound or its byte bound.
+    // The next batch is read while this one is in flight, so that the database's half and the
+    // broker's half of the work overlap: at once when the read hit its row or byte bound (more rows
+    // are waiting), else when a notification says that rows committed since this batch was read.
+    // The read skips this batch's rows (pending until marked); the next batch is sent only after
+    // this one is acknowledged, so a key's order holds. Dropped if this send fails (the next pass
+    // isolates). Without LISTEN the next poll reads.
     const pageRows = rows[0]!.page_rows;
     this.morePending = pageRows >= o.batchSize || pageRows > rows.length;
+    let inFlight = true;
     const readNext = (): void => {
       if (this.readAhead || this.stopping) return;
-      const next = sql
-        .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
-          ...this.marks.pendingSeqs(),
-          ...rows.map((r) => r.seq),
-        ])
-        .catch(() => undefined); // the next pass reads again
-      this.readAhead = { leases, rows: next };
+      const wakes = this.wakes;
+      const next = {
+        leases,
+        wakes,
+        rows: sql
+          .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
+            ...this.marks.pendingSeqs(),
+            ...rows.map((r) => r.seq),
+          ])
+          .catch(() => undefined), // the next pass reads again
+      };
+      this.readAhead = next;
+      if (!o.listen) return;
+      // Nothing new yet and this batch still in flight: read again at the next notification (or
+      // now, if one came during this read).
+      void next.rows.then((found) => {
+        if (!inFlight || this.readAhead !== next || found?.length !== 0) return;
+        this.readAhead = undefined;
+        if (this.wakes !== wakes) readNext();
+        else this.onWake = readNext;
+      });
     };
-    if (this.morePending) readNext();
+    if (this.morePending || (o.listen && this.wakes !== wakesAtRead)) readNext();
+    else if (o.listen) this.onWake = readNext;
     let acked = 0;
     try {
       await crashPoint('relay:before-send');
@@ -699,6 +728,9 @@ export class Relay extends EventEmitter<RelayEvents> {
       this.readAhead = undefined;
       this.marks.add(markBatch(sendable.slice(0, acked), leases, lanes));
       throw err;
+    } finally {
+      inFlight = false;
+      this.onWake = undefined;
     }
     await crashPoint('relay:after-send');
     // The rows are marked while the next passes read and send (they skip them), so the marking is
