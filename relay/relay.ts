@@ -15,10 +15,16 @@
 import { EventEmitter } from 'node:events';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
-import { Kafka, logLevel } from 'kafkajs';
+import { Kafka, logLevel, type Admin } from 'kafkajs';
 import pg from 'pg';
 import type { Queryable } from '../src/database.js';
-import { InvalidOptionsError, LifecycleError, TopicMissingError, schemaMissingOr } from '../src/errors.js';
+import {
+  BrokerUnavailableError,
+  InvalidOptionsError,
+  LifecycleError,
+  TopicMissingError,
+  schemaMissingOr,
+} from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { DEFAULT_SCHEMA, OUTBOX_LANES } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
@@ -68,6 +74,15 @@ export interface RelayOptions {
   listen?: boolean;
   /** Lane lease length, in ms: how long a dead relay's lanes stay blocked. @defaultValue 10_000 */
   leaseMs?: number;
+  /**
+   * Longest wait for Kafka, in ms: for a send's acknowledgement (kafkajs' own retries included), a
+   * producer's connect, and the probe of an idle relay (every third of a lease). Past it the broker
+   * counts as unreachable: the send fails with {@link BrokerUnavailableError} (its rows stay
+   * pending and go again: at least once), `producerConnected` and readiness turn false, the relay
+   * backs off and, after `leaseMs` of failing, stands down. Keep it below `leaseMs`, and above the
+   * slowest acknowledgement of a healthy cluster (acks=all). @defaultValue 5_000
+   */
+  brokerTimeoutMs?: number;
   /** Backoff after a failed pass: first delay and cap, in ms (full jitter). @defaultValue 200, 10_000 */
   retryInitialMs?: number;
   retryMaxMs?: number;
@@ -105,6 +120,7 @@ export type ResolvedRelayOptions = Required<
     | 'pollIntervalMs'
     | 'listen'
     | 'leaseMs'
+    | 'brokerTimeoutMs'
     | 'retryInitialMs'
     | 'retryMaxMs'
     | 'verifyTopics'
@@ -124,6 +140,7 @@ export const RELAY_DEFAULTS = Object.freeze({
   pollIntervalMs: 1_000,
   listen: true,
   leaseMs: 10_000,
+  brokerTimeoutMs: 5_000,
   retryInitialMs: 200,
   retryMaxMs: 10_000,
   verifyTopics: true,
@@ -151,6 +168,7 @@ export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions
   positiveInt('maxBatchBytes', r.maxBatchBytes);
   positiveInt('pollIntervalMs', r.pollIntervalMs, 10);
   positiveInt('leaseMs', r.leaseMs, 1_000);
+  positiveInt('brokerTimeoutMs', r.brokerTimeoutMs, 100);
   positiveInt('retryInitialMs', r.retryInitialMs);
   positiveInt('retryMaxMs', r.retryMaxMs);
   positiveInt('maxAttempts', r.maxAttempts);
@@ -263,8 +281,9 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
-   * Whether the relay runs with a connected Kafka producer: false before start, while it backs off
-   * after a failed connect or send (until a new producer connects), and once stopping.
+   * Whether the relay runs with a connected Kafka producer: false before start, once stopping, and
+   * from a failed (or unanswered, see `brokerTimeoutMs`) send, connect or idle probe until a new
+   * producer connects.
    */
   get producerConnected(): boolean {
     return this.started && !this.stopping && this.producer !== undefined;
@@ -297,31 +316,16 @@ export class Relay extends EventEmitter<RelayEvents> {
     // The broker may be down at start: the relay starts anyway and its loop backs off until the
     // broker answers (a daemon that exits would only be restarted into the same outage).
     if (this.options.verifyTopics && this.kafka) {
-      await this.verifyTopics(this.kafka).catch((err: Error) =>
-        this.logger.warn({ err }, 'could not check the topics of pending events at start'),
+      await withDeadline(this.verifyTopics(this.kafka), this.options.brokerTimeoutMs, 'the topic check').catch(
+        (err: Error) => this.logger.warn({ err }, 'could not check the topics of pending events at start'),
       );
     }
     // Kept only once connected: `producerConnected` (readiness) must not count a connect in flight.
-    const producer = this.makeProducer();
-    await producer.connect().then(
-      () => (this.producer = producer),
-      (err: Error) => {
-        this.failingSince ??= performance.now();
-        this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff');
-      },
-    );
+    await this.awaitProducer();
+    if (!this.producer) this.logger.warn({}, 'Kafka producer could not connect at start; retrying with backoff');
     if (this.options.listen) await this.startListener();
     await this.maintainLanes();
-    this.maintainTimer = setInterval(
-      () => {
-        this.maintaining = this.maintaining
-          .then(() => this.maintainLanes())
-          .catch((err: Error) => {
-            this.logger.warn({ err }, 'lane maintenance failed');
-          });
-      },
-      Math.max(200, Math.floor(this.options.leaseMs / 3)),
-    );
+    this.maintainTimer = setInterval(() => this.maintainSoon(), this.maintainEveryMs);
     this.maintainTimer.unref();
     // Its own chain: a long cleanup must never delay the lease renewals above.
     this.cleanupTimer = setInterval(() => {
@@ -352,6 +356,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.wakeUp();
     clearInterval(this.maintainTimer);
     clearInterval(this.cleanupTimer);
+    clearTimeout(this.standDownTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([this.loopDone, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
@@ -370,7 +375,11 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     this.held.clear();
     await this.listener?.end().catch(() => undefined);
-    await this.producer?.disconnect().catch(() => undefined);
+    const producer = this.producer;
+    this.producer = undefined;
+    await this.disconnectQuietly(producer);
+    await this.disconnectQuietly(this.prober);
+    this.prober = undefined;
     if (this.ownsPool) await this.pool.end();
     this.logger.info({ relayId: this.relayId }, 'relay stopped');
   }
@@ -512,6 +521,106 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.emit('relay:lanes', { held: this.heldLanes() });
     // New lanes may hold a backlog that no notification will announce.
     if (acquired > 0) this.wakeUp();
+    // An idle relay learns of a broker outage from a probe, not from a send: without it, it would
+    // stay ready until it has something to send. In the background: never delays the renewals.
+    if (this.producer && !this.sending && performance.now() - this.brokerAnsweredAt > this.maintainEveryMs / 2) {
+      void this.probeBroker();
+    }
+  }
+
+  /** Interval of lane maintenance (renewals, probes), in ms: a third of a lease. */
+  private get maintainEveryMs(): number {
+    return Math.max(200, Math.floor(this.options.leaseMs / 3));
+  }
+
+  /**
+   * Asks the broker for its cluster's metadata (a Metadata request without topics), bounded by
+   * `brokerTimeoutMs`. No answer: the broker counts as unreachable, the producer is dropped
+   * (`producerConnected` false, readiness 503) and rebuilt, and the failure streak starts, which
+   * ends in a stand-down after `leaseMs` unless a producer connects again first.
+   */
+  private async probeBroker(): Promise<void> {
+    if (this.probing || !this.kafka || this.stopping) return;
+    this.probing = true;
+    const began = performance.now();
+    const admin = (this.prober ??= this.kafka.admin());
+    const asked = admin.connect().then(() => admin.describeCluster());
+    try {
+      await withDeadline(asked, this.options.brokerTimeoutMs, 'a metadata probe');
+      this.brokerAnswered();
+    } catch (err) {
+      if (this.stopping) return;
+      this.failing(began);
+      this.logger.warn(
+        { err },
+        'Kafka did not answer the probe of an idle relay: producer dropped until one connects again',
+      );
+      // A new client for the next probe; this one is disconnected once its request settles (a
+      // disconnect during its connect could leave a connection behind).
+      if (this.prober === admin) this.prober = undefined;
+      void asked.catch(() => undefined).then(() => this.disconnectQuietly(admin));
+      void this.rebuildProducer();
+    } finally {
+      this.probing = false;
+    }
+  }
+
+  /**
+   * The broker answered (an acknowledgement, a record's own error, a connect or a probe). A failure
+   * streak that came only from connects or probes ends here; one with failed sends ends with the
+   * next acknowledged send (a broker that connects but refuses every send must still stand down).
+   */
+  private brokerAnswered(): void {
+    this.brokerAnsweredAt = performance.now();
+    if (!this.sendFailing) this.failingSince = undefined;
+  }
+
+  /**
+   * Starts a failure streak at `since` (performance.now(), ms), unless one runs, and has the lanes
+   * maintained right when it has lasted a lease: the stand-down then comes a lease after the
+   * failing began, not up to a maintenance interval later.
+   */
+  private failing(since: number): void {
+    if (this.failingSince !== undefined) return;
+    this.failingSince = since;
+    clearTimeout(this.standDownTimer);
+    this.standDownTimer = setTimeout(
+      () => this.maintainSoon(),
+      Math.max(0, since + this.options.leaseMs - performance.now()) + 10,
+    );
+    this.standDownTimer.unref();
+  }
+
+  private standDownTimer: NodeJS.Timeout | undefined;
+
+  /** A lane maintenance after the one running, if any (renewals and stand-downs never overlap). */
+  private maintainSoon(): void {
+    if (this.stopping) return;
+    this.maintaining = this.maintaining
+      .then(() => this.maintainLanes())
+      .catch((err: Error) => {
+        this.logger.warn({ err }, 'lane maintenance failed');
+      });
+  }
+
+  /** A send was acknowledged (or refused for a record's own reason): the broker works. */
+  private sendSucceeded(): void {
+    this.sending = false;
+    this.sendFailing = false;
+    this.brokerAnswered();
+  }
+
+  /** A send failed or got no answer in time: the failure streak starts at its start, if not before. */
+  private sendFailed(startedAt: number): void {
+    this.sending = false;
+    this.sendFailing = true;
+    this.failing(startedAt);
+  }
+
+  /** `disconnect()` of a producer or admin client, bounded by `brokerTimeoutMs`; errors ignored. */
+  private async disconnectQuietly(client: { disconnect(): Promise<void> } | undefined): Promise<void> {
+    if (!client) return;
+    await withDeadline(client.disconnect(), this.options.brokerTimeoutMs, 'a disconnect').catch(() => undefined);
   }
 
   /**
@@ -532,27 +641,44 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.held.size > 0) {
       const lanes = this.heldLanes();
       this.held.clear();
-      await this.currentPass;
+      // A pass that holds rows may still send or mark them: the lanes go after it. One that waits
+      // for a producer has read nothing, and sends nothing once the lanes are gone (stillOwned).
+      if (this.passHoldsRows) await this.currentPass;
       await this.marks.settle().catch(() => undefined);
       await sql.releaseLanes(this.db, this.q, this.relayId, lanes);
       this.emit('relay:lanes', { held: [] });
     }
     await sql.deregisterInstance(this.db, this.q, this.relayId);
     // A fresh producer that connects is the sign to rejoin (if sends still fail, the relay stands
-    // down again one lease later).
-    await this.rebuildProducer();
+    // down again one lease later). A connect the broker does not answer goes on in the background.
+    await this.awaitProducer();
     if (this.producer && !this.stopping) {
       this.failingSince = undefined;
+      this.sendFailing = false;
       this.standingDown = false;
       this.logger.info({}, 'Kafka producer connected again; rejoining the relays');
     }
   }
 
-  /** Since when (performance.now(), ms) the relay has failed to publish; undefined while it can. */
+  /**
+   * Since when (performance.now(), ms) the relay has failed to publish: the start of the first
+   * failed send, connect or probe of the streak; undefined while it can publish.
+   */
   private failingSince: number | undefined;
+  /** A send failed in the current failure streak (a connect alone then does not end it). */
+  private sendFailing = false;
+  /** When the broker last answered (performance.now(), ms). */
+  private brokerAnsweredAt = 0;
+  /** A send is in flight (an idle probe would only add a request beside it). */
+  private sending = false;
+  private probing = false;
+  /** The admin client of the idle probes, connected on the first one. */
+  private prober: Admin | undefined;
   private standingDown = false;
 
   private currentPass: Promise<unknown> = Promise.resolve();
+  /** The pass in flight has read rows (it may send and mark them). */
+  private passHoldsRows = false;
   private isolateNext = false;
   /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
   private readAhead: { leases: string; wakes: number; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
@@ -579,19 +705,21 @@ export class Relay extends EventEmitter<RelayEvents> {
     while (!this.stopping) {
       let published = 0;
       try {
-        const pass = this.pass();
+        const pass = this.pass().finally(() => (this.passHoldsRows = false));
         this.currentPass = pass.catch(() => undefined);
         published = await pass;
         failures = 0;
       } catch (err) {
         failures++;
-        this.failingSince ??= performance.now();
+        this.failing(performance.now());
         this.readAhead = undefined;
+        // The producer is dropped at once (`producerConnected` false) and a new one connects.
+        const rebuilt = this.awaitProducer();
         await this.marks.settle().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
-        await this.rebuildProducer();
+        await rebuilt;
         await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs));
         continue;
       }
@@ -613,19 +741,37 @@ export class Relay extends EventEmitter<RelayEvents> {
     return this.rebuilding;
   }
 
+  /**
+   * Waits for a producer (the rebuild in flight, or a new one) at most `brokerTimeoutMs`; a connect
+   * the broker does not answer goes on in the background (no second one meanwhile), and counts as
+   * a failure from then on.
+   */
+  private async awaitProducer(): Promise<void> {
+    const began = performance.now();
+    await withDeadline(this.rebuildProducer(), this.options.brokerTimeoutMs, 'a producer connect').catch(() =>
+      this.failing(began),
+    );
+  }
+
   private async doRebuildProducer(): Promise<void> {
     // After a failed send the producer's state (sequence numbers, connections) is suspect.
     const old = this.producer;
     this.producer = undefined;
-    await old?.disconnect().catch(() => undefined);
+    await this.disconnectQuietly(old);
     if (this.stopping) return;
     const next = this.makeProducer();
+    const began = performance.now();
     try {
       await next.connect();
-      this.producer = next;
     } catch (err) {
+      this.failing(began);
       this.logger.warn({ err }, 'producer reconnect failed');
+      return;
     }
+    // Stopped while connecting: stop() did not see this producer, so it is disconnected here.
+    if (this.stopping) return this.disconnectQuietly(next);
+    this.producer = next;
+    this.brokerAnswered();
   }
 
   /** One pass: read pending rows of held lanes, publish them, mark what the broker acknowledged. */
@@ -635,8 +781,8 @@ export class Relay extends EventEmitter<RelayEvents> {
     const lanes = [...this.held.values()].filter((l) => l.validUntil > now);
     if (lanes.length === 0) return 0;
     if (!this.producer) {
-      await this.rebuildProducer();
-      if (!this.producer) throw new Error('no Kafka producer available');
+      await this.awaitProducer();
+      if (!this.producer) throw noProducer(this.options.brokerTimeoutMs);
     }
     const o = this.options;
     const laneIds = lanes.map((l) => l.lane);
@@ -663,6 +809,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (rows.length === 0) return 0;
     const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
+    this.passHoldsRows = true;
     if (this.isolateNext) {
       await this.marks.settle();
       // The last batch failed: send one by one, so that a record at fault (too large, topic
@@ -711,15 +858,20 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.morePending || (o.listen && this.wakes !== wakesAtRead)) readNext();
     else if (o.listen) this.onWake = readNext;
     let acked = 0;
+    const sendStarted = performance.now();
+    this.sending = true;
     try {
       await crashPoint('relay:before-send');
-      // Chunks go one after another, so a key's order holds across them.
+      // Chunks go one after another, so a key's order holds across them. Each is bounded: kafkajs
+      // retries a broker that is gone for seconds, and waits `requestTimeout` (30 s) for one that
+      // does not answer, while this relay should be giving its lanes to a healthy one.
       for (const chunk of chunks) {
-        await this.producer.send(chunk);
+        await withDeadline(this.producer.send(chunk), o.brokerTimeoutMs, 'a send');
         acked += chunk.length;
       }
-      this.failingSince = undefined;
+      this.sendSucceeded();
     } catch (err) {
+      this.sendFailed(sendStarted);
       // The rows of failed chunks stay pending; those the broker acknowledged are marked. kafkajs
       // may report a record's fault as another error (its internal retry of a partly written
       // batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not trusted here: the
@@ -730,6 +882,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       throw err;
     } finally {
       inFlight = false;
+      this.sending = false;
       this.onWake = undefined;
     }
     await crashPoint('relay:after-send');
@@ -751,13 +904,22 @@ export class Relay extends EventEmitter<RelayEvents> {
       const unknown = [...new Set(records.map((r) => r.topic))].filter((t) => !this.maxMessageBytes.has(t));
       if (unknown.length > 0) {
         const admin = this.kafka.admin();
-        await admin.connect();
+        const timeoutMs = this.options.brokerTimeoutMs;
+        const connecting = admin.connect();
         try {
-          for (const [topic, bytes] of await readTopicLimits(admin, unknown)) this.maxMessageBytes.set(topic, bytes);
+          await withDeadline(connecting, timeoutMs, 'an admin connect');
+        } catch (err) {
+          // Disconnected once its connect settles (a disconnect during it could leave a connection).
+          void connecting.catch(() => undefined).then(() => this.disconnectQuietly(admin));
+          throw err;
+        }
+        try {
+          const limits = await withDeadline(readTopicLimits(admin, unknown), timeoutMs, 'a topic configuration read');
+          for (const [topic, bytes] of limits) this.maxMessageBytes.set(topic, bytes);
         } catch (err) {
           this.logger.warn({ err, topics: unknown }, 'could not read max.message.bytes; using maxBatchBytes');
         } finally {
-          await admin.disconnect();
+          await this.disconnectQuietly(admin);
         }
       }
     }
@@ -805,12 +967,17 @@ export class Relay extends EventEmitter<RelayEvents> {
     for (const row of rows) {
       if (row.key !== null && failedKeys.has(row.key)) continue;
       if (this.stillOwned([row], lanes).length === 0) continue;
+      const sendStarted = performance.now();
+      this.sending = true;
       try {
-        await this.producer!.send([toRecord(row)]);
-        this.failingSince = undefined;
+        await withDeadline(this.producer!.send([toRecord(row)]), this.options.brokerTimeoutMs, 'a send');
+        this.sendSucceeded();
       } catch (err) {
-        if (!isRecordError(err)) throw err;
-        this.failingSince = undefined; // the broker answered: this record is at fault, not the relay
+        if (!isRecordError(err)) {
+          this.sendFailed(sendStarted);
+          throw err;
+        }
+        this.sendSucceeded(); // the broker answered: this record is at fault, not the relay
         if (row.key !== null) failedKeys.add(row.key);
         const attempts = row.attempts + 1;
         const message = `${kafkaErrorType(err) ?? 'error'}: ${(err as Error).message}`;
@@ -837,10 +1004,10 @@ export class Relay extends EventEmitter<RelayEvents> {
         // kafkajs' idempotent producer counts the rejected record's sequence number although the
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
         // start over with a new producer id.
-        await this.rebuildProducer();
+        await this.awaitProducer();
         if (!this.producer) {
           if (this.stopping) break; // stop() came during the rebuild, which then made no producer
-          throw new Error('no Kafka producer available');
+          throw noProducer(this.options.brokerTimeoutMs);
         }
         continue;
       }
@@ -871,6 +1038,35 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     if (total > 0) this.emit('relay:cleaned', { deleted: total });
   }
+}
+
+/**
+ * `promise`, or a {@link BrokerUnavailableError} after `ms` (the promise goes on; its outcome is
+ * then ignored).
+ */
+function withDeadline<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () =>
+        reject(
+          new BrokerUnavailableError(
+            `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ` +
+              'the relay backs off, reconnects, and stands down after leaseMs of failing.',
+          ),
+        ),
+      ms,
+    );
+  });
+  promise.catch(() => undefined); // lost the race: its rejection is not unhandled
+  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
+}
+
+function noProducer(brokerTimeoutMs: number): BrokerUnavailableError {
+  return new BrokerUnavailableError(
+    `no Kafka producer available: its last connect failed or took longer than brokerTimeoutMs (${brokerTimeoutMs} ms); ` +
+      'the relay retries with backoff and stands down after leaseMs of failing.',
+  );
 }
 
 function markBatch(rows: readonly sql.PendingRow[], leases: string, held: readonly LaneLease[]): MarkBatch {

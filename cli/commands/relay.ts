@@ -41,6 +41,12 @@ export function registerRelay(program: Command): void {
         .default(RELAY_DEFAULTS.leaseMs),
     )
     .addOption(
+      new Option('--broker-timeout-ms <ms>', 'longest wait for a send, a producer connect or a probe of Kafka')
+        .env('OUTBOXKIT_BROKER_TIMEOUT_MS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.brokerTimeoutMs),
+    )
+    .addOption(
       new Option('--max-attempts <n>', 'failed publish attempts of one event before it is parked')
         .env('OUTBOXKIT_MAX_ATTEMPTS')
         .argParser(int)
@@ -92,6 +98,7 @@ export function registerRelay(program: Command): void {
         maxBatchBytes: Number(opts.maxBatchBytes),
         pollIntervalMs: Number(opts.pollIntervalMs),
         leaseMs: Number(opts.leaseMs),
+        brokerTimeoutMs: Number(opts.brokerTimeoutMs),
         listen: Boolean(opts.listen),
         maxAttempts: Number(opts.maxAttempts),
         holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),

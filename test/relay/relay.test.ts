@@ -380,6 +380,9 @@ describe('relay start-up', () => {
     ).toThrow(/retryMaxMs/);
     // @ts-expect-error a string is not a boolean
     expect(() => new Relay({ connectionString: db.url, brokers: ['x:1'], listen: 'false' })).toThrow(/listen/);
+    expect(() => new Relay({ connectionString: db.url, brokers: ['x:1'], brokerTimeoutMs: 50 })).toThrow(
+      /brokerTimeoutMs must be an integer ≥ 100/,
+    );
   });
 });
 
