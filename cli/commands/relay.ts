@@ -5,7 +5,16 @@ import { pino } from 'pino';
 import client from 'prom-client';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
 import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
-import { addKafkaOptions, bool, databaseOption, int, kafkaFromOptions, listenPort, schemaOption } from '../shared.js';
+import {
+  addKafkaOptions,
+  applicationName,
+  bool,
+  databaseOption,
+  int,
+  kafkaFromOptions,
+  listenPort,
+  schemaOption,
+} from '../shared.js';
 
 /** `outboxkit relay`: the relay daemon. */
 export function registerRelay(program: Command): void {
@@ -87,7 +96,14 @@ export function registerRelay(program: Command): void {
         logLevel: logLevel.WARN,
       });
       logger.info({ kafka: resolved.description }, 'Kafka connection settings');
-      const pool = new pg.Pool({ connectionString: String(opts.databaseUrl), max: 4, keepAlive: true });
+      const pool = new pg.Pool({
+        connectionString: String(opts.databaseUrl),
+        max: 4,
+        keepAlive: true,
+        // Named in pg_stat_activity unless the URL or PGAPPNAME names it; the LISTEN connection,
+        // built from these options, is named outboxkit-relay-listener by the relay.
+        fallback_application_name: applicationName('relay'),
+      });
       const relay = new Relay({
         pool,
         kafka,
