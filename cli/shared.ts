@@ -224,8 +224,23 @@ export function kafkaFromOptions(
   return { kafka, resolved };
 }
 
-export async function withPool(url: string, fn: (pool: pg.Pool) => Promise<void>): Promise<void> {
-  const pool = new pg.Pool({ connectionString: url, max: 1 });
+/**
+ * The `application_name` of the CLI's PostgreSQL connections, so that `pg_stat_activity` names
+ * them: `outboxkit-relay` for the daemon's pool (its LISTEN connection is
+ * `outboxkit-relay-listener`), `outboxkit-<command>` for operator commands. Given as
+ * `fallback_application_name` (PostgreSQL's libpq parameter): an `application_name` in the
+ * connection string or `PGAPPNAME` wins.
+ */
+export function applicationName(command: string): string {
+  return `outboxkit-${command}`;
+}
+
+/**
+ * Runs `fn` with a pool of one connection on `url`, named `outboxkit-<command>` in
+ * `pg_stat_activity` (see {@link applicationName}), and ends the pool.
+ */
+export async function withPool(url: string, command: string, fn: (pool: pg.Pool) => Promise<void>): Promise<void> {
+  const pool = new pg.Pool({ connectionString: url, max: 1, fallback_application_name: applicationName(command) });
   try {
     await fn(pool);
   } finally {

@@ -122,9 +122,10 @@ export interface RelayReadiness {
 /**
  * The relay daemon's readiness check: ready only when PostgreSQL answers (`SELECT 1` on `pool`
  * within `timeoutMs`) and the relay holds a connected Kafka producer. The producer is dropped on a
- * failed connect or send and replaced once the broker answers again, so an unreachable broker or
- * rejected credentials show here; an idle relay whose broker went away stays ready until it has
- * something to send.
+ * failed connect, send or idle probe, or one Kafka did not answer within the relay's
+ * `brokerTimeoutMs`, and replaced once the broker answers again, so an unreachable broker or
+ * rejected credentials show here (about 5 s into an outage with the defaults; 8 s for an idle relay,
+ * which probes every third of a lease).
  *
  * @param options.timeoutMs - longest wait for PostgreSQL, in ms. @defaultValue 2_000
  */

@@ -15,10 +15,16 @@
 import { EventEmitter } from 'node:events';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
-import { Kafka, logLevel } from 'kafkajs';
+import { Kafka, logLevel, type Admin } from 'kafkajs';
 import pg from 'pg';
 import type { Queryable } from '../src/database.js';
-import { InvalidOptionsError, LifecycleError, TopicMissingError, schemaMissingOr } from '../src/errors.js';
+import {
+  BrokerUnavailableError,
+  InvalidOptionsError,
+  LifecycleError,
+  TopicMissingError,
+  schemaMissingOr,
+} from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { DEFAULT_SCHEMA, OUTBOX_LANES } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
@@ -34,6 +40,7 @@ import {
   type OutboundRecord,
   type RelayProducer,
 } from './producer.js';
+import { MarkQueue, type MarkBatch } from './mark-queue.js';
 import * as sql from './sql.js';
 
 /** Options of {@link Relay}. */
@@ -67,6 +74,15 @@ export interface RelayOptions {
   listen?: boolean;
   /** Lane lease length, in ms: how long a dead relay's lanes stay blocked. @defaultValue 10_000 */
   leaseMs?: number;
+  /**
+   * Longest wait for Kafka, in ms: for a send's acknowledgement (kafkajs' own retries included), a
+   * producer's connect, and the probe of an idle relay (every third of a lease). Past it the broker
+   * counts as unreachable: the send fails with {@link BrokerUnavailableError} (its rows stay
+   * pending and go again: at least once), `producerConnected` and readiness turn false, the relay
+   * backs off and, after `leaseMs` of failing, stands down. Keep it below `leaseMs`, and above the
+   * slowest acknowledgement of a healthy cluster (acks=all). @defaultValue 5_000
+   */
+  brokerTimeoutMs?: number;
   /** Backoff after a failed pass: first delay and cap, in ms (full jitter). @defaultValue 200, 10_000 */
   retryInitialMs?: number;
   retryMaxMs?: number;
@@ -104,6 +120,7 @@ export type ResolvedRelayOptions = Required<
     | 'pollIntervalMs'
     | 'listen'
     | 'leaseMs'
+    | 'brokerTimeoutMs'
     | 'retryInitialMs'
     | 'retryMaxMs'
     | 'verifyTopics'
@@ -123,6 +140,7 @@ export const RELAY_DEFAULTS = Object.freeze({
   pollIntervalMs: 1_000,
   listen: true,
   leaseMs: 10_000,
+  brokerTimeoutMs: 5_000,
   retryInitialMs: 200,
   retryMaxMs: 10_000,
   verifyTopics: true,
@@ -150,6 +168,7 @@ export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions
   positiveInt('maxBatchBytes', r.maxBatchBytes);
   positiveInt('pollIntervalMs', r.pollIntervalMs, 10);
   positiveInt('leaseMs', r.leaseMs, 1_000);
+  positiveInt('brokerTimeoutMs', r.brokerTimeoutMs, 100);
   positiveInt('retryInitialMs', r.retryInitialMs);
   positiveInt('retryMaxMs', r.retryMaxMs);
   positiveInt('maxAttempts', r.maxAttempts);
@@ -234,8 +253,8 @@ export class Relay extends EventEmitter<RelayEvents> {
       });
     this.pool.on('error', (err) => this.logger.warn({ err }, 'idle PostgreSQL connection failed'));
     this.db = {
-      query: async <R>(text: string, values?: readonly unknown[]) => {
-        const r = await this.pool.query(text, values as unknown[]);
+      query: async <R>(text: string, values?: readonly unknown[], options?: { name?: string }) => {
+        const r = await this.pool.query({ text, values: values as unknown[], name: options?.name });
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };
@@ -262,8 +281,9 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
-   * Whether the relay runs with a connected Kafka producer: false before start, while it backs off
-   * after a failed connect or send (until a new producer connects), and once stopping.
+   * Whether the relay runs with a connected Kafka producer: false before start, once stopping, and
+   * from a failed (or unanswered, see `brokerTimeoutMs`) send, connect or idle probe until a new
+   * producer connects.
    */
   get producerConnected(): boolean {
     return this.started && !this.stopping && this.producer !== undefined;
@@ -296,31 +316,16 @@ export class Relay extends EventEmitter<RelayEvents> {
     // The broker may be down at start: the relay starts anyway and its loop backs off until the
     // broker answers (a daemon that exits would only be restarted into the same outage).
     if (this.options.verifyTopics && this.kafka) {
-      await this.verifyTopics(this.kafka).catch((err: Error) =>
-        this.logger.warn({ err }, 'could not check the topics of pending events at start'),
+      await withDeadline(this.verifyTopics(this.kafka), this.options.brokerTimeoutMs, 'the topic check').catch(
+        (err: Error) => this.logger.warn({ err }, 'could not check the topics of pending events at start'),
       );
     }
     // Kept only once connected: `producerConnected` (readiness) must not count a connect in flight.
-    const producer = this.makeProducer();
-    await producer.connect().then(
-      () => (this.producer = producer),
-      (err: Error) => {
-        this.failingSince ??= performance.now();
-        this.logger.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff');
-      },
-    );
+    await this.awaitProducer();
+    if (!this.producer) this.logger.warn({}, 'Kafka producer could not connect at start; retrying with backoff');
     if (this.options.listen) await this.startListener();
     await this.maintainLanes();
-    this.maintainTimer = setInterval(
-      () => {
-        this.maintaining = this.maintaining
-          .then(() => this.maintainLanes())
-          .catch((err: Error) => {
-            this.logger.warn({ err }, 'lane maintenance failed');
-          });
-      },
-      Math.max(200, Math.floor(this.options.leaseMs / 3)),
-    );
+    this.maintainTimer = setInterval(() => this.maintainSoon(), this.maintainEveryMs);
     this.maintainTimer.unref();
     // Its own chain: a long cleanup must never delay the lease renewals above.
     this.cleanupTimer = setInterval(() => {
@@ -351,6 +356,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.wakeUp();
     clearInterval(this.maintainTimer);
     clearInterval(this.cleanupTimer);
+    clearTimeout(this.standDownTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([this.loopDone, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
@@ -360,7 +366,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     await this.cleaning;
     await this.readAhead?.rows;
     this.readAhead = undefined;
-    await this.settleMarking().catch(() => undefined);
+    await this.marks.settle().catch(() => undefined);
     try {
       await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
       await sql.deregisterInstance(this.db, this.q, this.relayId);
@@ -369,7 +375,11 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     this.held.clear();
     await this.listener?.end().catch(() => undefined);
-    await this.producer?.disconnect().catch(() => undefined);
+    const producer = this.producer;
+    this.producer = undefined;
+    await this.disconnectQuietly(producer);
+    await this.disconnectQuietly(this.prober);
+    this.prober = undefined;
     if (this.ownsPool) await this.pool.end();
     this.logger.info({ relayId: this.relayId }, 'relay stopped');
   }
@@ -449,8 +459,12 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   private wakeUp(): void {
+    this.wakes++;
     this.woken = true;
     this.wake?.();
+    const onWake = this.onWake;
+    this.onWake = undefined;
+    onWake?.();
   }
 
   private async sleep(ms: number): Promise<void> {
@@ -501,12 +515,112 @@ export class Relay extends EventEmitter<RelayEvents> {
       // Give them back after the pass in flight, which may still be publishing their rows, and
       // after its marking: a late mark would fail the fencing check and the rows go out again.
       await this.currentPass;
-      await this.settleMarking().catch(() => undefined);
+      await this.marks.settle().catch(() => undefined);
       await sql.releaseLanes(this.db, this.q, this.relayId, extra);
     }
     this.emit('relay:lanes', { held: this.heldLanes() });
     // New lanes may hold a backlog that no notification will announce.
     if (acquired > 0) this.wakeUp();
+    // An idle relay learns of a broker outage from a probe, not from a send: without it, it would
+    // stay ready until it has something to send. In the background: never delays the renewals.
+    if (this.producer && !this.sending && performance.now() - this.brokerAnsweredAt > this.maintainEveryMs / 2) {
+      void this.probeBroker();
+    }
+  }
+
+  /** Interval of lane maintenance (renewals, probes), in ms: a third of a lease. */
+  private get maintainEveryMs(): number {
+    return Math.max(200, Math.floor(this.options.leaseMs / 3));
+  }
+
+  /**
+   * Asks the broker for its cluster's metadata (a Metadata request without topics), bounded by
+   * `brokerTimeoutMs`. No answer: the broker counts as unreachable, the producer is dropped
+   * (`producerConnected` false, readiness 503) and rebuilt, and the failure streak starts, which
+   * ends in a stand-down after `leaseMs` unless a producer connects again first.
+   */
+  private async probeBroker(): Promise<void> {
+    if (this.probing || !this.kafka || this.stopping) return;
+    this.probing = true;
+    const began = performance.now();
+    const admin = (this.prober ??= this.kafka.admin());
+    const asked = admin.connect().then(() => admin.describeCluster());
+    try {
+      await withDeadline(asked, this.options.brokerTimeoutMs, 'a metadata probe');
+      this.brokerAnswered();
+    } catch (err) {
+      if (this.stopping) return;
+      this.failing(began);
+      this.logger.warn(
+        { err },
+        'Kafka did not answer the probe of an idle relay: producer dropped until one connects again',
+      );
+      // A new client for the next probe; this one is disconnected once its request settles (a
+      // disconnect during its connect could leave a connection behind).
+      if (this.prober === admin) this.prober = undefined;
+      void asked.catch(() => undefined).then(() => this.disconnectQuietly(admin));
+      void this.rebuildProducer();
+    } finally {
+      this.probing = false;
+    }
+  }
+
+  /**
+   * The broker answered (an acknowledgement, a record's own error, a connect or a probe). A failure
+   * streak that came only from connects or probes ends here; one with failed sends ends with the
+   * next acknowledged send (a broker that connects but refuses every send must still stand down).
+   */
+  private brokerAnswered(): void {
+    this.brokerAnsweredAt = performance.now();
+    if (!this.sendFailing) this.failingSince = undefined;
+  }
+
+  /**
+   * Starts a failure streak at `since` (performance.now(), ms), unless one runs, and has the lanes
+   * maintained right when it has lasted a lease: the stand-down then comes a lease after the
+   * failing began, not up to a maintenance interval later.
+   */
+  private failing(since: number): void {
+    if (this.failingSince !== undefined) return;
+    this.failingSince = since;
+    clearTimeout(this.standDownTimer);
+    this.standDownTimer = setTimeout(
+      () => this.maintainSoon(),
+      Math.max(0, since + this.options.leaseMs - performance.now()) + 10,
+    );
+    this.standDownTimer.unref();
+  }
+
+  private standDownTimer: NodeJS.Timeout | undefined;
+
+  /** A lane maintenance after the one running, if any (renewals and stand-downs never overlap). */
+  private maintainSoon(): void {
+    if (this.stopping) return;
+    this.maintaining = this.maintaining
+      .then(() => this.maintainLanes())
+      .catch((err: Error) => {
+        this.logger.warn({ err }, 'lane maintenance failed');
+      });
+  }
+
+  /** A send was acknowledged (or refused for a record's own reason): the broker works. */
+  private sendSucceeded(): void {
+    this.sending = false;
+    this.sendFailing = false;
+    this.brokerAnswered();
+  }
+
+  /** A send failed or got no answer in time: the failure streak starts at its start, if not before. */
+  private sendFailed(startedAt: number): void {
+    this.sending = false;
+    this.sendFailing = true;
+    this.failing(startedAt);
+  }
+
+  /** `disconnect()` of a producer or admin client, bounded by `brokerTimeoutMs`; errors ignored. */
+  private async disconnectQuietly(client: { disconnect(): Promise<void> } | undefined): Promise<void> {
+    if (!client) return;
+    await withDeadline(client.disconnect(), this.options.brokerTimeoutMs, 'a disconnect').catch(() => undefined);
   }
 
   /**
@@ -527,51 +641,85 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.held.size > 0) {
       const lanes = this.heldLanes();
       this.held.clear();
-      await this.currentPass;
-      await this.settleMarking().catch(() => undefined);
+      // A pass that holds rows may still send or mark them: the lanes go after it. One that waits
+      // for a producer has read nothing, and sends nothing once the lanes are gone (stillOwned).
+      if (this.passHoldsRows) await this.currentPass;
+      await this.marks.settle().catch(() => undefined);
       await sql.releaseLanes(this.db, this.q, this.relayId, lanes);
       this.emit('relay:lanes', { held: [] });
     }
     await sql.deregisterInstance(this.db, this.q, this.relayId);
     // A fresh producer that connects is the sign to rejoin (if sends still fail, the relay stands
-    // down again one lease later).
-    await this.rebuildProducer();
+    // down again one lease later). A connect the broker does not answer goes on in the background.
+    await this.awaitProducer();
     if (this.producer && !this.stopping) {
       this.failingSince = undefined;
+      this.sendFailing = false;
       this.standingDown = false;
       this.logger.info({}, 'Kafka producer connected again; rejoining the relays');
     }
   }
 
-  /** Since when (performance.now(), ms) the relay has failed to publish; undefined while it can. */
+  /**
+   * Since when (performance.now(), ms) the relay has failed to publish: the start of the first
+   * failed send, connect or probe of the streak; undefined while it can publish.
+   */
   private failingSince: number | undefined;
+  /** A send failed in the current failure streak (a connect alone then does not end it). */
+  private sendFailing = false;
+  /** When the broker last answered (performance.now(), ms). */
+  private brokerAnsweredAt = 0;
+  /** A send is in flight (an idle probe would only add a request beside it). */
+  private sending = false;
+  private probing = false;
+  /** The admin client of the idle probes, connected on the first one. */
+  private prober: Admin | undefined;
   private standingDown = false;
 
   private currentPass: Promise<unknown> = Promise.resolve();
+  /** The pass in flight has read rows (it may send and mark them). */
+  private passHoldsRows = false;
   private isolateNext = false;
   /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
-  private readAhead: { leases: string; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
-  /** The acknowledged batch being marked published while the next pass runs (at most one). */
-  private marking: { seqs: string[]; done: Promise<void> } | undefined;
+  private readAhead: { leases: string; wakes: number; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
+  /** Wake-ups so far (notifications, new lanes): a pass tells by it whether rows may have come since it read. */
+  private wakes = 0;
+  /** Set while a batch is in flight: starts the read of the next batch when a notification comes. */
+  private onWake: (() => void) | undefined;
+  /**
+   * Acknowledged batches being marked published while the next passes run: one statement at a
+   * time, the batches acknowledged meanwhile together in the next one.
+   */
+  private readonly marks = new MarkQueue(
+    (seqs, held) => sql.markPublished(this.db, this.q, this.relayId, seqs, held),
+    (batches, marked) => {
+      const count = batches.reduce((n, b) => n + b.seqs.length, 0);
+      if (marked < count) this.fencedOut(new Set(batches.flatMap((b) => b.lanes)), count, marked);
+      this.emit('relay:published', { count, marked, lanes: batches[0]!.held.length });
+      this.logger.debug({ count, marked }, 'published');
+    },
+  );
 
   private async loop(): Promise<void> {
     let failures = 0;
     while (!this.stopping) {
       let published = 0;
       try {
-        const pass = this.pass();
+        const pass = this.pass().finally(() => (this.passHoldsRows = false));
         this.currentPass = pass.catch(() => undefined);
         published = await pass;
         failures = 0;
       } catch (err) {
         failures++;
-        this.failingSince ??= performance.now();
+        this.failing(performance.now());
         this.readAhead = undefined;
-        await this.settleMarking().catch(() => undefined);
+        // The producer is dropped at once (`producerConnected` false) and a new one connects.
+        const rebuilt = this.awaitProducer();
+        await this.marks.settle().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
-        await this.rebuildProducer();
+        await rebuilt;
         await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs));
         continue;
       }
@@ -593,19 +741,37 @@ export class Relay extends EventEmitter<RelayEvents> {
     return this.rebuilding;
   }
 
+  /**
+   * Waits for a producer (the rebuild in flight, or a new one) at most `brokerTimeoutMs`; a connect
+   * the broker does not answer goes on in the background (no second one meanwhile), and counts as
+   * a failure from then on.
+   */
+  private async awaitProducer(): Promise<void> {
+    const began = performance.now();
+    await withDeadline(this.rebuildProducer(), this.options.brokerTimeoutMs, 'a producer connect').catch(() =>
+      this.failing(began),
+    );
+  }
+
   private async doRebuildProducer(): Promise<void> {
     // After a failed send the producer's state (sequence numbers, connections) is suspect.
     const old = this.producer;
     this.producer = undefined;
-    await old?.disconnect().catch(() => undefined);
+    await this.disconnectQuietly(old);
     if (this.stopping) return;
     const next = this.makeProducer();
+    const began = performance.now();
     try {
       await next.connect();
-      this.producer = next;
     } catch (err) {
+      this.failing(began);
       this.logger.warn({ err }, 'producer reconnect failed');
+      return;
     }
+    // Stopped while connecting: stop() did not see this producer, so it is disconnected here.
+    if (this.stopping) return this.disconnectQuietly(next);
+    this.producer = next;
+    this.brokerAnswered();
   }
 
   /** One pass: read pending rows of held lanes, publish them, mark what the broker acknowledged. */
@@ -615,8 +781,8 @@ export class Relay extends EventEmitter<RelayEvents> {
     const lanes = [...this.held.values()].filter((l) => l.validUntil > now);
     if (lanes.length === 0) return 0;
     if (!this.producer) {
-      await this.rebuildProducer();
-      if (!this.producer) throw new Error('no Kafka producer available');
+      await this.awaitProducer();
+      if (!this.producer) throw noProducer(this.options.brokerTimeoutMs);
     }
     const o = this.options;
     const laneIds = lanes.map((l) => l.lane);
@@ -624,16 +790,28 @@ export class Relay extends EventEmitter<RelayEvents> {
     // A batch read ahead while the previous one was sent, if read under the same leases.
     const ahead = this.readAhead;
     this.readAhead = undefined;
-    // Rows of the batch being marked are still pending in the table: not read again meanwhile.
-    const marking = this.marking?.seqs ?? [];
+    const aheadRows = ahead?.leases === leases ? await ahead.rows : undefined;
+    // Wake-ups (notifications) counted when this batch's read began: a higher count now means rows
+    // may have committed after its snapshot.
+    const wakesAtRead = aheadRows && ahead ? ahead.wakes : this.wakes;
+    // Rows acknowledged but not marked yet are still pending in the table: not read again meanwhile.
     const rows =
-      (ahead?.leases === leases ? await ahead.rows : undefined) ??
-      (await sql.readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, marking));
+      aheadRows ??
+      (await sql.readPending(
+        this.db,
+        this.q,
+        laneIds,
+        o.batchSize,
+        o.maxBatchBytes,
+        o.holdKeyBehindFailure,
+        this.marks.pendingSeqs(),
+      ));
     if (rows.length === 0) return 0;
     const sendable = this.stillOwned(rows, lanes);
     if (sendable.length === 0) return 0;
+    this.passHoldsRows = true;
     if (this.isolateNext) {
-      await this.settleMarking();
+      await this.marks.settle();
       // The last batch failed: send one by one, so that a record at fault (too large, topic
       // gone...) is found and only it counts an attempt. A broker outage fails the first send
       // and the loop backs off. Back to batches once a whole pass went through.
@@ -644,69 +822,79 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     const records = sendable.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
-    // A full batch (rows or bytes) means more rows are waiting: read the next batch while this one is in flight,
-    // so the database's half and the broker's half of the work overlap. The read skips this
-    // batch's rows (pending until marked); the next batch is sent only after this one is
-    // acknowledged, so a key's order holds. Dropped if this send fails (the next pass isolates).
-    // More rows may be pending when the read hit its row bound or its byte bound.
+    // The next batch is read while this one is in flight, so that the database's half and the
+    // broker's half of the work overlap: at once when the read hit its row or byte bound (more rows
+    // are waiting), else when a notification says that rows committed since this batch was read.
+    // The read skips this batch's rows (pending until marked); the next batch is sent only after
+    // this one is acknowledged, so a key's order holds. Dropped if this send fails (the next pass
+    // isolates). Without LISTEN the next poll reads.
     const pageRows = rows[0]!.page_rows;
     this.morePending = pageRows >= o.batchSize || pageRows > rows.length;
-    if (this.morePending) {
-      const next = sql
-        .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
-          ...marking,
-          ...rows.map((r) => r.seq),
-        ])
-        .catch(() => undefined); // the next pass reads again
-      this.readAhead = { leases, rows: next };
-    }
+    let inFlight = true;
+    const readNext = (): void => {
+      if (this.readAhead || this.stopping) return;
+      const wakes = this.wakes;
+      const next = {
+        leases,
+        wakes,
+        rows: sql
+          .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
+            ...this.marks.pendingSeqs(),
+            ...rows.map((r) => r.seq),
+          ])
+          .catch(() => undefined), // the next pass reads again
+      };
+      this.readAhead = next;
+      if (!o.listen) return;
+      // Nothing new yet and this batch still in flight: read again at the next notification (or
+      // now, if one came during this read).
+      void next.rows.then((found) => {
+        if (!inFlight || this.readAhead !== next || found?.length !== 0) return;
+        this.readAhead = undefined;
+        if (this.wakes !== wakes) readNext();
+        else this.onWake = readNext;
+      });
+    };
+    if (this.morePending || (o.listen && this.wakes !== wakesAtRead)) readNext();
+    else if (o.listen) this.onWake = readNext;
     let acked = 0;
+    const sendStarted = performance.now();
+    this.sending = true;
     try {
       await crashPoint('relay:before-send');
-      // Chunks go one after another, so a key's order holds across them.
+      // Chunks go one after another, so a key's order holds across them. Each is bounded: kafkajs
+      // retries a broker that is gone for seconds, and waits `requestTimeout` (30 s) for one that
+      // does not answer, while this relay should be giving its lanes to a healthy one.
       for (const chunk of chunks) {
-        await this.producer.send(chunk);
+        await withDeadline(this.producer.send(chunk), o.brokerTimeoutMs, 'a send');
         acked += chunk.length;
       }
-      this.failingSince = undefined;
+      this.sendSucceeded();
     } catch (err) {
+      this.sendFailed(sendStarted);
       // The rows of failed chunks stay pending; those the broker acknowledged are marked. kafkajs
       // may report a record's fault as another error (its internal retry of a partly written
       // batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not trusted here: the
       // next pass isolates.
       this.isolateNext = true;
       this.readAhead = undefined;
-      if (acked > 0) {
-        const seqs = sendable.slice(0, acked).map((r) => r.seq);
-        await sql.markPublished(this.db, this.q, this.relayId, seqs, lanes);
-      }
+      this.marks.add(markBatch(sendable.slice(0, acked), leases, lanes));
       throw err;
+    } finally {
+      inFlight = false;
+      this.sending = false;
+      this.onWake = undefined;
     }
     await crashPoint('relay:after-send');
-    // The rows are marked while the next pass reads and sends (that pass skips them), so the
-    // marking is off the path of the next events' latency. At most one marking is in flight; a
-    // failed one surfaces here, on the next pass, and its rows are published again (at least once).
-    await this.settleMarking();
-    const seqs = sendable.map((r) => r.seq);
-    const done = sql.markPublished(this.db, this.q, this.relayId, seqs, lanes).then((marked) => {
-      if (marked < seqs.length) this.fencedOut(sendable, marked);
-      this.emit('relay:published', { count: sendable.length, marked, lanes: lanes.length });
-      this.logger.debug({ count: sendable.length, marked }, 'published');
-    });
-    done.catch(() => undefined); // awaited by settleMarking()
-    this.marking = { seqs, done };
+    // The rows are marked while the next passes read and send (they skip them), so the marking is
+    // off the path of the next events' latency. A marking that failed surfaces here, on a later
+    // pass, and its rows are published again (at least once). Bounded: when the database falls
+    // behind by more than a batch, the pass waits for the marking in flight.
+    this.logger.debug({ rows: sendable.length, bytes: payloadBytes(sendable) }, 'batch acknowledged');
+    this.marks.add(markBatch(sendable, leases, lanes));
+    this.marks.takeFailure();
+    await this.marks.drainTo(o.batchSize);
     return sendable.length;
-  }
-
-  /** Waits for the marking in flight, if any; rethrows its error. */
-  private async settleMarking(): Promise<void> {
-    const marking = this.marking;
-    if (!marking) return;
-    try {
-      await marking.done;
-    } finally {
-      if (this.marking === marking) this.marking = undefined;
-    }
   }
 
   /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
@@ -716,13 +904,22 @@ export class Relay extends EventEmitter<RelayEvents> {
       const unknown = [...new Set(records.map((r) => r.topic))].filter((t) => !this.maxMessageBytes.has(t));
       if (unknown.length > 0) {
         const admin = this.kafka.admin();
-        await admin.connect();
+        const timeoutMs = this.options.brokerTimeoutMs;
+        const connecting = admin.connect();
         try {
-          for (const [topic, bytes] of await readTopicLimits(admin, unknown)) this.maxMessageBytes.set(topic, bytes);
+          await withDeadline(connecting, timeoutMs, 'an admin connect');
+        } catch (err) {
+          // Disconnected once its connect settles (a disconnect during it could leave a connection).
+          void connecting.catch(() => undefined).then(() => this.disconnectQuietly(admin));
+          throw err;
+        }
+        try {
+          const limits = await withDeadline(readTopicLimits(admin, unknown), timeoutMs, 'a topic configuration read');
+          for (const [topic, bytes] of limits) this.maxMessageBytes.set(topic, bytes);
         } catch (err) {
           this.logger.warn({ err, topics: unknown }, 'could not read max.message.bytes; using maxBatchBytes');
         } finally {
-          await admin.disconnect();
+          await this.disconnectQuietly(admin);
         }
       }
     }
@@ -732,25 +929,25 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   private readonly maxMessageBytes = new Map<string, number>();
 
-  /** Rows whose lane this relay still holds with the token it read them under. */
   /**
-   * The fencing check refused part of a marking: another relay holds (or held) some of these
-   * lanes (a takeover, or `outboxkit lanes release` on this live relay). Until the next renewal
-   * says which lanes are still ours, nothing more is sent on the lanes of `rows`: otherwise every
-   * pass would send their still-pending rows again (at least once, but a copy per pass).
+   * The fencing check refused part of a marking (`marked` of `sent` rows): another relay holds (or
+   * held) some of `lanes`, the lanes of the marking's rows (a takeover, or `outboxkit lanes
+   * release` on this live relay). Until the next renewal says which lanes are still ours, nothing
+   * more is sent on them: otherwise every pass would send their still-pending rows again (at least
+   * once, but a copy per pass).
    */
-  private fencedOut(rows: readonly sql.PendingRow[], marked: number): void {
-    const lanes = [...new Set(rows.map((r) => r.lane))];
+  private fencedOut(lanes: ReadonlySet<number>, sent: number, marked: number): void {
     for (const lane of lanes) {
       const held = this.held.get(lane);
       if (held) this.held.set(lane, { ...held, validUntil: 0 });
     }
     this.logger.warn(
-      { sent: rows.length, marked, lanes: lanes.length },
+      { sent, marked, lanes: lanes.size },
       'marking refused by the fencing check (lanes taken over or released): their sends stop until the next lease renewal',
     );
   }
 
+  /** Rows whose lane this relay still holds with the token it read them under. */
   private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
     const now = performance.now();
     const valid = new Set(
@@ -770,12 +967,17 @@ export class Relay extends EventEmitter<RelayEvents> {
     for (const row of rows) {
       if (row.key !== null && failedKeys.has(row.key)) continue;
       if (this.stillOwned([row], lanes).length === 0) continue;
+      const sendStarted = performance.now();
+      this.sending = true;
       try {
-        await this.producer!.send([toRecord(row)]);
-        this.failingSince = undefined;
+        await withDeadline(this.producer!.send([toRecord(row)]), this.options.brokerTimeoutMs, 'a send');
+        this.sendSucceeded();
       } catch (err) {
-        if (!isRecordError(err)) throw err;
-        this.failingSince = undefined; // the broker answered: this record is at fault, not the relay
+        if (!isRecordError(err)) {
+          this.sendFailed(sendStarted);
+          throw err;
+        }
+        this.sendSucceeded(); // the broker answered: this record is at fault, not the relay
         if (row.key !== null) failedKeys.add(row.key);
         const attempts = row.attempts + 1;
         const message = `${kafkaErrorType(err) ?? 'error'}: ${(err as Error).message}`;
@@ -802,16 +1004,16 @@ export class Relay extends EventEmitter<RelayEvents> {
         // kafkajs' idempotent producer counts the rejected record's sequence number although the
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
         // start over with a new producer id.
-        await this.rebuildProducer();
+        await this.awaitProducer();
         if (!this.producer) {
           if (this.stopping) break; // stop() came during the rebuild, which then made no producer
-          throw new Error('no Kafka producer available');
+          throw noProducer(this.options.brokerTimeoutMs);
         }
         continue;
       }
       const marked = await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
       if (marked === 0) {
-        this.fencedOut([row], 0);
+        this.fencedOut(new Set([row.lane]), 1, 0);
         break;
       }
       published += marked;
@@ -836,6 +1038,45 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     if (total > 0) this.emit('relay:cleaned', { deleted: total });
   }
+}
+
+/**
+ * `promise`, or a {@link BrokerUnavailableError} after `ms` (the promise goes on; its outcome is
+ * then ignored).
+ */
+function withDeadline<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () =>
+        reject(
+          new BrokerUnavailableError(
+            `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ` +
+              'the relay backs off, reconnects, and stands down after leaseMs of failing.',
+          ),
+        ),
+      ms,
+    );
+  });
+  promise.catch(() => undefined); // lost the race: its rejection is not unhandled
+  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
+}
+
+function noProducer(brokerTimeoutMs: number): BrokerUnavailableError {
+  return new BrokerUnavailableError(
+    `no Kafka producer available: its last connect failed or took longer than brokerTimeoutMs (${brokerTimeoutMs} ms); ` +
+      'the relay retries with backoff and stands down after leaseMs of failing.',
+  );
+}
+
+function markBatch(rows: readonly sql.PendingRow[], leases: string, held: readonly LaneLease[]): MarkBatch {
+  return { seqs: rows.map((r) => r.seq), lanes: [...new Set(rows.map((r) => r.lane))], leases, held };
+}
+
+function payloadBytes(rows: readonly sql.PendingRow[]): number {
+  let n = 0;
+  for (const r of rows) n += r.payload.length;
+  return n;
 }
 
 function toRecord(row: sql.PendingRow): OutboundRecord {

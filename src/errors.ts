@@ -45,6 +45,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_SCHEMA_MISSING',
   /** An outbox encoder hook (`createOutbox({ encode })`) failed or returned no bytes. */
   'OUTBOXKIT_ENCODING_FAILED',
+  /** The Kafka broker did not answer in time, or the relay has no connected producer. */
+  'OUTBOXKIT_BROKER_UNAVAILABLE',
 ] as const;
 
 /** Union of every error code outboxkit uses. */
@@ -173,6 +175,18 @@ export class SchemaMissingError extends OutboxkitError {
 export class EventEncodingError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
     super('OUTBOXKIT_ENCODING_FAILED', message, options);
+  }
+}
+
+/**
+ * The relay could not reach Kafka: a send, a producer connect or a health probe got no answer
+ * within `brokerTimeoutMs`, or no producer is connected. Retriable: the relay backs off, reconnects
+ * and stands down after `leaseMs` of failing (its lanes go to a healthy relay). Seen in the
+ * `relay:error` event and the `relay pass failed` log; `cause` holds kafkajs' error, if any.
+ */
+export class BrokerUnavailableError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_BROKER_UNAVAILABLE', message, { retriable: true, ...options });
   }
 }
 

@@ -41,6 +41,7 @@ export {
   LifecycleError,
   SchemaMissingError,
   EventEncodingError,
+  BrokerUnavailableError,
   InvalidKafkaConfigError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';

@@ -34,7 +34,7 @@ export function registerInbox(program: Command): void {
         group?: string;
         json?: boolean;
       }) => {
-        await withPool(opts.databaseUrl, async (pool) => {
+        await withPool(opts.databaseUrl, 'inbox', async (pool) => {
           const { deleted, more } = await cleanupInbox(pool, {
             schema: opts.schema,
             retentionMs: opts.retentionMs,

@@ -14,7 +14,7 @@ export function registerLanes(program: Command): void {
     .addOption(schemaOption())
     .option('--json', 'print JSON: { "relayId": id, "released": n }')
     .action(async (relayId: string, opts: { databaseUrl: string; schema: string; json?: boolean }) => {
-      await withPool(opts.databaseUrl, async (pool) => {
+      await withPool(opts.databaseUrl, 'lanes', async (pool) => {
         const n = await releaseOwner(q(pool), quoteSchema(opts.schema), relayId);
         console.log(opts.json ? JSON.stringify({ relayId, released: n }) : `released ${n} lanes of ${relayId}`);
       });

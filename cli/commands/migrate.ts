@@ -1,7 +1,8 @@
 import type { Command } from 'commander';
+import pg from 'pg';
 import { pino } from 'pino';
 import { migrate } from '../../src/migrate.js';
-import { databaseOption, schemaOption } from '../shared.js';
+import { applicationName, databaseOption, schemaOption } from '../shared.js';
 
 /** `outboxkit migrate`. */
 export function registerMigrate(program: Command): void {
@@ -13,7 +14,20 @@ export function registerMigrate(program: Command): void {
     .option('--json', 'print JSON on stdout: { "applied": [migration names] } (no log lines)')
     .action(async (opts: { databaseUrl: string; schema: string; json?: boolean }) => {
       const logger = pino({ name: 'outboxkit', enabled: !opts.json });
-      const { applied } = await migrate({ connectionString: opts.databaseUrl, schema: opts.schema, logger });
+      // The CLI's own client, to name it in pg_stat_activity; migrate() reports a lost connection
+      // at its next statement.
+      const client = new pg.Client({
+        connectionString: opts.databaseUrl,
+        fallback_application_name: applicationName('migrate'),
+      });
+      client.on('error', () => undefined);
+      await client.connect();
+      let applied: string[];
+      try {
+        ({ applied } = await migrate({ client, schema: opts.schema, logger }));
+      } finally {
+        await client.end().catch(() => undefined);
+      }
       if (opts.json) console.log(JSON.stringify({ applied }));
       else logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
     });

@@ -5,7 +5,16 @@ import { pino } from 'pino';
 import client from 'prom-client';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
 import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
-import { addKafkaOptions, bool, databaseOption, int, kafkaFromOptions, listenPort, schemaOption } from '../shared.js';
+import {
+  addKafkaOptions,
+  applicationName,
+  bool,
+  databaseOption,
+  int,
+  kafkaFromOptions,
+  listenPort,
+  schemaOption,
+} from '../shared.js';
 
 /** `outboxkit relay`: the relay daemon. */
 export function registerRelay(program: Command): void {
@@ -39,6 +48,12 @@ export function registerRelay(program: Command): void {
         .env('OUTBOXKIT_LEASE_MS')
         .argParser(int)
         .default(RELAY_DEFAULTS.leaseMs),
+    )
+    .addOption(
+      new Option('--broker-timeout-ms <ms>', 'longest wait for a send, a producer connect or a probe of Kafka')
+        .env('OUTBOXKIT_BROKER_TIMEOUT_MS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.brokerTimeoutMs),
     )
     .addOption(
       new Option('--max-attempts <n>', 'failed publish attempts of one event before it is parked')
@@ -81,7 +96,14 @@ export function registerRelay(program: Command): void {
         logLevel: logLevel.WARN,
       });
       logger.info({ kafka: resolved.description }, 'Kafka connection settings');
-      const pool = new pg.Pool({ connectionString: String(opts.databaseUrl), max: 4, keepAlive: true });
+      const pool = new pg.Pool({
+        connectionString: String(opts.databaseUrl),
+        max: 4,
+        keepAlive: true,
+        // Named in pg_stat_activity unless the URL or PGAPPNAME names it; the LISTEN connection,
+        // built from these options, is named outboxkit-relay-listener by the relay.
+        fallback_application_name: applicationName('relay'),
+      });
       const relay = new Relay({
         pool,
         kafka,
@@ -92,6 +114,7 @@ export function registerRelay(program: Command): void {
         maxBatchBytes: Number(opts.maxBatchBytes),
         pollIntervalMs: Number(opts.pollIntervalMs),
         leaseMs: Number(opts.leaseMs),
+        brokerTimeoutMs: Number(opts.brokerTimeoutMs),
         listen: Boolean(opts.listen),
         maxAttempts: Number(opts.maxAttempts),
         holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),

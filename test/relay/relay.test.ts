@@ -7,7 +7,8 @@ import { laneOf } from '../../src/outbox/event.js';
 import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
 import { Kafka, logLevel } from 'kafkajs';
 import { startRelay } from '../helpers/relay.js';
-import { Relay } from '../../relay/index.js';
+import pg from 'pg';
+import { Relay, createKafkajsProducer, type OutboundRecord } from '../../relay/index.js';
 import { waitFor } from '../helpers/wait-for.js';
 
 let db: TestDatabase;
@@ -189,6 +190,67 @@ describe('relay', () => {
   });
 });
 
+describe('read-ahead at low rates (LISTEN)', () => {
+  it('reads the rows a notification announces while a batch is in flight, and sends them right after its acknowledgement, in order', async () => {
+    const [topic] = await createTopics(['relay-notified-read-ahead']);
+    // The real pool and producer, observed: which rows each read returned, and a first send held
+    // at the broker's door until the test lets it go.
+    const pool = new pg.Pool({ connectionString: db.url, max: 3 });
+    const reads: string[][] = [];
+    const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
+    (pool as unknown as { query: typeof query }).query = async (config) => {
+      const r = await query(config);
+      if (config.text.includes('WITH blocked AS'))
+        reads.push(r.rows.map((row) => (row as { event_id: string }).event_id));
+      return r;
+    };
+    const kafkajs = createKafkajsProducer(testKafka('relay-notified-read-ahead'));
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const sent: string[][] = [];
+    const relay = new Relay({
+      pool,
+      kafka: testKafka('relay-notified-read-ahead'),
+      // Only notifications wake the relay: no poll would find the second row within the test.
+      pollIntervalMs: 60_000,
+      leaseMs: 2_000,
+      producer: {
+        connect: () => kafkajs.connect(),
+        disconnect: () => kafkajs.disconnect(),
+        async send(records: readonly OutboundRecord[]) {
+          sent.push(records.map((r) => r.headers[HEADER_EVENT_ID]!));
+          if (sent.length === 1) await held;
+          await kafkajs.send(records);
+        },
+      },
+    });
+    try {
+      await relay.start();
+      const [a] = await inTx((c) => enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 1 }));
+      await waitFor(() => sent.length === 1, { message: 'the first row is in flight' });
+      const [b] = await inTx((c) => enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 2 }));
+      // Read while the first batch is still unacknowledged: before, the read came only after it.
+      await waitFor(() => reads.some((ids) => ids.includes(b!.eventId)), {
+        message: () => `a read while the first send is held returned the second row (reads: ${JSON.stringify(reads)})`,
+      });
+      expect(sent).toEqual([[a!.eventId]]);
+      release();
+      await waitFor(async () => (await pendingCount()) === 0);
+      expect(sent).toEqual([[a!.eventId], [b!.eventId]]);
+      const got = await readTopic(
+        topic!,
+        (m) => m.headers[HEADER_EVENT_ID]!,
+        (all) => all.length >= 2,
+      );
+      expect(got).toEqual([a!.eventId, b!.eventId]);
+    } finally {
+      release();
+      await relay.stop();
+      await pool.end();
+    }
+  });
+});
+
 describe('topic limits', () => {
   it('splits sends below the topic max.message.bytes, so many small events never fail as one large batch', async () => {
     const [topic] = await createTopics(['relay-limits'], {
@@ -318,6 +380,9 @@ describe('relay start-up', () => {
     ).toThrow(/retryMaxMs/);
     // @ts-expect-error a string is not a boolean
     expect(() => new Relay({ connectionString: db.url, brokers: ['x:1'], listen: 'false' })).toThrow(/listen/);
+    expect(() => new Relay({ connectionString: db.url, brokers: ['x:1'], brokerTimeoutMs: 50 })).toThrow(
+      /brokerTimeoutMs must be an integer ≥ 100/,
+    );
   });
 });
 
