@@ -54,7 +54,7 @@ export function registerInbox(program: Command): void {
     .command('progress-reset')
     .description(
       "delete a consumer group's partition progress rows (recordProgress); never needed for correctness, " +
-        'use it after recreating a topic',
+        "a later batch trusts a row only when it holds that row's last record again",
     )
     .addOption(databaseOption())
     .addOption(schemaOption())
@@ -62,7 +62,7 @@ export function registerInbox(program: Command): void {
     .option('--topic <topic>', "only this topic's rows")
     .option('--json', 'print JSON: { "deleted": n }')
     .action(async (opts: { databaseUrl: string; schema: string; group: string; topic?: string; json?: boolean }) => {
-      await withPool(opts.databaseUrl, async (pool) => {
+      await withPool(opts.databaseUrl, 'inbox', async (pool) => {
         const deleted = await resetConsumerProgress(pool, {
           schema: opts.schema,
           consumerGroup: opts.group,
