@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
 import { inject } from 'vitest';
 import { createOutbox, enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createKafkajsProducer } from '../../relay/index.js';
@@ -351,5 +352,46 @@ describe('C10 payloads that must survive byte for byte', () => {
     );
     const values = bigs.filter((g) => g.key === 'big').map((g) => g.value);
     expect(values.filter((v, i) => values.indexOf(v) === i)).toEqual(['1', '2', '3', '4']);
+  });
+});
+
+describe('C24 a client left in an aborted transaction (relay)', () => {
+  it("a failing marking statement leaves the relay's only pooled connection usable: SELECT 1 succeeds, and the rows are published once the cause is gone", async () => {
+    const [topic] = await createTopics(['c24-relay']);
+    // A constraint error (23514) in the relay's own statement: its marking of this topic's rows.
+    await db.pool.query(`
+      CREATE FUNCTION c24_refuse_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.published_at IS NOT NULL AND NEW.topic = '${topic!}' THEN
+          RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = 'C24: marking refused';
+        END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER c24_refuse_mark BEFORE UPDATE ON outboxkit.outbox_events
+        FOR EACH ROW EXECUTE FUNCTION c24_refuse_mark();`);
+    const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+    try {
+      await withPgTransaction(db.pool, (c) =>
+        enqueue(
+          c,
+          Array.from({ length: 3 }, (_, i) => ({ topic: topic!, key: `k${i}`, type: 't', payload: i })),
+        ),
+      );
+      const relay = await startRelay(db.url, { pool, retryInitialMs: 20, retryMaxMs: 100 });
+      const errors: string[] = [];
+      relay.on('relay:error', ({ error }) => errors.push(error.message));
+      await waitFor(() => errors.filter((e) => e.includes('C24: marking refused')).length >= 2, { timeoutMs: 30_000 });
+      // The pool of size 1 that the relay uses: its one connection is not stuck in a failed transaction.
+      expect((await pool.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+      expect(await pending(topic!)).toBe(3);
+      await db.pool.query('DROP TRIGGER c24_refuse_mark ON outboxkit.outbox_events');
+      await waitFor(async () => (await pending(topic!)) === 0, { timeoutMs: 30_000 });
+      await relay.stopAndForget();
+      expect((await pool.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+    } finally {
+      await db.pool.query('DROP TRIGGER IF EXISTS c24_refuse_mark ON outboxkit.outbox_events');
+      await db.pool.query('DROP FUNCTION IF EXISTS c24_refuse_mark()');
+      await pool.end();
+    }
   });
 });
