@@ -354,6 +354,7 @@ export class Relay extends EventEmitter<RelayEvents> {
   private async doStop(timeoutMs: number): Promise<void> {
     this.stopping = true;
     this.wakeUp();
+    this.cancelSleep?.();
     clearInterval(this.maintainTimer);
     clearInterval(this.cleanupTimer);
     clearTimeout(this.standDownTimer);
@@ -467,8 +468,14 @@ export class Relay extends EventEmitter<RelayEvents> {
     onWake?.();
   }
 
-  private async sleep(ms: number): Promise<void> {
-    if (this.woken || this.stopping) {
+  /**
+   * Sleeps `ms`, ended early by `stop()` and, when `wakeable`, by a wake-up (a notification, new
+   * lanes). A backoff is not wakeable: under a busy writer a notification comes every few ms, and
+   * would turn the backoff after a failed pass into an immediate retry.
+   */
+  private async sleep(ms: number, wakeable = true): Promise<void> {
+    if (this.stopping) return;
+    if (wakeable && this.woken) {
       this.woken = false;
       return;
     }
@@ -478,11 +485,16 @@ export class Relay extends EventEmitter<RelayEvents> {
         clearTimeout(timer);
         resolve();
       }
-      this.wake = done;
+      this.cancelSleep = done;
+      if (wakeable) this.wake = done;
     });
+    this.cancelSleep = undefined;
     this.wake = undefined;
-    this.woken = false;
+    if (wakeable) this.woken = false;
   }
+
+  /** Ends the current sleep, wakeable or not (stop()). */
+  private cancelSleep: (() => void) | undefined;
 
   /** Renews, takes and gives back lanes so that live relays share them evenly. */
   private async maintainLanes(): Promise<void> {
@@ -720,7 +732,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
         await rebuilt;
-        await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs));
+        await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs), false);
         continue;
       }
       // A pass that read less than a full batch saw every visible row of its lanes: the next rows
@@ -790,7 +802,11 @@ export class Relay extends EventEmitter<RelayEvents> {
     // A batch read ahead while the previous one was sent, if read under the same leases.
     const ahead = this.readAhead;
     this.readAhead = undefined;
-    const aheadRows = ahead?.leases === leases ? await ahead.rows : undefined;
+    let aheadRows = ahead?.leases === leases ? await ahead.rows : undefined;
+    // A read ahead that found nothing says nothing of rows whose notification came while it ran
+    // (they may have committed after its snapshot), and that notification's wake-up may already be
+    // spent: read again rather than sleep until the next poll.
+    if (aheadRows?.length === 0 && ahead!.wakes !== this.wakes) aheadRows = undefined;
     // Wake-ups (notifications) counted when this batch's read began: a higher count now means rows
     // may have committed after its snapshot.
     const wakesAtRead = aheadRows && ahead ? ahead.wakes : this.wakes;

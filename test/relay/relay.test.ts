@@ -251,6 +251,69 @@ describe('read-ahead at low rates (LISTEN)', () => {
   });
 });
 
+describe('read-ahead and notifications', () => {
+  it('a notification that comes while a read ahead runs is not lost when that read comes back empty after the send', async () => {
+    const [topic] = await createTopics(['relay-read-ahead-wakeup']);
+    // The real pool, with one read's answer held back on demand (its snapshot taken before).
+    const pool = new pg.Pool({ connectionString: db.url, max: 3 });
+    let delayNextReadMs = 0;
+    let readsStarted = 0;
+    const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
+    (pool as unknown as { query: typeof query }).query = async (config) => {
+      if (!config.text.includes('WITH blocked AS')) return query(config);
+      readsStarted++;
+      const delay = delayNextReadMs;
+      delayNextReadMs = 0;
+      const r = await query(config);
+      if (delay > 0) await new Promise((done) => setTimeout(done, delay));
+      return r;
+    };
+    const kafkajs = createKafkajsProducer(testKafka('relay-read-ahead-wakeup'));
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let sends = 0;
+    const relay = new Relay({
+      pool,
+      kafka: testKafka('relay-read-ahead-wakeup'),
+      // Only notifications wake the relay: a lost one would leave the row for a minute.
+      pollIntervalMs: 60_000,
+      leaseMs: 2_000,
+      producer: {
+        connect: () => kafkajs.connect(),
+        disconnect: () => kafkajs.disconnect(),
+        async send(records: readonly OutboundRecord[]) {
+          if (++sends === 1) await held;
+          await kafkajs.send(records);
+        },
+      },
+    });
+    try {
+      await relay.start();
+      await inTx((c) => enqueue(c, { topic: topic!, key: 'a', type: 't', payload: 1 }));
+      await waitFor(() => sends === 1, { message: 'the first row is in flight' });
+      // A wake-up while it is in flight starts a read ahead, which finds nothing (the row in flight
+      // is excluded) and whose answer comes only after the send is acknowledged...
+      delayNextReadMs = 1_500;
+      const started = readsStarted;
+      await db.pool.query('NOTIFY outboxkit_outbox');
+      await waitFor(() => readsStarted > started, { message: 'the read ahead started' });
+      await new Promise((r) => setTimeout(r, 200));
+      // ...while a row commits after its snapshot, and its notification comes before the send ends.
+      await inTx((c) => enqueue(c, { topic: topic!, key: 'b', type: 't', payload: 2 }));
+      await new Promise((r) => setTimeout(r, 200));
+      release();
+      await waitFor(async () => (await pendingCount()) === 0, {
+        timeoutMs: 10_000,
+        message: 'the second row published without waiting for a poll',
+      });
+    } finally {
+      release();
+      await relay.stop();
+      await pool.end();
+    }
+  });
+});
+
 describe('topic limits', () => {
   it('splits sends below the topic max.message.bytes, so many small events never fail as one large batch', async () => {
     const [topic] = await createTopics(['relay-limits'], {
@@ -371,6 +434,39 @@ describe('relay start-up', () => {
     let errors = 0;
     relay.on('relay:error', () => errors++);
     await waitFor(() => errors >= 2, { timeoutMs: 30_000 });
+    await db.pool.query(`DELETE FROM outboxkit.outbox_events WHERE topic = 'anything'`);
+  });
+
+  it('keeps its backoff after a failed pass while writers notify: notifications do not cut it short', async () => {
+    // Nothing listens on port 1: every pass fails at once (no producer connects).
+    const unreachable = new Kafka({
+      clientId: 'down',
+      brokers: ['127.0.0.1:1'],
+      logLevel: logLevel.NOTHING,
+      retry: { retries: 0 },
+    });
+    const relay = await startRelay(db.url, {
+      relayId: 'backoff-under-notifications',
+      kafka: unreachable,
+      verifyTopics: false,
+      leaseMs: 60_000, // no stand-down within the test
+      retryInitialMs: 400,
+      retryMaxMs: 800,
+    });
+    await inTx((c) => enqueue(c, { topic: 'anything', key: 'k', type: 't', payload: 1 }));
+    let errors = 0;
+    relay.on('relay:error', () => errors++);
+    // A busy writer: a notification every 20 ms for 4 s.
+    const until = Date.now() + 4_000;
+    while (Date.now() < until) {
+      await db.pool.query('NOTIFY outboxkit_outbox');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    // Full jitter in [0, 400] ms, then [0, 800]: about 10 failed passes in 4 s (25 would need an
+    // average delay of 160 ms); a backoff cut short by each notification fails a pass every 20 ms.
+    expect(errors).toBeGreaterThan(0);
+    expect(errors).toBeLessThan(25);
+    await relay.stopAndForget();
     await db.pool.query(`DELETE FROM outboxkit.outbox_events WHERE topic = 'anything'`);
   });
 
