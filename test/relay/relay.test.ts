@@ -190,39 +190,50 @@ describe('relay', () => {
   });
 });
 
-describe('read-ahead at low rates (LISTEN)', () => {
+/**
+ * A relay on its own pool whose reads (the relay's read statement) go through `onRead`, and whose
+ * first send waits at the broker's door until `release()`. Only notifications wake it: its poll
+ * interval is a minute, longer than any test.
+ */
+function relayWithHeldFirstSend(
+  clientId: string,
+  onRead: (read: () => Promise<pg.QueryResult>) => Promise<pg.QueryResult>,
+): { relay: Relay; pool: pg.Pool; sent: string[][]; release: () => void } {
+  const pool = new pg.Pool({ connectionString: db.url, max: 3 });
+  const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
+  (pool as unknown as { query: typeof query }).query = (config) =>
+    config.text.includes('WITH blocked AS') ? onRead(() => query(config)) : query(config);
+  const kafkajs = createKafkajsProducer(testKafka(clientId));
+  let release!: () => void;
+  const held = new Promise<void>((r) => (release = r));
+  const sent: string[][] = [];
+  const relay = new Relay({
+    pool,
+    kafka: testKafka(clientId),
+    pollIntervalMs: 60_000,
+    leaseMs: 2_000,
+    producer: {
+      connect: () => kafkajs.connect(),
+      disconnect: () => kafkajs.disconnect(),
+      async send(records: readonly OutboundRecord[]) {
+        sent.push(records.map((r) => r.headers[HEADER_EVENT_ID]!));
+        if (sent.length === 1) await held;
+        await kafkajs.send(records);
+      },
+    },
+  });
+  return { relay, pool, sent, release };
+}
+
+describe('read-ahead and notifications (LISTEN)', () => {
   it('reads the rows a notification announces while a batch is in flight, and sends them right after its acknowledgement, in order', async () => {
     const [topic] = await createTopics(['relay-notified-read-ahead']);
-    // The real pool and producer, observed: which rows each read returned, and a first send held
-    // at the broker's door until the test lets it go.
-    const pool = new pg.Pool({ connectionString: db.url, max: 3 });
+    // Which rows each read returned.
     const reads: string[][] = [];
-    const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
-    (pool as unknown as { query: typeof query }).query = async (config) => {
-      const r = await query(config);
-      if (config.text.includes('WITH blocked AS'))
-        reads.push(r.rows.map((row) => (row as { event_id: string }).event_id));
+    const { relay, pool, sent, release } = relayWithHeldFirstSend('relay-notified-read-ahead', async (read) => {
+      const r = await read();
+      reads.push(r.rows.map((row) => (row as { event_id: string }).event_id));
       return r;
-    };
-    const kafkajs = createKafkajsProducer(testKafka('relay-notified-read-ahead'));
-    let release!: () => void;
-    const held = new Promise<void>((r) => (release = r));
-    const sent: string[][] = [];
-    const relay = new Relay({
-      pool,
-      kafka: testKafka('relay-notified-read-ahead'),
-      // Only notifications wake the relay: no poll would find the second row within the test.
-      pollIntervalMs: 60_000,
-      leaseMs: 2_000,
-      producer: {
-        connect: () => kafkajs.connect(),
-        disconnect: () => kafkajs.disconnect(),
-        async send(records: readonly OutboundRecord[]) {
-          sent.push(records.map((r) => r.headers[HEADER_EVENT_ID]!));
-          if (sent.length === 1) await held;
-          await kafkajs.send(records);
-        },
-      },
     });
     try {
       await relay.start();
@@ -249,48 +260,24 @@ describe('read-ahead at low rates (LISTEN)', () => {
       await pool.end();
     }
   });
-});
 
-describe('read-ahead and notifications', () => {
   it('a notification that comes while a read ahead runs is not lost when that read comes back empty after the send', async () => {
     const [topic] = await createTopics(['relay-read-ahead-wakeup']);
-    // The real pool, with one read's answer held back on demand (its snapshot taken before).
-    const pool = new pg.Pool({ connectionString: db.url, max: 3 });
+    // One read's answer held back on demand (its snapshot taken before).
     let delayNextReadMs = 0;
     let readsStarted = 0;
-    const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
-    (pool as unknown as { query: typeof query }).query = async (config) => {
-      if (!config.text.includes('WITH blocked AS')) return query(config);
+    const { relay, pool, sent, release } = relayWithHeldFirstSend('relay-read-ahead-wakeup', async (read) => {
       readsStarted++;
       const delay = delayNextReadMs;
       delayNextReadMs = 0;
-      const r = await query(config);
+      const r = await read();
       if (delay > 0) await new Promise((done) => setTimeout(done, delay));
       return r;
-    };
-    const kafkajs = createKafkajsProducer(testKafka('relay-read-ahead-wakeup'));
-    let release!: () => void;
-    const held = new Promise<void>((r) => (release = r));
-    let sends = 0;
-    const relay = new Relay({
-      pool,
-      kafka: testKafka('relay-read-ahead-wakeup'),
-      // Only notifications wake the relay: a lost one would leave the row for a minute.
-      pollIntervalMs: 60_000,
-      leaseMs: 2_000,
-      producer: {
-        connect: () => kafkajs.connect(),
-        disconnect: () => kafkajs.disconnect(),
-        async send(records: readonly OutboundRecord[]) {
-          if (++sends === 1) await held;
-          await kafkajs.send(records);
-        },
-      },
     });
     try {
       await relay.start();
       await inTx((c) => enqueue(c, { topic: topic!, key: 'a', type: 't', payload: 1 }));
-      await waitFor(() => sends === 1, { message: 'the first row is in flight' });
+      await waitFor(() => sent.length === 1, { message: 'the first row is in flight' });
       // A wake-up while it is in flight starts a read ahead, which finds nothing (the row in flight
       // is excluded) and whose answer comes only after the send is acknowledged...
       delayNextReadMs = 1_500;
@@ -302,6 +289,7 @@ describe('read-ahead and notifications', () => {
       await inTx((c) => enqueue(c, { topic: topic!, key: 'b', type: 't', payload: 2 }));
       await new Promise((r) => setTimeout(r, 200));
       release();
+      // A lost wake-up leaves the row for the next poll, a minute away.
       await waitFor(async () => (await pendingCount()) === 0, {
         timeoutMs: 10_000,
         message: 'the second row published without waiting for a poll',
