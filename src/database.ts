@@ -80,18 +80,34 @@ function abortedError(what: string, cause?: unknown): NotInTransactionError {
   );
 }
 
-/** Runs a query, turning "transaction is aborted" into {@link NotInTransactionError}. */
+/** SQLSTATE 25P01 no_active_sql_transaction: a statement that needs a transaction block ran outside one. */
+const NO_ACTIVE_SQL_TRANSACTION = '25P01';
+
+/**
+ * Runs a query, turning "transaction is aborted" and "no transaction block" into
+ * {@link NotInTransactionError}.
+ */
 async function guarded<T>(what: string, run: () => Promise<T>): Promise<T> {
   try {
     return await run();
   } catch (err) {
-    if ((err as { code?: unknown }).code === IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
+    const code = (err as { code?: unknown }).code;
+    if (code === IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
+    if (code === NO_ACTIVE_SQL_TRANSACTION) {
+      throw new NotInTransactionError(
+        `${what} ran outside a transaction block: call it with the client that holds your transaction, ` +
+          'after BEGIN and before COMMIT (or with a drizzle `tx`).',
+        { cause: err },
+      );
+    }
     throw schemaMissingOr(err);
   }
 }
 
 function checkPgClient(client: PgClientLike, what: string): void {
-  if (typeof client.getTransactionStatus !== 'function') return; // not node-postgres: cannot tell
+  // node-postgres before 8.21, or another object with a query() method: joinTransaction's
+  // `verifyInTransaction` statement asks the database instead.
+  if (typeof client.getTransactionStatus !== 'function') return;
   const status = client.getTransactionStatus();
   if (status === 'T') return;
   // node-postgres updates the status when ReadyForQuery arrives, which can be just after a failed
@@ -140,10 +156,21 @@ function fromDrizzleTransaction(tx: DrizzleTransaction, what: string): Queryable
  *
  * @param tx - a `pg` client inside BEGIN, or a drizzle transaction.
  * @param what - the caller's name, for error messages (for example `'enqueue()'`).
+ * @param options.verifyInTransaction - for a handle the caller got from the application: a
+ *   statement that PostgreSQL refuses outside a transaction block (SQLSTATE 25P01, for example
+ *   `LOCK TABLE t IN ACCESS SHARE MODE` on a table the caller writes anyway), run before the
+ *   first query when the client cannot tell its transaction status itself (node-postgres before
+ *   8.21 has no `getTransactionStatus()`; nor has an object that only offers `query()`). Without
+ *   it such a client is trusted: the caller opened the transaction itself.
  * @throws {@link NotInTransactionError} when `tx` is a pool, a top-level drizzle database, or a
- *   client that is not inside a live transaction.
+ *   client that is not inside a live transaction (at once, or from its first query when the
+ *   database has to be asked).
  */
-export function joinTransaction(tx: TransactionHandle, what: string): Queryable {
+export function joinTransaction(
+  tx: TransactionHandle,
+  what: string,
+  options: { verifyInTransaction?: string } = {},
+): Queryable {
   if (typeof tx !== 'object' || tx === null) {
     throw new NotInTransactionError(`${what} needs a transaction handle, got ${tx === null ? 'null' : typeof tx}.`);
   }
@@ -164,12 +191,18 @@ export function joinTransaction(tx: TransactionHandle, what: string): Queryable 
     throw new NotInTransactionError(`${what} needs a pg client inside BEGIN or a drizzle transaction.`);
   }
   checkPgClient(client, what);
+  let verify = typeof client.getTransactionStatus === 'function' ? undefined : options.verifyInTransaction;
   return {
     async query<R>(
       text: string,
       values: readonly unknown[] = [],
       options?: { name?: string },
     ): Promise<QueryResult<R>> {
+      if (verify !== undefined) {
+        const statement = verify;
+        verify = undefined;
+        await guarded(what, () => client.query(statement));
+      }
       const r = await guarded(what, () =>
         options?.name
           ? client.query({ name: options.name, text, values: values as unknown[] })

@@ -239,6 +239,9 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
   }
   const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
+  // For a client that cannot tell its transaction status (node-postgres before 8.21): refused
+  // outside a transaction block; inside, a lock the INSERT takes (more strongly) anyway.
+  const verifyInTransaction = `LOCK TABLE ${table} IN ACCESS SHARE MODE`;
   const { maxPayloadBytes, maxHeaderBytes } = resolved;
   const traceContext = resolved.traceContext;
 
@@ -280,7 +283,7 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       const ids = new Set(prepared.map((e) => e.eventId));
       if (ids.size !== prepared.length)
         throw new InvalidEventError('Two events of one enqueue() call have the same eventId.');
-      const db = joinTransaction(tx, 'enqueue()');
+      const db = joinTransaction(tx, 'enqueue()', { verifyInTransaction });
       // Lock keys in one global order (stable sort keeps the given order within a key).
       const ordered = [...prepared].sort((a, b) => compareKeys(a.key, b.key));
       const seqById = new Map<string, string>();

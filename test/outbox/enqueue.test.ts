@@ -67,6 +67,48 @@ describe('enqueue()', () => {
       }
     });
 
+    it('with node-postgres before 8.21 (no getTransactionStatus): refuses a client outside BEGIN, after COMMIT and in an aborted transaction, and rolls back with one inside', async () => {
+      // A real older node-postgres, as an application may pin it: its clients cannot tell their
+      // transaction status, so the database is asked.
+      const OldPool = (await import('pg-8-20')).default.Pool;
+      const old = new OldPool({ connectionString: db.url, max: 1 });
+      const client = await old.connect();
+      expect(typeof (client as { getTransactionStatus?: unknown }).getTransactionStatus).toBe('undefined');
+      const refused = async () => {
+        const err = await enqueue(client, event()).catch((e: unknown) => e);
+        expect(isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+      };
+      try {
+        const before = await count();
+        await refused(); // no BEGIN yet
+        await client.query('BEGIN');
+        await enqueue(client, event());
+        await client.query('ROLLBACK');
+        expect(await count()).toBe(before);
+        await client.query('BEGIN');
+        await enqueue(client, event());
+        await client.query('COMMIT');
+        expect(await count()).toBe(before + 1);
+        await refused(); // after COMMIT
+        await client.query('BEGIN');
+        await client.query('SELECT 1/0').catch(() => undefined);
+        await refused(); // aborted
+        await client.query('ROLLBACK');
+        expect(await count()).toBe(before + 1);
+      } finally {
+        client.release();
+        await old.end();
+      }
+    });
+
+    it('refuses an object that only offers query() when it runs outside a transaction', async () => {
+      const before = await count();
+      const wrapper = { query: db.pool.query.bind(db.pool) }; // e.g. a "db" helper around a pool
+      const err = await enqueue(wrapper, event()).catch((e: unknown) => e);
+      expect(isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
+      expect(await count()).toBe(before);
+    });
+
     it('refuses the top-level drizzle db, accepts its transaction, and rolls back with it', async () => {
       const orm = drizzle(db.pool);
       const before = await count();
