@@ -125,6 +125,7 @@ export async function readDeadLetters(
                 { topic, partition: batch.partition },
                 readEventId(headers, eventIdHeader),
                 headers[HEADER_EVENT_TYPE] ?? null,
+                eventIdHeader,
               );
               records.push({ summary, message });
               if (BigInt(message.offset) + 1n >= end) ends.delete(batch.partition);
@@ -195,7 +196,8 @@ export interface ReplayResult {
  * Re-drives dead letters: produces each chosen record again (original key, value and headers
  * minus `dlq-*`) to its original topic, or to `to`, and waits for the broker's acknowledgement.
  * When an event was dead-lettered several times, only its latest record is replayed. Records
- * without a usable event id are skipped: the consumer would dead-letter them again at once.
+ * without a usable event id are skipped: the consumer would dead-letter them again at once. So are
+ * records whose value was left out (`dlq-omitted`): their original is in the original topic.
  * A record with a key goes to the partition the default partitioner picks for that key (the
  * relay's choice too); one without a key goes back to its original partition.
  *
@@ -254,6 +256,18 @@ export async function replayDeadLetters(
   const byTopic = new Map<string, { record: DeadLetterRecord; message: Message }[]>();
   for (const [eventId, record] of latest) {
     const { summary } = record;
+    if (summary.omitted !== null) {
+      result.skipped.push({
+        dlqPartition: summary.dlq.partition,
+        dlqOffset: summary.dlq.offset,
+        eventId,
+        why:
+          'its value was left out (dlq-omitted: too large for the dead-letter topic); re-drive the original, ' +
+          `${summary.originalTopic ?? '?'}/${summary.originalPartition ?? '?'}@${summary.originalOffset ?? '?'}, ` +
+          'while that topic keeps it (docs/runbooks.md, dead letters)',
+      });
+      continue;
+    }
     const target = options.to ?? summary.originalTopic;
     if (target === null || !KAFKA_TOPIC_NAME.test(target)) {
       result.skipped.push({

@@ -61,6 +61,37 @@ export function deadLetterMessage(message: KafkaMessage, info: DeadLetterInfo): 
 /** Every header the consumer adds to a dead-letter record starts with this prefix. */
 export const DLQ_HEADER_PREFIX = 'dlq-';
 
+/**
+ * On a dead letter that holds no value: what was left out, and why (see {@link reducedDeadLetter}).
+ * Such a letter cannot be replayed from the dead-letter topic; its original is in the original
+ * topic at `dlq-original-topic`/`-partition`/`-offset` for as long as that topic keeps it.
+ */
+export const HEADER_DLQ_OMITTED = 'dlq-omitted';
+
+/**
+ * The dead letter to send when the whole one was refused as too large (MESSAGE_TOO_LARGE: the
+ * original plus the `dlq-*` headers exceeds the dead-letter topic's `max.message.bytes`): the
+ * same key and `dlq-*` headers, the headers named in `keep` (the event id and type, so that
+ * `outboxkit dlq list` still names the event), no value, no other header, and a
+ * {@link HEADER_DLQ_OMITTED} header that says what was left out. The failure stays visible with
+ * its reason and position; without it the partition could never move on (DESIGN G5).
+ */
+export function reducedDeadLetter(letter: Message, keep: readonly string[]): Message {
+  const headers: IHeaders = {};
+  let dropped = 0;
+  for (const [name, value] of Object.entries(letter.headers ?? {})) {
+    if (value === undefined) continue;
+    if (name.startsWith(DLQ_HEADER_PREFIX) || keep.includes(name)) headers[name] = value;
+    else dropped += 1;
+  }
+  const valueBytes = letter.value === null || letter.value === undefined ? 0 : Buffer.byteLength(letter.value);
+  headers[HEADER_DLQ_OMITTED] =
+    `value (${valueBytes} bytes)${dropped > 0 ? ` and ${dropped} header${dropped > 1 ? 's' : ''}` : ''}: ` +
+    "the dead letter was larger than the dead-letter topic's max.message.bytes. The original is at " +
+    'dlq-original-topic/-partition/-offset while that topic keeps it.';
+  return { key: letter.key ?? null, value: null, headers };
+}
+
 /** What `outboxkit dlq list` shows of one dead-letter record: never the payload itself. */
 export interface DeadLetterSummary {
   /** Where the dead-letter record sits. */
@@ -77,6 +108,10 @@ export interface DeadLetterSummary {
   consumerGroup: string | null;
   /** The event id (lower case) when the event id header holds a usable one, else null. */
   eventId: string | null;
+  /** The event id header's value when it holds no usable id (cut to 64 characters), else null. */
+  invalidEventId: string | null;
+  /** The `dlq-omitted` header: the value was left out (too large for the dead-letter topic), else null. */
+  omitted: string | null;
   eventType: string | null;
   /** The Kafka key as UTF-8, cut to 64 characters. */
   key: string | null;
@@ -84,8 +119,12 @@ export interface DeadLetterSummary {
   valueBytes: number | null;
 }
 
-/** Longest key shown in a summary, in characters. */
+/** Longest key (or invalid event id) shown in a summary, in characters. */
 const MAX_SUMMARY_KEY_LENGTH = 64;
+
+function cut(text: string): string {
+  return text.length > MAX_SUMMARY_KEY_LENGTH ? `${text.slice(0, MAX_SUMMARY_KEY_LENGTH - 1)}…` : text;
+}
 
 function headerText(headers: KafkaMessage['headers'], name: string): string | null {
   const raw = headers?.[name];
@@ -104,15 +143,18 @@ function intOrNull(text: string | null): number | null {
  *
  * @param eventId - the record's event id as the consumer reads it (`readEventId`), or null.
  * @param eventType - its `event-type` header, or null.
+ * @param eventIdHeader - the header that carries the event id. @defaultValue 'event-id'
  */
 export function summarizeDeadLetter(
   message: KafkaMessage,
   dlq: { topic: string; partition: number },
   eventId: string | null,
   eventType: string | null,
+  eventIdHeader = 'event-id',
 ): DeadLetterSummary {
   const h = message.headers;
   const key = message.key === null ? null : message.key.toString('utf8');
+  const rawEventId = eventId === null ? headerText(h, eventIdHeader) : null;
   return {
     dlq: { ...dlq, offset: message.offset },
     originalTopic: headerText(h, HEADER_DLQ_ORIGINAL_TOPIC),
@@ -123,8 +165,10 @@ export function summarizeDeadLetter(
     failedAt: headerText(h, HEADER_DLQ_FAILED_AT),
     consumerGroup: headerText(h, HEADER_DLQ_CONSUMER_GROUP),
     eventId,
+    invalidEventId: rawEventId === null ? null : cut(rawEventId),
+    omitted: headerText(h, HEADER_DLQ_OMITTED),
     eventType,
-    key: key !== null && key.length > MAX_SUMMARY_KEY_LENGTH ? `${key.slice(0, MAX_SUMMARY_KEY_LENGTH - 1)}…` : key,
+    key: key === null ? null : cut(key),
     valueBytes: message.value === null ? null : message.value.length,
   };
 }

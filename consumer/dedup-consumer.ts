@@ -58,7 +58,9 @@ import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../src/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
-import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf } from './dead-letter.js';
+import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
+import { isRecordError, isTooLargeError } from '../src/kafka-errors.js';
+import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { InboxUnavailableError } from './errors.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
 import {
@@ -153,6 +155,12 @@ export const CRASH_POINT_AFTER_COMMIT = 'consumer:after-commit';
 const TOPIC_RESOURCE_TYPE = 2 as ConfigResourceTypes;
 /** The topic configuration that bounds how far back Kafka can redeliver (Kafka topic configs). */
 const TOPIC_RETENTION_CONFIG = 'retention.ms';
+const TOPIC_MAX_MESSAGE_BYTES_CONFIG = 'max.message.bytes';
+/**
+ * Room a dead letter needs above the largest record of its consumed topic, in bytes: the `dlq-*`
+ * headers (a reason of up to 1,000 characters, the original position, attempts, time, group).
+ */
+const DEAD_LETTER_HEADROOM_BYTES = 2_048;
 /** Default of `stop({ timeoutMs })`. */
 const DEFAULT_STOP_TIMEOUT_MS = 30_000;
 /** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
@@ -231,7 +239,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #o: ResolvedDedupConsumerOptions<D>;
   readonly #events: TypedEmitter<DedupConsumerEvents>;
   readonly #consumer: Consumer;
-  readonly #producer: Producer;
+  /** The dead-letter producer; replaced after a record the broker refused (see #send). */
+  #producer: Producer;
+  /** Its connect, once asked for; cleared when it failed or the producer was replaced. */
+  #producerReady: Promise<void> | undefined;
   readonly #stopController = new AbortController();
   readonly #pending = new Map<string, PendingMessage>();
   /** `recordProgress`: what this process knows of each partition it consumes (see progress.ts). */
@@ -280,15 +291,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // Idempotent, acks=all, one request in flight: a retried DLQ send is never duplicated or
     // reordered by the broker. Sends are also serialised below (kafkajs sequence numbers break
     // under concurrent sends on one idempotent producer).
-    this.#producer = kafka.producer({
-      // Java-compatible murmur2 of the key, as the relay uses; naming it also spares every start
-      // kafkajs's "v2.0.0 switched default partitioner" warning.
-      createPartitioner: Partitioners.DefaultPartitioner,
-      idempotent: true,
-      maxInFlightRequests: 1,
-      allowAutoTopicCreation: false,
-      retry: { retries: DLQ_PRODUCER_RETRIES },
-    });
+    this.#producer = this.#newProducer();
     this.#consumer.on(this.#consumer.events.GROUP_JOIN, ({ payload }) => this.#onJoin(payload.memberAssignment));
     this.#consumer.on(this.#consumer.events.CRASH, ({ payload }) => this.#onCrash(payload.error, payload.restart));
   }
@@ -349,7 +352,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#throwIfStopping();
     await this.#checkTopics();
     this.#throwIfStopping();
-    await this.#producer.connect();
+    await this.#connectedProducer();
     await this.#consumer.connect();
     await this.#consumer.subscribe({ topics, fromBeginning });
     this.#throwIfStopping();
@@ -445,46 +448,69 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   /**
    * Warns about each consumed topic whose `retention.ms` is not shorter than the inbox retention:
    * Kafka could then redeliver (offset reset, replay from the earliest offset) an event whose
-   * inbox row was already cleaned up, and it would be applied again. A broker that refuses
-   * DescribeConfigs (ACLs) costs a warning, not the start.
+   * inbox row was already cleaned up, and it would be applied again. Warns too about each
+   * dead-letter topic whose `max.message.bytes` is below its consumed topic's: the larger
+   * messages would then be dead-lettered without their value (`dlq-omitted`; equal limits leave
+   * that to the few messages within {@link DEAD_LETTER_HEADROOM_BYTES} of the limit). A broker that
+   * refuses DescribeConfigs (ACLs) costs a warning, not the start.
    */
   async #checkRetention(admin: Admin): Promise<void> {
-    const { topics, inboxRetentionMs, logger } = this.#o;
+    const { topics, deadLetterTopics, inboxRetentionMs, logger } = this.#o;
     let described: DescribeConfigResponse;
     try {
       described = await admin.describeConfigs({
         includeSynonyms: false,
-        resources: topics.map((name) => ({
+        resources: [...new Set([...topics, ...deadLetterTopics.values()])].map((name) => ({
           type: TOPIC_RESOURCE_TYPE,
           name,
-          configNames: [TOPIC_RETENTION_CONFIG],
+          configNames: [TOPIC_RETENTION_CONFIG, TOPIC_MAX_MESSAGE_BYTES_CONFIG],
         })),
       });
     } catch (err) {
       logger.warn(
         { groupId: this.groupId, err },
-        "Could not read the topics' retention.ms (DescribeConfigs refused?); the inbox retention is not checked.",
+        "Could not read the topics' retention.ms and max.message.bytes (DescribeConfigs refused?); the inbox " +
+          'retention and the dead-letter topics are not checked.',
       );
       return;
     }
-    for (const resource of described.resources) {
-      const entry = resource.configEntries.find((e) => e.configName === TOPIC_RETENTION_CONFIG);
-      if (entry?.configValue === undefined || entry.configValue === null) continue;
-      const value = Number(entry.configValue);
-      if (!Number.isFinite(value)) continue;
+    const config = (topic: string, name: string): number | undefined => {
+      const entry = described.resources
+        .find((r) => r.resourceName === topic)
+        ?.configEntries.find((e) => e.configName === name);
+      const value = entry?.configValue === undefined || entry.configValue === null ? NaN : Number(entry.configValue);
+      return Number.isFinite(value) ? value : undefined;
+    };
+    for (const topic of topics) {
+      const sourceMax = config(topic, TOPIC_MAX_MESSAGE_BYTES_CONFIG);
+      const deadLetterTopic = deadLetterTopics.get(topic);
+      const deadLetterMax =
+        deadLetterTopic === undefined ? undefined : config(deadLetterTopic, TOPIC_MAX_MESSAGE_BYTES_CONFIG);
+      if (sourceMax !== undefined && deadLetterMax !== undefined && deadLetterMax < sourceMax) {
+        logger.warn(
+          {
+            groupId: this.groupId,
+            topic,
+            deadLetterTopic,
+            maxMessageBytes: sourceMax,
+            deadLetterMaxMessageBytes: deadLetterMax,
+          },
+          `Dead-letter topic ${deadLetterTopic} accepts records of up to ${deadLetterMax} bytes, less than ${topic} ` +
+            `(${sourceMax}): a message larger than the dead-letter topic takes would be dead-lettered without its ` +
+            `value (dlq-omitted). Give it at least ${topic}'s max.message.bytes plus ${DEAD_LETTER_HEADROOM_BYTES} for the dlq-* headers.`,
+        );
+      }
+      const value = config(topic, TOPIC_RETENTION_CONFIG);
+      if (value === undefined) continue;
       const topicRetentionMs = value < 0 ? null : value;
       if (topicRetentionMs !== null && topicRetentionMs < inboxRetentionMs) continue;
       logger.warn(
-        { groupId: this.groupId, topic: resource.resourceName, topicRetentionMs, inboxRetentionMs },
-        `Topic ${resource.resourceName} keeps messages ${topicRetentionMs === null ? 'forever' : `for ${topicRetentionMs} ms`}, ` +
+        { groupId: this.groupId, topic, topicRetentionMs, inboxRetentionMs },
+        `Topic ${topic} keeps messages ${topicRetentionMs === null ? 'forever' : `for ${topicRetentionMs} ms`}, ` +
           `not less than the inbox keeps rows (${inboxRetentionMs} ms): a redelivery of an older message would be applied ` +
           "again. Lower the topic's retention.ms or raise inboxRetentionMs (and the cleanup's retention).",
       );
-      this.#events.emit('consumer:retention-warning', {
-        topic: resource.resourceName,
-        topicRetentionMs,
-        inboxRetentionMs,
-      });
+      this.#events.emit('consumer:retention-warning', { topic, topicRetentionMs, inboxRetentionMs });
     }
   }
 
@@ -825,8 +851,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const prepared = this.#prepare(topic, partition, message, partitionProgress);
     if (prepared.kind === 'dead-letter') {
       const { position, eventId, reason, attempts, error } = prepared;
-      await this.#deadLetter(message, position, eventId, reason, attempts, error);
-      return DONE;
+      return this.#deadLetter(message, position, eventId, reason, attempts, error);
     }
     const startedAt = performance.now();
     let outcome: 'applied' | 'duplicate';
@@ -860,8 +885,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       pending.attempts = attempt;
       if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
         pending.deadLetter = { reason: reasonOf(err.error), error: err.error };
-        await this.#deadLetter(message, position, event.id, pending.deadLetter.reason, attempt, err.error);
-        return DONE;
+        return this.#deadLetter(message, position, event.id, pending.deadLetter.reason, attempt, err.error);
       }
       const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);
       logger.warn({ ...fields, err: err.error, delayMs }, 'Handler failed; rolled back, retrying later.');
@@ -1164,8 +1188,17 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   /**
    * Produces the message to its dead-letter topic and waits for the broker's acknowledgement.
-   * A failed send throws out of the batch: the offset stays unresolved and kafkajs retries the
-   * batch, which dead-letters again without running the handler again.
+   *
+   * A dead letter the broker refuses as too large (the original plus the `dlq-*` headers is over
+   * the dead-letter topic's `max.message.bytes`) is sent again without its value and other
+   * headers ({@link reducedDeadLetter}): its reason, attempts and original position stay visible,
+   * and the partition moves on. Any other failure (broker unreachable, dead-letter topic deleted
+   * or forbidden) pauses the partition for a backoff and tries again, the offset unresolved and
+   * the handler not run again; the consumer never crashes on it (kafkajs would not restart a
+   * consumer whose batch threw a non-retriable error, and a restarted process would meet the
+   * same message again: a crash loop).
+   *
+   * @returns DONE once the dead letter is acknowledged, else a `retry-later` step.
    */
   async #deadLetter(
     message: KafkaMessage,
@@ -1174,10 +1207,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     reason: string,
     attempts: number,
     error?: unknown,
-  ): Promise<void> {
+  ): Promise<Step> {
     const deadLetterTopic = this.#o.deadLetterTopics.get(position.topic);
     if (deadLetterTopic === undefined)
       throw new Error(`No dead-letter topic for ${position.topic} (not a consumed topic).`);
+    const fields = { groupId: this.groupId, ...position, eventId, deadLetterTopic };
     const record = deadLetterMessage(message, {
       reason,
       topic: position.topic,
@@ -1186,23 +1220,36 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       groupId: this.groupId,
       failedAt: new Date(),
     });
+    let omitted = false;
     try {
-      await this.#send(deadLetterTopic, record);
+      try {
+        await this.#send(deadLetterTopic, record);
+      } catch (err) {
+        if (!isTooLargeError(err)) throw err;
+        this.#o.logger.warn(
+          { ...fields, err },
+          'The dead letter is larger than its topic accepts; sending it without its value (dlq-omitted).',
+        );
+        await this.#send(deadLetterTopic, reducedDeadLetter(record, [this.#o.eventIdHeader, HEADER_EVENT_TYPE]));
+        omitted = true;
+      }
     } catch (err) {
-      this.#o.logger.warn(
-        { groupId: this.groupId, ...position, eventId, deadLetterTopic, err },
-        'Dead-letter send failed; the offset stays unresolved and kafkajs retries the batch.',
+      const pending = this.#pendingOf(position);
+      pending.infraFailures += 1;
+      const delayMs = fullJitterBackoffMs(pending.infraFailures, this.#o.retryInitialMs, this.#o.retryMaxMs);
+      this.#o.logger.error(
+        { ...fields, err, delayMs },
+        'Dead-letter send failed; the partition waits and tries again (offset unresolved, handler not run again).',
       );
-      throw err;
+      this.#events.emit('consumer:error', { ...position, error: err, delayMs });
+      return { kind: 'retry-later', delayMs };
     }
     this.#pending.delete(partitionKey(position.topic, position.partition));
     // Never inside a progress range: rewinding the offsets re-drives it, as without progress.
     markDeadLettered(this.#progress.get(partitionKey(position.topic, position.partition)), BigInt(position.offset));
-    this.#o.logger.error(
-      { groupId: this.groupId, ...position, eventId, deadLetterTopic, reason, attempts },
-      'Message dead-lettered.',
-    );
+    this.#o.logger.error({ ...fields, reason, attempts, omitted }, 'Message dead-lettered.');
     this.#events.emit('consumer:dead-lettered', { ...position, eventId, deadLetterTopic, reason, attempts, error });
+    return DONE;
   }
 
   /** The inbox claim's text, writing the partition's progress too when there is a row to write. */
@@ -1210,11 +1257,55 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     return progress ? this.#claimWithProgressText(row, progress) : this.#claimText(row);
   }
 
-  /** One send at a time on the idempotent producer. */
+  /**
+   * Idempotent, acks=all, one request in flight: a retried dead-letter send is never duplicated or
+   * reordered by the broker.
+   */
+  #newProducer(): Producer {
+    return this.#o.kafka.producer({
+      // Java-compatible murmur2 of the key, as the relay uses; naming it also spares every start
+      // kafkajs's "v2.0.0 switched default partitioner" warning.
+      createPartitioner: Partitioners.DefaultPartitioner,
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: false,
+      retry: { retries: DLQ_PRODUCER_RETRIES },
+    });
+  }
+
+  /** The dead-letter producer, connected (a failed connect is tried again by the next call). */
+  async #connectedProducer(): Promise<Producer> {
+    const producer = this.#producer;
+    this.#producerReady ??= producer.connect().catch((err: unknown) => {
+      this.#producerReady = undefined;
+      throw err;
+    });
+    await this.#producerReady;
+    return producer;
+  }
+
+  /**
+   * One send at a time on the idempotent producer (kafkajs sequence numbers break under concurrent
+   * sends on one). After a record the broker refused, the producer is replaced: kafkajs has counted
+   * the refused record's sequence number, which the broker never saw, so the next send to that
+   * partition would fail with OUT_OF_ORDER_SEQUENCE_NUMBER.
+   */
   #send(topic: string, message: Message): Promise<void> {
-    const sent = this.#sendChain.then(() => this.#producer.send({ topic, acks: -1, messages: [message] }));
+    const sent = this.#sendChain.then(async () => {
+      const producer = await this.#connectedProducer();
+      try {
+        await producer.send({ topic, acks: -1, messages: [message] });
+      } catch (err) {
+        if (isRecordError(err) && this.#producer === producer) {
+          this.#producer = this.#newProducer();
+          this.#producerReady = undefined;
+          void producer.disconnect().catch(() => undefined);
+        }
+        throw err;
+      }
+    });
     this.#sendChain = sent.catch(() => {});
-    return sent.then(() => {});
+    return sent;
   }
 }
 

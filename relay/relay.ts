@@ -31,7 +31,7 @@ import { quoteSchema } from '../src/schema-name.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { notifyChannel } from '../src/schema-name.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
-import { isRecordError, kafkaErrorType } from './classify-error.js';
+import { isRecordError, kafkaErrorType } from '../src/kafka-errors.js';
 import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
 import {

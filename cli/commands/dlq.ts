@@ -21,10 +21,17 @@ function line(s: DeadLetterSummary): string {
   const reason = s.reason ?? '-';
   const shown = reason.length > MAX_LISTED_REASON ? `${reason.slice(0, MAX_LISTED_REASON - 1)}…` : reason;
   return (
-    `${s.dlq.partition}/${s.dlq.offset}  event=${s.eventId ?? '-'}  from=${s.originalTopic ?? '-'}/${s.originalPartition ?? '-'}@${s.originalOffset ?? '-'}` +
+    `${s.dlq.partition}/${s.dlq.offset}  event=${eventOf(s)}  from=${s.originalTopic ?? '-'}/${s.originalPartition ?? '-'}@${s.originalOffset ?? '-'}` +
     `  attempts=${s.attempts ?? '-'}  failed-at=${s.failedAt ?? '-'}  group=${s.consumerGroup ?? '-'}` +
-    `  type=${s.eventType ?? '-'}  key=${s.key ?? '-'}  ${s.valueBytes ?? 0} B\n    ${shown}`
+    `  type=${s.eventType ?? '-'}  key=${s.key === null ? '-' : JSON.stringify(s.key)}  ` +
+    `${s.omitted === null ? `${s.valueBytes ?? 0} B` : 'value omitted (too large for this topic)'}\n    ${shown}`
   );
+}
+
+/** The event id, or what the header held when it is not a usable one. */
+function eventOf(s: DeadLetterSummary): string {
+  if (s.eventId !== null) return s.eventId;
+  return s.invalidEventId === null ? '-' : `invalid:${JSON.stringify(s.invalidEventId)}`;
 }
 
 /** `outboxkit dlq list|replay`. */

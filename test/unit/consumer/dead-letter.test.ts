@@ -6,6 +6,8 @@ import {
   reasonOf,
   replayMessage,
   summarizeDeadLetter,
+  reducedDeadLetter,
+  HEADER_DLQ_OMITTED,
 } from '../../../consumer/dead-letter.js';
 
 describe('deadLetterMessage', () => {
@@ -94,6 +96,8 @@ describe('summarizeDeadLetter and replayMessage', () => {
       failedAt: '2026-01-02T03:04:05.678Z',
       consumerGroup: 'shipping',
       eventId: 'id-1',
+      invalidEventId: null,
+      omitted: null,
       eventType: 'order.created',
       key: 'order-1',
       valueBytes: 19,
@@ -112,6 +116,22 @@ describe('summarizeDeadLetter and replayMessage', () => {
     expect(s.key).toHaveLength(64);
   });
 
+  it('shows what an unusable event id header held, cut like keys', () => {
+    const withHeader = (value: string) => ({ ...failed, headers: { 'event-id': Buffer.from(value) } });
+    const s = summarizeDeadLetter(withHeader('garbage'), { topic: 't', partition: 0 }, null, null);
+    expect(s.invalidEventId).toBe('garbage');
+    expect(
+      summarizeDeadLetter(withHeader('x'.repeat(300)), { topic: 't', partition: 0 }, null, null).invalidEventId,
+    ).toHaveLength(64);
+    const usable = summarizeDeadLetter(
+      withHeader('0190a6e2-8f4b-7cc3-9d2e-0123456789ab'),
+      { topic: 't', partition: 0 },
+      '0190a6e2-8f4b-7cc3-9d2e-0123456789ab',
+      null,
+    );
+    expect(usable.invalidEventId).toBeNull();
+  });
+
   it('replays the original key, value and headers without the dlq-* ones', () => {
     const m = replayMessage(dead);
     expect(m.key).toBe(dead.key);
@@ -120,5 +140,60 @@ describe('summarizeDeadLetter and replayMessage', () => {
       'event-id': Buffer.from('0190a6e2-8f4b-7cc3-9d2e-0123456789ab'),
       multi: [Buffer.from('a'), Buffer.from('b')],
     });
+  });
+});
+
+describe('reducedDeadLetter', () => {
+  const original: KafkaMessage = {
+    key: Buffer.from('order-9'),
+    value: Buffer.alloc(1_048_000, 1),
+    timestamp: '0',
+    attributes: 0,
+    offset: '41',
+    headers: {
+      'event-id': Buffer.from('0190a6e2-8f4b-7cc3-9d2e-0123456789ab'),
+      'event-type': Buffer.from('order.created'),
+      traceparent: Buffer.from('00-abc'),
+      big: Buffer.alloc(20_000, 2),
+    },
+  };
+  const letter = deadLetterMessage(original, {
+    reason: 'Error: boom',
+    topic: 'orders',
+    partition: 1,
+    attempts: 5,
+    groupId: 'shipping',
+    failedAt: new Date('2026-01-02T03:04:05.678Z'),
+  });
+
+  it('keeps the key, the dlq-* headers and the event id and type; leaves out the value and the other headers, and says so', () => {
+    const reduced = reducedDeadLetter(letter, ['event-id', 'event-type']);
+    expect(reduced.key).toBe(original.key);
+    expect(reduced.value).toBeNull();
+    const headers = reduced.headers!;
+    expect(Object.keys(headers).sort()).toEqual(
+      [
+        'dlq-attempts',
+        'dlq-consumer-group',
+        'dlq-failed-at',
+        'dlq-omitted',
+        'dlq-original-offset',
+        'dlq-original-partition',
+        'dlq-original-topic',
+        'dlq-reason',
+        'event-id',
+        'event-type',
+      ].sort(),
+    );
+    expect(headers['dlq-original-offset']).toBe('41');
+    expect(String(headers[HEADER_DLQ_OMITTED])).toContain('value (1048000 bytes) and 2 headers');
+    const s = summarizeDeadLetter(
+      { ...original, ...reduced, offset: '7' } as KafkaMessage,
+      { topic: 'orders.dlq', partition: 0 },
+      '0190a6e2-8f4b-7cc3-9d2e-0123456789ab',
+      'order.created',
+    );
+    expect(s.omitted).toContain('value (1048000 bytes)');
+    expect(s.valueBytes).toBeNull();
   });
 });

@@ -1,9 +1,9 @@
 /**
  * Tells a Kafka error that belongs to one record (the record is too large, its topic is missing or
  * forbidden) from one that belongs to the connection or the cluster (broker down, leader moving,
- * timeouts). Only the first kind counts against a row's attempts and can park it: a broker outage
- * must never park healthy events. Errors are recognised by kafkajs' protocol error `type`, never by
- * message text.
+ * timeouts). In the relay only the first kind counts against a row's attempts and can park it: a
+ * broker outage must never park healthy events. The dedup consumer uses it for its dead-letter
+ * sends. Errors are recognised by kafkajs' protocol error `type`, never by message text.
  */
 
 /** Kafka protocol error types that are a property of the record or its topic. */
@@ -41,4 +41,10 @@ export function kafkaErrorType(err: unknown): string | undefined {
 export function isRecordError(err: unknown): boolean {
   const type = kafkaErrorType(err);
   return type !== undefined && RECORD_ERROR_TYPES.has(type);
+}
+
+/** True when the broker refused the record (or its batch) as larger than the topic accepts. */
+export function isTooLargeError(err: unknown): boolean {
+  const type = kafkaErrorType(err);
+  return type === 'MESSAGE_TOO_LARGE' || type === 'RECORD_LIST_TOO_LARGE';
 }
