@@ -124,7 +124,13 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   sessionTimeoutMs?: number;
   /** Heartbeat interval, in ms (kafkajs `heartbeatInterval`); also paces heartbeats during long handlers. Must be below `sessionTimeoutMs`. @defaultValue 3_000 */
   heartbeatIntervalMs?: number;
-  /** Longest time a fetch waits for new messages, in ms (kafkajs `maxWaitTimeInMs`); also bounds how long `stop()` waits for a fetch in flight. @defaultValue 5_000 */
+  /**
+   * Longest time a fetch waits for new messages, in ms (kafkajs `maxWaitTimeInMs`; Kafka's Java
+   * consumer's `fetch.max.wait.ms` is 500 too). It also paces retries: while every partition a
+   * fetch would read is paused for a backoff, kafkajs waits this long before it fetches again, so a
+   * retry comes after max(backoff, about this wait). It bounds how long `stop()` waits for a fetch
+   * in flight. @defaultValue 500
+   */
   fetchMaxWaitMs?: number;
   /**
    * Interval of offset commits while a batch is processed, in ms (kafkajs `autoCommitInterval`);
@@ -190,7 +196,7 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   eventIdHeader: HEADER_EVENT_ID,
   sessionTimeoutMs: 30_000,
   heartbeatIntervalMs: 3_000,
-  fetchMaxWaitMs: 5_000,
+  fetchMaxWaitMs: 500,
   autoCommitIntervalMs: 5_000,
   fromBeginning: false,
   inboxRetentionMs: DEFAULT_INBOX_RETENTION_MS,

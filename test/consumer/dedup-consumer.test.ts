@@ -227,4 +227,33 @@ describe('createDedupConsumer', () => {
       await consumer.stop();
     }
   });
+
+  it('with the default fetch wait, retries a failed handler after its backoff, not after an idle fetch wait', async () => {
+    // kafkajs waits up to maxWaitTimeInMs before it fetches again when every partition it would
+    // fetch is paused: with a 5 s default each retry of an idle partition took 5 s, whatever the
+    // backoff (100 ms doubling here).
+    const [own] = await createTopicsWithDlq(['retry-pace'], 1);
+    let runs = 0;
+    const consumer = consumers.create({
+      topics: [own!],
+      database: db.pool,
+      fetchMaxWaitMs: undefined, // the default
+      retryInitialMs: 100,
+      retryMaxMs: 200,
+      handler: async ({ tx, event }) => {
+        if (++runs <= 3) throw new Error(`transient ${runs}`);
+        await tx.query('INSERT INTO effects (event_id) VALUES ($1)', [event.id]);
+      },
+    });
+    const seen = record(consumer);
+    await consumer.start();
+    await producer.send(own!, [{ partition: 0, value: {} }]);
+    await waitFor(() => seen.retries.length >= 1, { message: 'the first failure' });
+    const firstFailure = performance.now();
+    await waitFor(() => seen.applied.length === 1, { timeoutMs: 30_000, message: 'applied after 3 retries' });
+    // Three backoffs of at most 100, 200 and 200 ms, plus up to a fetch wait each (500 ms by
+    // default): well under 5 s; with a 5 s fetch wait it took 15 s.
+    expect(performance.now() - firstFailure).toBeLessThan(5_000);
+    expect(seen.retries.map((r) => r.delayMs).every((d) => d <= 200)).toBe(true);
+  });
 });
