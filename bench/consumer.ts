@@ -31,7 +31,7 @@ import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel, type Consumer } from 'kafkajs';
 import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
-import { createDedupConsumer, type DedupConsumer } from '../consumer/index.js';
+import { createDedupConsumer, DEDUP_CONSUMER_DEFAULTS, type DedupConsumer } from '../consumer/index.js';
 import { inboxClaimText } from '../consumer/inbox-sql.js';
 import { compare, formatComparisons } from './lib.js';
 import { benchDatabase } from './support.js';
@@ -201,9 +201,10 @@ export async function run(): Promise<string> {
       const c = clock(EVENTS);
       const consumer: Consumer = kafka.consumer({
         groupId: `bench-baseline-${randomBytes(4).toString('hex')}`,
-        sessionTimeout: 30_000,
-        heartbeatInterval: 3_000,
-        maxWaitTimeInMs: 5_000,
+        // The dedup consumer's defaults: the same fetch and group settings on both sides.
+        sessionTimeout: DEDUP_CONSUMER_DEFAULTS.sessionTimeoutMs,
+        heartbeatInterval: DEDUP_CONSUMER_DEFAULTS.heartbeatIntervalMs,
+        maxWaitTimeInMs: DEDUP_CONSUMER_DEFAULTS.fetchMaxWaitMs,
       });
       const step = scope === 'message' ? 1 : BATCH_MAX_MESSAGES;
       await consumer.connect();
