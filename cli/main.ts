@@ -84,7 +84,10 @@ export function describeError(err: unknown): { code: string; message: string } {
       ? " (outboxkit's tables are missing: run `outboxkit migrate`)"
       : SOCKET_ERRORS.has(code)
         ? ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)'
-        : '';
+        : code === 'EADDRINUSE'
+          ? ' (the metrics port is taken, for example by another relay on this host: give each instance its own ' +
+            '--metrics-port / OUTBOXKIT_METRICS_PORT, 0 for a random one, or -1 for none)'
+          : '';
   let message = typeof e?.message === 'string' ? e.message : String(err);
   // kafkajs answers several topics' errors as one KafkaJSAggregateError ("Topic creation errors"):
   // the reasons are in its errors, each with its topic and Kafka error type.

@@ -78,6 +78,26 @@ describe('errors thrown inside a command are printed once', () => {
     expect(jsonError(await cli(['status', '--database-url', url, '--json'])).code).toBe('ECONNREFUSED');
   });
 
+  it('relay: a metrics port already taken (another relay on the host) says so, before any lane is taken, exit 1', async () => {
+    const { createServer } = await import('node:net');
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '0.0.0.0', resolve));
+    const port = (taken.address() as { port: number }).port;
+    try {
+      const r = await cli(['relay', '--database-url', db.url, '--metrics-port', String(port), '--log-level', 'error']);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toContain('EADDRINUSE');
+      expect(r.stderr).toContain('give each instance its own --metrics-port');
+      expect(count(r.stderr, 'EADDRINUSE')).toBe(1);
+      const { rows } = await db.pool.query(
+        'SELECT count(*)::int AS n FROM outboxkit.relay_lanes WHERE owner_id IS NOT NULL',
+      );
+      expect(rows[0]!.n).toBe(0);
+    } finally {
+      await new Promise((resolve) => taken.close(resolve));
+    }
+  });
+
   it('--version prints the package version, exit 0', async () => {
     const { version } = JSON.parse(readFileSync('package.json', 'utf8')) as { version: string };
     const r = await cli(['--version']);
