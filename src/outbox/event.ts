@@ -188,8 +188,18 @@ function optionalText(value: unknown, name: string, max: number): string | null 
  * @throws {@link InvalidEventError} on a missing or illegal topic, a missing type, a bad key, bad
  *   headers or an invalid `eventId`.
  */
+/** The fields of {@link OutboxEventInput}: any other is refused (a typo must not pass silently). */
+const EVENT_FIELDS = new Set(['topic', 'key', 'type', 'payload', 'headers', 'aggregateType', 'aggregateId', 'eventId']);
+
 export function prepareEnvelope(event: OutboxEventInput): EventEnvelope {
   if (typeof event !== 'object' || event === null) throw new InvalidEventError('An outbox event must be an object.');
+  for (const field in event) {
+    if (!EVENT_FIELDS.has(field)) {
+      throw new InvalidEventError(
+        `Unknown event field ${JSON.stringify(field)} (a typo?): an event has ${[...EVENT_FIELDS].join(', ')}.`,
+      );
+    }
+  }
   if (typeof event.topic !== 'string' || !KAFKA_TOPIC_NAME.test(event.topic) || /^\.\.?$/.test(event.topic)) {
     throw new InvalidEventError(
       `Invalid topic ${JSON.stringify(event.topic)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,

@@ -159,6 +159,9 @@ describe('enqueue()', () => {
         event({ payload: { at: new Date(Number.NaN) } }),
         // Headers count against maxHeaderBytes (16 KiB by default), not against the payload limit.
         event({ headers: { big: 'x'.repeat(16_384) } }),
+        // A typo of a field name would otherwise drop its value silently.
+        event({ paylaod: { a: 1 } }),
+        event({ aggregate_id: 'o-1' }),
       ]) {
         const err = await outbox.enqueue(client, [event(), bad]).catch((e: unknown) => e);
         expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT'), String(err)).toBe(true);
