@@ -1,4 +1,5 @@
 import { Option, type Command } from 'commander';
+import type { Kafka } from 'kafkajs';
 import { addKafkaOptions, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
 import { ensureTopics } from '../../src/kafka-topics.js';
 
@@ -22,7 +23,32 @@ export function registerTopics(program: Command): void {
         kafka,
         names.map((topic) => ({ topic, numPartitions: opts.partitions, replicationFactor: opts.replicationFactor })),
       );
-      if (opts.json) console.log(JSON.stringify({ created, existing }));
+      // An existing topic is left as it is: say when its partition count is not the one asked for
+      // (per-key order and the consumers' parallelism depend on it; Kafka never shrinks a topic).
+      const partitions = await partitionCounts(kafka, existing);
+      const differ = existing.filter((t) => partitions[t] !== undefined && partitions[t] !== opts.partitions);
+      if (opts.json) console.log(JSON.stringify({ created, existing, partitions }));
       else console.log(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
+      for (const topic of differ) {
+        console.error(
+          `outboxkit: ${topic} exists with ${partitions[topic]} partitions, not ${opts.partitions}: left as it is ` +
+            '(--partitions applies to new topics only).',
+        );
+      }
     });
+}
+
+/** Partition count of each of `topics`, by name (a topic that vanished meanwhile is left out). */
+async function partitionCounts(kafka: Kafka, topics: readonly string[]): Promise<Record<string, number>> {
+  if (topics.length === 0) return {};
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    const { topics: metadata } = await admin.fetchTopicMetadata({ topics: [...topics] });
+    return Object.fromEntries(metadata.map((t) => [t.name, t.partitions.length]));
+  } catch {
+    return {};
+  } finally {
+    await admin.disconnect();
+  }
 }

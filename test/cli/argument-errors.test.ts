@@ -176,6 +176,16 @@ describe('arguments checked before anything connects', () => {
     const ok = await cli(['topics', 'ensure', t1, t2, '--partitions', '1']);
     expect(ok.code, ok.stderr).toBe(0);
     expect(ok.stdout).toBe(`created: ${t1}, ${t2}\n`);
+    // Existing topics are left as they are; a partition count other than the one asked is said.
+    const again = await cli(['topics', 'ensure', t1, '--partitions', '3']);
+    expect(again.code).toBe(0);
+    expect(again.stdout).toBe('all topics exist\n');
+    expect(again.stderr).toBe(
+      `outboxkit: ${t1} exists with 1 partitions, not 3: left as it is (--partitions applies to new topics only).\n`,
+    );
+    const json = await cli(['topics', 'ensure', t1, t2, '--partitions', '1', '--json']);
+    expect(JSON.parse(json.stdout)).toEqual({ created: [], existing: [t1, t2], partitions: { [t1]: 1, [t2]: 1 } });
+    expect(json.stderr).toBe('');
   });
 
   it('relay: --metrics-port outside -1..65535 is refused before the relay starts (flag and env)', async () => {
