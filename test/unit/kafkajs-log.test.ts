@@ -1,0 +1,26 @@
+import { logLevel } from 'kafkajs';
+import { describe, expect, it } from 'vitest';
+import { kafkajsLogCreator } from '../../cli/shared.js';
+import type { Logger } from '../../src/logger.js';
+
+describe('kafkajs logs through the CLI logger', () => {
+  it("says kafkajs's finite-retries warning once per process at warn, then at debug; other warnings stay warnings", () => {
+    const seen: [string, string][] = [];
+    const at = (level: string) => (_fields: unknown, message?: string) => void seen.push([level, message ?? '']);
+    const logger = { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') } as Logger;
+    const entry = kafkajsLogCreator(logger)(logLevel.INFO);
+    const log = (level: logLevel, message: string) =>
+      entry({ namespace: 'Producer', level, label: 'WARN', log: { timestamp: 'now', logger: 'kafkajs', message } });
+    const finite = 'Limiting retries for the idempotent producer may invalidate EoS guarantees';
+    log(logLevel.WARN, finite);
+    log(logLevel.WARN, finite);
+    log(logLevel.WARN, 'something else');
+    log(logLevel.ERROR, 'Failed to send messages');
+    expect(seen).toEqual([
+      ['warn', `kafkajs: ${finite}`],
+      ['debug', `kafkajs: ${finite}`],
+      ['warn', 'kafkajs: something else'],
+      ['error', 'kafkajs: Failed to send messages'],
+    ]);
+  });
+});
