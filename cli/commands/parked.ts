@@ -20,7 +20,7 @@ export function registerParked(program: Command): void {
         if (rows.length === 0) return console.log('no parked events');
         for (const r of rows) {
           console.log(
-            `${r.event_id}  ${r.topic}  key=${r.key ?? '-'}  ${r.type}  ${r.bytes} B (headers ${r.header_bytes} B)  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`,
+            `${r.event_id}  ${r.topic}  key=${r.key === null ? '-' : JSON.stringify(r.key)}  ${r.type}  ${r.bytes} B (headers ${r.header_bytes} B)  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`,
           );
         }
       });
