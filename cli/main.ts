@@ -71,6 +71,25 @@ async function buildProgram(args: string[]): Promise<Command> {
 /** Node.js socket error codes: a connection that could not be made. */
 const SOCKET_ERRORS = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
 
+/** SQLSTATEs of a connection string that names a missing database, or credentials refused. */
+const DATABASE_URL_ERRORS = new Set(['3D000', '28P01', '28000']);
+
+/** What to do about an error, by its code (appended to its message), or ''. */
+function hintFor(code: string): string {
+  if (code === '42P01') return " (outboxkit's tables are missing: run `outboxkit migrate`)";
+  // kafkajs wraps its socket errors (KafkaJSConnectionError): a bare socket error code is pg's.
+  if (SOCKET_ERRORS.has(code))
+    return ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)';
+  if (DATABASE_URL_ERRORS.has(code)) return ' (check --database-url / DATABASE_URL)';
+  if (code === 'EADDRINUSE') {
+    return (
+      ' (the metrics port is taken, for example by another relay on this host: give each instance its own ' +
+      '--metrics-port / OUTBOXKIT_METRICS_PORT, 0 for a random one, or -1 for none)'
+    );
+  }
+  return '';
+}
+
 /**
  * The error as `{ code, message }`: an outboxkit code, a commander code (`commander.unknownOption`),
  * a SQLSTATE or Node.js code, else the error's class name (`KafkaJSConnectionError`).
@@ -78,16 +97,7 @@ const SOCKET_ERRORS = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMED
 export function describeError(err: unknown): { code: string; message: string } {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
   const code = typeof e?.code === 'string' && e.code !== '' ? e.code : typeof e?.name === 'string' ? e.name : 'ERROR';
-  // kafkajs wraps its socket errors (KafkaJSConnectionError): a bare socket error code is pg's.
-  const hint =
-    code === '42P01'
-      ? " (outboxkit's tables are missing: run `outboxkit migrate`)"
-      : SOCKET_ERRORS.has(code)
-        ? ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)'
-        : code === 'EADDRINUSE'
-          ? ' (the metrics port is taken, for example by another relay on this host: give each instance its own ' +
-            '--metrics-port / OUTBOXKIT_METRICS_PORT, 0 for a random one, or -1 for none)'
-          : '';
+  const hint = hintFor(code);
   let message = typeof e?.message === 'string' ? e.message : String(err);
   // kafkajs answers several topics' errors as one KafkaJSAggregateError ("Topic creation errors"):
   // the reasons are in its errors, each with its topic and Kafka error type.

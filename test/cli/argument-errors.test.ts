@@ -78,6 +78,17 @@ describe('errors thrown inside a command are printed once', () => {
     expect(jsonError(await cli(['status', '--database-url', url, '--json'])).code).toBe('ECONNREFUSED');
   });
 
+  it('a database that does not exist: its SQLSTATE and where to look, once, exit 1', async () => {
+    const url = new URL(db.url);
+    url.pathname = '/outboxkit_no_such_database';
+    const r = await cli(['status', '--database-url', url.toString()]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toBe(
+      'outboxkit: database "outboxkit_no_such_database" does not exist (check --database-url / DATABASE_URL)\n',
+    );
+    expect(jsonError(await cli(['status', '--database-url', url.toString(), '--json'])).code).toBe('3D000');
+  });
+
   it('relay: a metrics port already taken (another relay on the host) says so, before any lane is taken, exit 1', async () => {
     const { createServer } = await import('node:net');
     const taken = createServer();
