@@ -25,7 +25,7 @@ export function registerTopics(program: Command): void {
       );
       // An existing topic is left as it is: say when its partition count is not the one asked for
       // (per-key order and the consumers' parallelism depend on it; Kafka never shrinks a topic).
-      const partitions = await partitionCounts(kafka, existing);
+      const partitions = await partitionCounts(kafka, [...created, ...existing]);
       const differ = existing.filter((t) => partitions[t] !== undefined && partitions[t] !== opts.partitions);
       if (opts.json) console.log(JSON.stringify({ created, existing, partitions }));
       else console.log(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
@@ -38,7 +38,7 @@ export function registerTopics(program: Command): void {
     });
 }
 
-/** Partition count of each of `topics`, by name (a topic that vanished meanwhile is left out). */
+/** Partition count of each of `topics`, by name (a topic that vanished meanwhile is left out; {} when the read fails). */
 async function partitionCounts(kafka: Kafka, topics: readonly string[]): Promise<Record<string, number>> {
   if (topics.length === 0) return {};
   const admin = kafka.admin();
