@@ -68,28 +68,58 @@ export const DLQ_HEADER_PREFIX = 'dlq-';
  */
 export const HEADER_DLQ_OMITTED = 'dlq-omitted';
 
+/** The `dlq-*` headers the consumer writes (a dead letter's own, as opposed to the original's). */
+const DLQ_HEADERS = new Set([
+  HEADER_DLQ_REASON,
+  HEADER_DLQ_ORIGINAL_TOPIC,
+  HEADER_DLQ_ORIGINAL_PARTITION,
+  HEADER_DLQ_ORIGINAL_OFFSET,
+  HEADER_DLQ_ATTEMPTS,
+  HEADER_DLQ_FAILED_AT,
+  HEADER_DLQ_CONSUMER_GROUP,
+]);
+
+/** Largest kept header value (the event id and type) of a reduced dead letter, in bytes. */
+const MAX_KEPT_HEADER_BYTES = 256;
+/** Largest key a reduced dead letter keeps, in bytes. */
+const MAX_KEPT_KEY_BYTES = 1_024;
+
+function byteLength(value: string | Buffer | (string | Buffer)[] | null | undefined): number {
+  if (value === null || value === undefined) return 0;
+  if (Array.isArray(value)) return value.reduce((n, v) => n + Buffer.byteLength(v), 0);
+  return Buffer.byteLength(value);
+}
+
 /**
  * The dead letter to send when the whole one was refused as too large (MESSAGE_TOO_LARGE: the
  * original plus the `dlq-*` headers exceeds the dead-letter topic's `max.message.bytes`): the
- * same key and `dlq-*` headers, the headers named in `keep` (the event id and type, so that
- * `outboxkit dlq list` still names the event), no value, no other header, and a
- * {@link HEADER_DLQ_OMITTED} header that says what was left out. The failure stays visible with
- * its reason and position; without it the partition could never move on (DESIGN G5).
+ * consumer's own `dlq-*` headers, the headers named in `keep` (the event id and type, so that
+ * `outboxkit dlq list` still names the event) and the key when they are small (at most 256 and
+ * 1,024 bytes), no value, nothing else, and a {@link HEADER_DLQ_OMITTED} header that says what was
+ * left out. Its size is bounded (under 3 KiB with the consumer's reasons, cut to 1,000
+ * characters of ASCII), whatever the original's: the failure stays visible with its reason and position, and the
+ * partition moves on (DESIGN G5).
  */
 export function reducedDeadLetter(letter: Message, keep: readonly string[]): Message {
   const headers: IHeaders = {};
   let dropped = 0;
   for (const [name, value] of Object.entries(letter.headers ?? {})) {
     if (value === undefined) continue;
-    if (name.startsWith(DLQ_HEADER_PREFIX) || keep.includes(name)) headers[name] = value;
+    if (DLQ_HEADERS.has(name) || (keep.includes(name) && byteLength(value) <= MAX_KEPT_HEADER_BYTES))
+      headers[name] = value;
     else dropped += 1;
   }
-  const valueBytes = letter.value === null || letter.value === undefined ? 0 : Buffer.byteLength(letter.value);
+  const keyBytes = byteLength(letter.key);
+  const keepKey = keyBytes <= MAX_KEPT_KEY_BYTES;
+  const left = [
+    `value (${byteLength(letter.value)} bytes)`,
+    ...(dropped > 0 ? [`${dropped} header${dropped > 1 ? 's' : ''}`] : []),
+    ...(keepKey ? [] : [`key (${keyBytes} bytes)`]),
+  ];
   headers[HEADER_DLQ_OMITTED] =
-    `value (${valueBytes} bytes)${dropped > 0 ? ` and ${dropped} header${dropped > 1 ? 's' : ''}` : ''}: ` +
-    "the dead letter was larger than the dead-letter topic's max.message.bytes. The original is at " +
-    'dlq-original-topic/-partition/-offset while that topic keeps it.';
-  return { key: letter.key ?? null, value: null, headers };
+    `${left.join(', ')}: the dead letter was larger than the dead-letter topic's max.message.bytes. ` +
+    'The original is at dlq-original-topic/-partition/-offset while that topic keeps it.';
+  return { key: keepKey ? (letter.key ?? null) : null, value: null, headers };
 }
 
 /** What `outboxkit dlq list` shows of one dead-letter record: never the payload itself. */

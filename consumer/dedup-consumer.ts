@@ -59,7 +59,7 @@ import { crashPoint } from '../src/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
-import { isRecordError, isTooLargeError } from '../src/kafka-errors.js';
+import { isTooLargeError } from '../src/kafka-errors.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { InboxUnavailableError } from './errors.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
@@ -239,10 +239,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #o: ResolvedDedupConsumerOptions<D>;
   readonly #events: TypedEmitter<DedupConsumerEvents>;
   readonly #consumer: Consumer;
-  /** The dead-letter producer; replaced after a record the broker refused (see #send). */
-  #producer: Producer;
-  /** Its connect, once asked for; cleared when it failed or the producer was replaced. */
-  #producerReady: Promise<void> | undefined;
+  readonly #producer: Producer;
   readonly #stopController = new AbortController();
   readonly #pending = new Map<string, PendingMessage>();
   /** `recordProgress`: what this process knows of each partition it consumes (see progress.ts). */
@@ -291,7 +288,15 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // Idempotent, acks=all, one request in flight: a retried DLQ send is never duplicated or
     // reordered by the broker. Sends are also serialised below (kafkajs sequence numbers break
     // under concurrent sends on one idempotent producer).
-    this.#producer = this.#newProducer();
+    this.#producer = kafka.producer({
+      // Java-compatible murmur2 of the key, as the relay uses; naming it also spares every start
+      // kafkajs's "v2.0.0 switched default partitioner" warning.
+      createPartitioner: Partitioners.DefaultPartitioner,
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: false,
+      retry: { retries: DLQ_PRODUCER_RETRIES },
+    });
     this.#consumer.on(this.#consumer.events.GROUP_JOIN, ({ payload }) => this.#onJoin(payload.memberAssignment));
     this.#consumer.on(this.#consumer.events.CRASH, ({ payload }) => this.#onCrash(payload.error, payload.restart));
   }
@@ -352,7 +357,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#throwIfStopping();
     await this.#checkTopics();
     this.#throwIfStopping();
-    await this.#connectedProducer();
+    await this.#producer.connect();
     await this.#consumer.connect();
     await this.#consumer.subscribe({ topics, fromBeginning });
     this.#throwIfStopping();
@@ -1258,54 +1263,14 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * Idempotent, acks=all, one request in flight: a retried dead-letter send is never duplicated or
-   * reordered by the broker.
-   */
-  #newProducer(): Producer {
-    return this.#o.kafka.producer({
-      // Java-compatible murmur2 of the key, as the relay uses; naming it also spares every start
-      // kafkajs's "v2.0.0 switched default partitioner" warning.
-      createPartitioner: Partitioners.DefaultPartitioner,
-      idempotent: true,
-      maxInFlightRequests: 1,
-      allowAutoTopicCreation: false,
-      retry: { retries: DLQ_PRODUCER_RETRIES },
-    });
-  }
-
-  /** The dead-letter producer, connected (a failed connect is tried again by the next call). */
-  async #connectedProducer(): Promise<Producer> {
-    const producer = this.#producer;
-    this.#producerReady ??= producer.connect().catch((err: unknown) => {
-      this.#producerReady = undefined;
-      throw err;
-    });
-    await this.#producerReady;
-    return producer;
-  }
-
-  /**
-   * One send at a time on the idempotent producer (kafkajs sequence numbers break under concurrent
-   * sends on one). After a record the broker refused, the producer is replaced: kafkajs has counted
-   * the refused record's sequence number, which the broker never saw, so the next send to that
-   * partition would fail with OUT_OF_ORDER_SEQUENCE_NUMBER.
+   * One send at a time on the idempotent producer. A refused send of one record (a dead letter is
+   * one) leaves the producer usable: kafkajs gives back the sequence numbers of a produce request
+   * that failed.
    */
   #send(topic: string, message: Message): Promise<void> {
-    const sent = this.#sendChain.then(async () => {
-      const producer = await this.#connectedProducer();
-      try {
-        await producer.send({ topic, acks: -1, messages: [message] });
-      } catch (err) {
-        if (isRecordError(err) && this.#producer === producer) {
-          this.#producer = this.#newProducer();
-          this.#producerReady = undefined;
-          void producer.disconnect().catch(() => undefined);
-        }
-        throw err;
-      }
-    });
+    const sent = this.#sendChain.then(() => this.#producer.send({ topic, acks: -1, messages: [message] }));
     this.#sendChain = sent.catch(() => {});
-    return sent;
+    return sent.then(() => {});
   }
 }
 

@@ -91,7 +91,8 @@ async function guarded<T>(what: string, run: () => Promise<T>): Promise<T> {
   try {
     return await run();
   } catch (err) {
-    const code = (err as { code?: unknown }).code;
+    // drizzle wraps the driver's error (DrizzleQueryError, the driver's as its cause).
+    const code = (err as { code?: unknown }).code ?? (err as { cause?: { code?: unknown } }).cause?.code;
     if (code === IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
     if (code === NO_ACTIVE_SQL_TRANSACTION) {
       throw new NotInTransactionError(
@@ -133,12 +134,20 @@ export function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
   return sql.join(chunks);
 }
 
-function fromDrizzleTransaction(tx: DrizzleTransaction, what: string): Queryable {
+function fromDrizzleTransaction(tx: DrizzleTransaction, what: string, verifyInTransaction?: string): Queryable {
   // node-postgres driver: the session holds the pg client, whose status tells a finished handle.
+  // Without one that can (postgres-js, node-postgres before 8.21), the database is asked.
   const client = (tx as unknown as { session?: { client?: PgClientLike } }).session?.client;
+  const tellsStatus = client !== undefined && typeof client.getTransactionStatus === 'function';
+  let verify = tellsStatus ? undefined : verifyInTransaction;
   return {
     async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
-      if (client && typeof client.getTransactionStatus === 'function') checkPgClient(client, what);
+      if (tellsStatus) checkPgClient(client, what);
+      if (verify !== undefined) {
+        const statement = verify;
+        verify = undefined;
+        await guarded(what, () => tx.execute(sql.raw(statement)));
+      }
       const result = (await guarded(what, () => tx.execute(toDrizzleSql(text, values)))) as unknown;
       if (Array.isArray(result)) {
         // postgres-js: an array of rows with a `count`.
@@ -158,10 +167,11 @@ function fromDrizzleTransaction(tx: DrizzleTransaction, what: string): Queryable
  * @param what - the caller's name, for error messages (for example `'enqueue()'`).
  * @param options.verifyInTransaction - for a handle the caller got from the application: a
  *   statement that PostgreSQL refuses outside a transaction block (SQLSTATE 25P01, for example
- *   `LOCK TABLE t IN ACCESS SHARE MODE` on a table the caller writes anyway), run before the
- *   first query when the client cannot tell its transaction status itself (node-postgres before
- *   8.21 has no `getTransactionStatus()`; nor has an object that only offers `query()`). Without
- *   it such a client is trusted: the caller opened the transaction itself.
+ *   `LOCK TABLE t IN ROW EXCLUSIVE MODE` on a table the caller then writes anyway), run before the
+ *   first query when the handle cannot tell its transaction status itself (node-postgres before
+ *   8.21 has no `getTransactionStatus()`, nor has an object that only offers `query()`, nor a
+ *   drizzle postgres-js transaction). Without it such a handle is trusted: the caller opened the
+ *   transaction itself.
  * @throws {@link NotInTransactionError} when `tx` is a pool, a top-level drizzle database, or a
  *   client that is not inside a live transaction (at once, or from its first query when the
  *   database has to be asked).
@@ -174,7 +184,7 @@ export function joinTransaction(
   if (typeof tx !== 'object' || tx === null) {
     throw new NotInTransactionError(`${what} needs a transaction handle, got ${tx === null ? 'null' : typeof tx}.`);
   }
-  if (is(tx, PgTransaction)) return fromDrizzleTransaction(tx as DrizzleTransaction, what);
+  if (is(tx, PgTransaction)) return fromDrizzleTransaction(tx as DrizzleTransaction, what, options.verifyInTransaction);
   if (isPool(tx)) {
     throw new NotInTransactionError(
       `${what} was given a pool; pass the client (or drizzle \`tx\`) that holds your transaction, ` +

@@ -239,9 +239,10 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
   }
   const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
-  // For a client that cannot tell its transaction status (node-postgres before 8.21): refused
-  // outside a transaction block; inside, a lock the INSERT takes (more strongly) anyway.
-  const verifyInTransaction = `LOCK TABLE ${table} IN ACCESS SHARE MODE`;
+  // For a handle that cannot tell its transaction status (node-postgres before 8.21, drizzle over
+  // postgres-js): refused outside a transaction block; inside, the very lock the INSERT takes next
+  // (ROW EXCLUSIVE: no other conflict, and no privilege beyond the INSERT's).
+  const verifyInTransaction = `LOCK TABLE ${table} IN ROW EXCLUSIVE MODE`;
   const { maxPayloadBytes, maxHeaderBytes } = resolved;
   const traceContext = resolved.traceContext;
 

@@ -101,6 +101,33 @@ describe('enqueue()', () => {
       }
     });
 
+    it('with drizzle over node-postgres before 8.21: a tx used after its callback ended is refused', async () => {
+      const OldPool = (await import('pg-8-20')).default.Pool;
+      const old = new OldPool({ connectionString: db.url, max: 1 });
+      const orm = drizzle(old);
+      try {
+        const before = await count();
+        await orm
+          .transaction(async (tx) => {
+            await enqueue(tx, event());
+            throw new Error('rollback');
+          })
+          .catch(() => undefined);
+        expect(await count()).toBe(before);
+        let leaked: Parameters<Parameters<typeof orm.transaction>[0]>[0] | undefined;
+        await orm.transaction(async (tx) => {
+          await enqueue(tx, event());
+          leaked = tx;
+        });
+        expect(await count()).toBe(before + 1);
+        const late = await enqueue(leaked!, event()).catch((e: unknown) => e);
+        expect(isOutboxkitError(late, 'OUTBOXKIT_NOT_IN_TRANSACTION'), String(late)).toBe(true);
+        expect(await count()).toBe(before + 1);
+      } finally {
+        await old.end();
+      }
+    });
+
     it('refuses an object that only offers query() when it runs outside a transaction', async () => {
       const before = await count();
       const wrapper = { query: db.pool.query.bind(db.pool) }; // e.g. a "db" helper around a pool
@@ -223,6 +250,27 @@ describe('enqueue()', () => {
 });
 
 describe('enqueue() with drizzle over postgres-js', () => {
+  it('refuses a postgres-js drizzle tx used after its callback ended (its connection outside any transaction)', async () => {
+    const { default: postgres } = await import('postgres');
+    const { drizzle: drizzlePg } = await import('drizzle-orm/postgres-js');
+    const sql = postgres(db.url, { max: 1, onnotice: () => {} });
+    const orm = drizzlePg(sql);
+    try {
+      const before = await count();
+      let leaked: Parameters<Parameters<typeof orm.transaction>[0]>[0] | undefined;
+      await orm.transaction(async (tx) => {
+        await enqueue(tx, event({ key: 'pgjs-leak' }));
+        leaked = tx;
+      });
+      expect(await count()).toBe(before + 1);
+      const late = await enqueue(leaked!, event({ key: 'pgjs-leak' })).catch((e: unknown) => e);
+      expect(isOutboxkitError(late, 'OUTBOXKIT_NOT_IN_TRANSACTION'), String(late)).toBe(true);
+      expect(await count()).toBe(before + 1);
+    } finally {
+      await sql.end();
+    }
+  });
+
   it('joins the transaction: commit keeps the rows, a rollback leaves none, the top-level db is refused', async () => {
     const { default: postgres } = await import('postgres');
     const { drizzle: drizzlePg } = await import('drizzle-orm/postgres-js');

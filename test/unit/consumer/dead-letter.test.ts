@@ -186,7 +186,7 @@ describe('reducedDeadLetter', () => {
       ].sort(),
     );
     expect(headers['dlq-original-offset']).toBe('41');
-    expect(String(headers[HEADER_DLQ_OMITTED])).toContain('value (1048000 bytes) and 2 headers');
+    expect(String(headers[HEADER_DLQ_OMITTED])).toContain('value (1048000 bytes), 2 headers:');
     const s = summarizeDeadLetter(
       { ...original, ...reduced, offset: '7' } as KafkaMessage,
       { topic: 'orders.dlq', partition: 0 },
@@ -195,5 +195,40 @@ describe('reducedDeadLetter', () => {
     );
     expect(s.omitted).toContain('value (1048000 bytes)');
     expect(s.valueBytes).toBeNull();
+  });
+
+  it('is small whatever the original: an oversized key or event id header, and dlq-* headers of the original, are left out', () => {
+    const hostile: KafkaMessage = {
+      ...original,
+      key: Buffer.alloc(300_000, 3),
+      headers: {
+        'event-id': Buffer.alloc(300_000, 4),
+        'event-type': Buffer.from('order.created'),
+        'dlq-trace': Buffer.alloc(300_000, 5),
+      },
+    };
+    const reduced = reducedDeadLetter(
+      deadLetterMessage(hostile, {
+        reason: reasonOf(new Error('r'.repeat(5_000))), // cut to 1,000 characters, as the consumer does
+        topic: 'orders',
+        partition: 1,
+        attempts: 0,
+        groupId: 'shipping',
+        failedAt: new Date('2026-01-02T03:04:05.678Z'),
+      }),
+      ['event-id', 'event-type'],
+    );
+    expect(reduced.key).toBeNull();
+    expect(reduced.headers!['event-id']).toBeUndefined();
+    expect(reduced.headers!['dlq-trace']).toBeUndefined();
+    expect(reduced.headers!['event-type']).toEqual(Buffer.from('order.created'));
+    expect(String(reduced.headers![HEADER_DLQ_OMITTED])).toMatch(
+      /^value \(1048000 bytes\), 2 headers, key \(300000 bytes\): /,
+    );
+    const size = Object.entries(reduced.headers!).reduce(
+      (n, [k, v]) => n + k.length + Buffer.byteLength(v as string | Buffer),
+      0,
+    );
+    expect(size).toBeLessThan(3_072);
   });
 });
