@@ -195,7 +195,8 @@ export interface ReplayResult {
 /**
  * Re-drives dead letters: produces each chosen record again (original key, value and headers
  * minus `dlq-*`) to its original topic, or to `to`, and waits for the broker's acknowledgement.
- * When an event was dead-lettered several times, only its latest record is replayed. Records
+ * When an event was dead-lettered several times, only its latest record is replayed (its latest
+ * one with a value, when a later copy went without). Records
  * without a usable event id are skipped: the consumer would dead-letter them again at once. So are
  * records whose value was left out (`dlq-omitted`): their original is in the original topic.
  * A record with a key goes to the partition the default partitioner picks for that key (the
@@ -241,6 +242,16 @@ export async function replayDeadLetters(
     }
     if (wantedSet && !wantedSet.has(eventId)) continue;
     const previous = latest.get(eventId);
+    if (previous && previous.summary.omitted === null && record.summary.omitted !== null) {
+      // A later copy without its value: the earlier one, which has it, is the one to replay.
+      result.skipped.push({
+        dlqPartition: dlq.partition,
+        dlqOffset: dlq.offset,
+        eventId,
+        why: 'a later dead letter of the same event, without its value (an earlier one with it is replayed)',
+      });
+      continue;
+    }
     if (previous) {
       result.skipped.push({
         dlqPartition: previous.summary.dlq.partition,

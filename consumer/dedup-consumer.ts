@@ -432,6 +432,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       // it can never auto-create one.
       this.#requireTopics(new Set(await admin.listTopics()));
       await this.#checkRetention(admin);
+      await this.#checkDeadLetterLimits(admin);
     } finally {
       await admin.disconnect();
     }
@@ -453,60 +454,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   /**
    * Warns about each consumed topic whose `retention.ms` is not shorter than the inbox retention:
    * Kafka could then redeliver (offset reset, replay from the earliest offset) an event whose
-   * inbox row was already cleaned up, and it would be applied again. Warns too about each
-   * dead-letter topic whose `max.message.bytes` is below its consumed topic's: the larger
-   * messages would then be dead-lettered without their value (`dlq-omitted`; equal limits leave
-   * that to the few messages within {@link DEAD_LETTER_HEADROOM_BYTES} of the limit). A broker that
-   * refuses DescribeConfigs (ACLs) costs a warning, not the start.
+   * inbox row was already cleaned up, and it would be applied again. A broker that refuses
+   * DescribeConfigs (ACLs) costs a warning, not the start.
    */
   async #checkRetention(admin: Admin): Promise<void> {
-    const { topics, deadLetterTopics, inboxRetentionMs, logger } = this.#o;
-    let described: DescribeConfigResponse;
-    try {
-      described = await admin.describeConfigs({
-        includeSynonyms: false,
-        resources: [...new Set([...topics, ...deadLetterTopics.values()])].map((name) => ({
-          type: TOPIC_RESOURCE_TYPE,
-          name,
-          configNames: [TOPIC_RETENTION_CONFIG, TOPIC_MAX_MESSAGE_BYTES_CONFIG],
-        })),
-      });
-    } catch (err) {
-      logger.warn(
-        { groupId: this.groupId, err },
-        "Could not read the topics' retention.ms and max.message.bytes (DescribeConfigs refused?); the inbox " +
-          'retention and the dead-letter topics are not checked.',
-      );
-      return;
-    }
-    const config = (topic: string, name: string): number | undefined => {
-      const entry = described.resources
-        .find((r) => r.resourceName === topic)
-        ?.configEntries.find((e) => e.configName === name);
-      const value = entry?.configValue === undefined || entry.configValue === null ? NaN : Number(entry.configValue);
-      return Number.isFinite(value) ? value : undefined;
-    };
-    for (const topic of topics) {
-      const sourceMax = config(topic, TOPIC_MAX_MESSAGE_BYTES_CONFIG);
-      const deadLetterTopic = deadLetterTopics.get(topic);
-      const deadLetterMax =
-        deadLetterTopic === undefined ? undefined : config(deadLetterTopic, TOPIC_MAX_MESSAGE_BYTES_CONFIG);
-      if (sourceMax !== undefined && deadLetterMax !== undefined && deadLetterMax < sourceMax) {
-        logger.warn(
-          {
-            groupId: this.groupId,
-            topic,
-            deadLetterTopic,
-            maxMessageBytes: sourceMax,
-            deadLetterMaxMessageBytes: deadLetterMax,
-          },
-          `Dead-letter topic ${deadLetterTopic} accepts records of up to ${deadLetterMax} bytes, less than ${topic} ` +
-            `(${sourceMax}): a message larger than the dead-letter topic takes would be dead-lettered without its ` +
-            `value (dlq-omitted). Give it at least ${topic}'s max.message.bytes plus ${DEAD_LETTER_HEADROOM_BYTES} for the dlq-* headers.`,
-        );
-      }
-      const value = config(topic, TOPIC_RETENTION_CONFIG);
-      if (value === undefined) continue;
+    const { topics, inboxRetentionMs, logger } = this.#o;
+    const retention = await this.#describeTopics(admin, topics, TOPIC_RETENTION_CONFIG, 'the inbox retention');
+    for (const [topic, value] of retention) {
       const topicRetentionMs = value < 0 ? null : value;
       if (topicRetentionMs !== null && topicRetentionMs < inboxRetentionMs) continue;
       logger.warn(
@@ -517,6 +471,73 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       );
       this.#events.emit('consumer:retention-warning', { topic, topicRetentionMs, inboxRetentionMs });
     }
+  }
+
+  /**
+   * Warns about each dead-letter topic whose `max.message.bytes` is below its consumed topic's: the
+   * larger messages would be dead-lettered without their value (`dlq-omitted`; equal limits leave
+   * that to the few messages within {@link DEAD_LETTER_HEADROOM_BYTES} of the limit).
+   */
+  async #checkDeadLetterLimits(admin: Admin): Promise<void> {
+    const { topics, deadLetterTopics, logger } = this.#o;
+    const limits = await this.#describeTopics(
+      admin,
+      [...new Set([...topics, ...deadLetterTopics.values()])],
+      TOPIC_MAX_MESSAGE_BYTES_CONFIG,
+      "the dead-letter topics' size limits",
+    );
+    for (const topic of topics) {
+      const deadLetterTopic = deadLetterTopics.get(topic);
+      const sourceMax = limits.get(topic);
+      const deadLetterMax = deadLetterTopic === undefined ? undefined : limits.get(deadLetterTopic);
+      if (sourceMax === undefined || deadLetterMax === undefined || deadLetterMax >= sourceMax) continue;
+      logger.warn(
+        {
+          groupId: this.groupId,
+          topic,
+          deadLetterTopic,
+          maxMessageBytes: sourceMax,
+          deadLetterMaxMessageBytes: deadLetterMax,
+        },
+        `Dead-letter topic ${deadLetterTopic} accepts records of up to ${deadLetterMax} bytes, less than ${topic} ` +
+          `(${sourceMax}): a message larger than the dead-letter topic takes would be dead-lettered without its ` +
+          `value (dlq-omitted). Give it at least ${topic}'s max.message.bytes plus ${DEAD_LETTER_HEADROOM_BYTES} for the dlq-* headers.`,
+      );
+    }
+  }
+
+  /**
+   * One numeric configuration of each of `topics` (DescribeConfigs), by topic; topics whose value is
+   * missing or not a number are left out. A refused request costs a warning naming `what`, and an
+   * empty map.
+   */
+  async #describeTopics(
+    admin: Admin,
+    topics: readonly string[],
+    configName: string,
+    what: string,
+  ): Promise<Map<string, number>> {
+    const values = new Map<string, number>();
+    let described: DescribeConfigResponse;
+    try {
+      described = await admin.describeConfigs({
+        includeSynonyms: false,
+        resources: topics.map((name) => ({ type: TOPIC_RESOURCE_TYPE, name, configNames: [configName] })),
+      });
+    } catch (err) {
+      this.#o.logger.warn(
+        { groupId: this.groupId, err },
+        `Could not read the topics' ${configName} (DescribeConfigs refused?); ${what} is not checked.`,
+      );
+      return values;
+    }
+    for (const resource of described.resources) {
+      const entry = resource.configEntries.find((e) => e.configName === configName);
+      if (entry?.configValue === undefined || entry.configValue === null) continue;
+      const value = Number(entry.configValue);
+      if (Number.isFinite(value)) values.set(resource.resourceName, value);
+    }
+    return values;
   }
 
   async #stop(timeoutMs: number): Promise<void> {
@@ -897,13 +918,30 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       this.#events.emit('consumer:retry', { event, attempt, delayMs, error: err.error });
       return { kind: 'retry-later', delayMs };
     }
-    const error = err instanceof HandlerFailure ? err.error : err;
-    pending.infraFailures += 1;
-    const delayMs = fullJitterBackoffMs(pending.infraFailures, retryInitialMs, retryMaxMs);
-    logger.error(
-      { ...fields, err: error, delayMs },
+    return this.#retryLater(
+      pending,
+      position,
+      fields,
+      err instanceof HandlerFailure ? err.error : err,
       'Processing failed outside the handler (database); retrying later.',
     );
+  }
+
+  /**
+   * A failure that is not the message's (database, dead-letter send): never an attempt; the
+   * partition waits a backoff that grows with the message's run of such failures, and the
+   * message goes again. Logged at error and emitted as `consumer:error`.
+   */
+  #retryLater(
+    pending: PendingMessage,
+    position: MessagePosition,
+    fields: Record<string, unknown>,
+    error: unknown,
+    message: string,
+  ): Step {
+    pending.infraFailures += 1;
+    const delayMs = fullJitterBackoffMs(pending.infraFailures, this.#o.retryInitialMs, this.#o.retryMaxMs);
+    this.#o.logger.error({ ...fields, err: error, delayMs }, message);
     this.#events.emit('consumer:error', { ...position, error, delayMs });
     return { kind: 'retry-later', delayMs };
   }
@@ -1239,15 +1277,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         omitted = true;
       }
     } catch (err) {
-      const pending = this.#pendingOf(position);
-      pending.infraFailures += 1;
-      const delayMs = fullJitterBackoffMs(pending.infraFailures, this.#o.retryInitialMs, this.#o.retryMaxMs);
-      this.#o.logger.error(
-        { ...fields, err, delayMs },
+      return this.#retryLater(
+        this.#pendingOf(position),
+        position,
+        fields,
+        err,
         'Dead-letter send failed; the partition waits and tries again (offset unresolved, handler not run again).',
       );
-      this.#events.emit('consumer:error', { ...position, error: err, delayMs });
-      return { kind: 'retry-later', delayMs };
     }
     this.#pending.delete(partitionKey(position.topic, position.partition));
     // Never inside a progress range: rewinding the offsets re-drives it, as without progress.

@@ -39,7 +39,9 @@ export interface DedupConsumerEvents {
   };
   /**
    * A failure outside the handler's control (database unreachable, lock timeout on the inbox row,
-   * commit failed). It never counts as an attempt; the message runs again after `delayMs`.
+   * commit failed), or a dead-letter send that failed (dead-letter topic missing or forbidden,
+   * broker unreachable). It never counts as an attempt; the message runs again (or its dead letter
+   * is sent again, without running the handler) after `delayMs`.
    */
   'consumer:error': MessagePosition & { error: unknown; delayMs: number };
   /**

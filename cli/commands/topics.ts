@@ -42,13 +42,13 @@ export function registerTopics(program: Command): void {
 async function partitionCounts(kafka: Kafka, topics: readonly string[]): Promise<Record<string, number>> {
   if (topics.length === 0) return {};
   const admin = kafka.admin();
-  await admin.connect();
   try {
+    await admin.connect();
     const { topics: metadata } = await admin.fetchTopicMetadata({ topics: [...topics] });
     return Object.fromEntries(metadata.map((t) => [t.name, t.partitions.length]));
   } catch {
     return {};
   } finally {
-    await admin.disconnect();
+    await admin.disconnect().catch(() => undefined);
   }
 }

@@ -182,15 +182,29 @@ function optionalText(value: unknown, name: string, max: number): string | null 
 }
 
 /**
+ * The fields of {@link OutboxEventInput} (the compiler keeps this list and the interface in step):
+ * any other is refused, since a typo must not pass silently.
+ */
+const EVENT_FIELDS = new Set(
+  Object.keys({
+    topic: true,
+    key: true,
+    type: true,
+    payload: true,
+    headers: true,
+    aggregateType: true,
+    aggregateId: true,
+    eventId: true,
+  } satisfies Record<keyof OutboxEventInput, true>),
+);
+
+/**
  * Validates everything of one event but its payload (cheap, synchronous; run it before any encoder
  * so an invalid event never reaches one).
  *
  * @throws {@link InvalidEventError} on a missing or illegal topic, a missing type, a bad key, bad
- *   headers or an invalid `eventId`.
+ *   headers, an invalid `eventId` or an unknown field.
  */
-/** The fields of {@link OutboxEventInput}: any other is refused (a typo must not pass silently). */
-const EVENT_FIELDS = new Set(['topic', 'key', 'type', 'payload', 'headers', 'aggregateType', 'aggregateId', 'eventId']);
-
 export function prepareEnvelope(event: OutboxEventInput): EventEnvelope {
   if (typeof event !== 'object' || event === null) throw new InvalidEventError('An outbox event must be an object.');
   for (const field in event) {

@@ -89,6 +89,11 @@ describe('Dead-letter send failure (G5: nothing acknowledged that was not dead-l
       });
       await waitFor(() => committedAtLogEnd(kafka, consumer.groupId, topic!), { message: 'offsets at the log end' });
       expect(applied).toEqual([good]);
+      // Through every failed send and back: the consumer never crashed (kafkajs restarts a consumer
+      // whose batch threw a retriable error, after a crash event; that is not how it waited).
+      expect(seen.crashes).toEqual([]);
+      expect(consumer.state).toBe('running');
+      expect(seen.errors.length).toBeGreaterThan(0);
     } finally {
       await admin.disconnect();
     }

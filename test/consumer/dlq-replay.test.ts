@@ -7,6 +7,7 @@ import type pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { DedupHandler } from '../../consumer/index.js';
 import { readDeadLetters, replayDeadLetters } from '../../consumer/dead-letter-replay.js';
+import { deadLetterMessage, reducedDeadLetter } from '../../consumer/dead-letter.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { spawnCli } from '../helpers/processes.js';
 import { createTopics } from '../helpers/kafka.js';
@@ -96,6 +97,30 @@ describe('G5 · dlq list and replay', () => {
     expect(await effectsOf(a!)).toBe(1);
     expect(await effectsOf(b!)).toBe(1);
     expect(seen.deadLettered).toHaveLength(2);
+  });
+
+  it('replays the latest dead letter with a value when a later copy went without it (dlq-omitted)', async () => {
+    const [topic] = await createTopics(['dlq-omitted-copy'], { partitions: 1 });
+    const [dlq] = await createTopics(['dlq-omitted-copy-dlq'], { partitions: 1 });
+    const full = deadLetterMessage(
+      { key: Buffer.from('k'), value: Buffer.from('{"n":1}'), timestamp: '0', attributes: 0, offset: '5', headers: {} },
+      { reason: 'Error: x', topic: topic!, partition: 0, attempts: 5, groupId: 'g', failedAt: new Date() },
+    );
+    const id = '0190a6e2-8f4b-7cc3-9d2e-0123456789ab';
+    full.headers!['event-id'] = id;
+    const kafka = consumers.kafka;
+    const p = kafka.producer();
+    await p.connect();
+    try {
+      await p.send({ topic: dlq!, messages: [full, reducedDeadLetter(full, ['event-id'])] });
+    } finally {
+      await p.disconnect();
+    }
+    const result = await replayDeadLetters(kafka, dlq!, { all: true, to: topic! });
+    expect(result.replayed).toEqual([{ eventId: id, topic: topic!, dlqPartition: 0, dlqOffset: '0' }]);
+    expect(result.skipped).toEqual([
+      expect.objectContaining({ dlqOffset: '1', why: expect.stringContaining('without its value') }),
+    ]);
   });
 
   it('reports requested event ids that are not dead-lettered, and reads an empty topic at once', async () => {
