@@ -8,6 +8,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 
 /** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */
 let jsonErrors = false;
@@ -118,6 +119,8 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   const end = argv.indexOf('--');
   jsonErrors = (end === -1 ? argv : argv.slice(0, end)).includes('--json');
   shownByCommander = false;
+  // kafkajs 2.2.4 re-arms a 1 ms timer per broker connection forever (and Node 24 warns on each).
+  applyKafkajsRequestQueueFix();
   try {
     const program = await buildProgram((end === -1 ? argv : argv.slice(0, end)).slice(2));
     await program.parseAsync(argv);

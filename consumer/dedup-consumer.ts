@@ -89,6 +89,7 @@ import {
   type StoredProgress,
 } from './progress.js';
 import { runHandler } from './tracing.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 import {
   resolveDedupConsumerOptions,
   type DedupConsumerOptions,
@@ -262,6 +263,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #claimWithProgressText: (row: InboxRow, progress: StoredProgress) => string;
 
   constructor(options: DedupConsumerOptions<D>) {
+    applyKafkajsRequestQueueFix();
     this.#o = resolveDedupConsumerOptions(options);
     this.groupId = this.#o.groupId;
     this.topics = Object.freeze([...this.#o.topics]);

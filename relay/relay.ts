@@ -42,6 +42,7 @@ import {
 } from './producer.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
 import * as sql from './sql.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 
 /** Options of {@link Relay}. */
 export interface RelayOptions {
@@ -239,6 +240,7 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   constructor(options: RelayOptions) {
     super();
+    applyKafkajsRequestQueueFix();
     this.options = resolveRelayOptions(options);
     this.q = quoteSchema(this.options.schema);
     this.logger = options.logger ?? noopLogger;

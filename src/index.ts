@@ -25,6 +25,8 @@ export { joinTransaction, runTransaction, withPgTransaction } from './database.j
 export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
 export { DEFAULT_SCHEMA, OUTBOX_LANES } from './schema.js';
 export { ensureTopics, isRetriableKafkaError } from './kafka-topics.js';
+export { applyKafkajsRequestQueueFix } from './kafkajs-fix.js';
+export type { KafkajsFixOutcome } from './kafkajs-fix.js';
 export type { EnsureTopicsOptions, EnsureTopicsResult } from './kafka-topics.js';
 export type { Logger } from './logger.js';
 export { fullJitterBackoffMs } from './backoff.js';
