@@ -16,6 +16,7 @@
 import { randomBytes } from 'node:crypto';
 import { Partitioners, type Kafka, type KafkaMessage, type Message } from 'kafkajs';
 import { InvalidOptionsError, TopicMissingError } from '../src/errors.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE, KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { decodeHeaders, readEventId } from './consumed-event.js';
 import { replayMessage, summarizeDeadLetter, type DeadLetterSummary } from './dead-letter.js';
@@ -71,6 +72,7 @@ export async function readDeadLetters(
   topic: string,
   options: ReadDeadLettersOptions = {},
 ): Promise<DeadLetters> {
+  applyKafkajsRequestQueueFix();
   checkTopicName('The dead-letter topic', topic);
   const limit = options.limit ?? Number.POSITIVE_INFINITY;
   if (!(limit === Number.POSITIVE_INFINITY || (Number.isInteger(limit) && limit >= 1))) {
@@ -210,6 +212,7 @@ export async function replayDeadLetters(
   dlqTopic: string,
   options: ReplayDeadLettersOptions,
 ): Promise<ReplayResult> {
+  applyKafkajsRequestQueueFix();
   const wanted = options.eventIds?.map((id) => id.toLowerCase());
   if (!options.all && (!wanted || wanted.length === 0)) {
     throw new InvalidOptionsError('replayDeadLetters: give the event ids to replay, or all: true.');

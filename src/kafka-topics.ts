@@ -10,6 +10,7 @@
 import type { ITopicConfig, Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
 import { InvalidOptionsError } from './errors.js';
+import { applyKafkajsRequestQueueFix } from './kafkajs-fix.js';
 import { KAFKA_TOPIC_NAME } from './outbox/event.js';
 
 /**
@@ -69,6 +70,7 @@ export async function ensureTopics(
   topics: ITopicConfig[],
   options: EnsureTopicsOptions = {},
 ): Promise<EnsureTopicsResult> {
+  applyKafkajsRequestQueueFix();
   topics = checkTopics(topics);
   const names = topics.map((t) => t.topic);
   let existing: Set<string> | undefined;

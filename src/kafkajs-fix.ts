@@ -17,15 +17,18 @@
  * `fulfillRequest` and from a request's timeout).
  *
  * Applied once per process, and only to kafkajs 2.2.x whose method still reads as the defective
- * one (its source is compared), so a fixed release is left alone. It changes the module for every
- * kafkajs client of the process, which is the point: the defect is per process too.
+ * one (its source is compared), so a fixed release is left alone. It changes the method on the
+ * copy of kafkajs that outboxkit resolves (its own dependency, which npm shares with your app when
+ * your app asks for a compatible kafkajs), for every client of that copy, existing ones included:
+ * kafkajs looks the method up at each call. A kafkajs that a bundler inlined, or another copy in
+ * node_modules, is not changed.
  */
 import { createRequire } from 'node:module';
 
 /** kafkajs' own interval between checks of a pending queue (ms), `CHECK_PENDING_REQUESTS_INTERVAL`. */
 const CHECK_PENDING_REQUESTS_INTERVAL_MS = 10;
 
-/** The defective method's body, as shipped in kafkajs 2.2.0–2.2.4, without blanks and comments. */
+/** The defective method's body, as shipped in kafkajs 2.2.4, without blanks and comments. */
 const DEFECTIVE_SOURCE = [
   'letscheduleAt=this.throttledUntil-Date.now()',
   'if(!this.throttleCheckTimeoutId){',
@@ -47,7 +50,7 @@ interface RequestQueueLike {
 }
 
 /** What {@link applyKafkajsRequestQueueFix} did. */
-export type KafkajsFixOutcome = 'applied' | 'already-applied' | 'not-needed' | 'not-found';
+export type KafkajsFixOutcome = 'applied' | 'already-applied' | 'unrecognised' | 'not-found';
 
 let outcome: KafkajsFixOutcome | undefined;
 /** Marks the replacement, so that a second copy of outboxkit in the process recognises it. */
@@ -64,10 +67,12 @@ function normalised(fn: (...args: never[]) => unknown): string {
  * negative delay to `setTimeout` and does not re-arm a timer when there is nothing to check (see
  * the module's comment for the defect and the kafkajs issues). Idempotent; never throws.
  *
- * @returns `'applied'` the first time it changed the method, `'already-applied'` after that,
- *   `'not-needed'` when the installed kafkajs does not have the defective method (a fixed or a
- *   different release: left as it is), `'not-found'` when kafkajs' request queue module cannot be
- *   loaded (another layout, a bundler).
+ * @returns `'applied'` the first time it changed the method, `'already-applied'` after that (also
+ *   when another copy of outboxkit in the process did it), `'unrecognised'` when the kafkajs that
+ *   outboxkit resolves is not 2.2.x or its method does not read as the defective one (a fixed or a
+ *   changed release, a minified copy: left as it is), `'not-found'` when kafkajs' request queue
+ *   module cannot be loaded (another layout). It says nothing of other copies of kafkajs (a
+ *   bundle's, your app's own if npm did not share one): see the module's comment.
  */
 export function applyKafkajsRequestQueueFix(): KafkajsFixOutcome {
   if (outcome === 'applied' || outcome === 'already-applied') return (outcome = 'already-applied');
@@ -76,7 +81,7 @@ export function applyKafkajsRequestQueueFix(): KafkajsFixOutcome {
   try {
     const require = createRequire(import.meta.url);
     const version = (require('kafkajs/package.json') as { version?: string }).version ?? '';
-    if (!version.startsWith('2.2.')) return (outcome = 'not-needed');
+    if (!version.startsWith('2.2.')) return (outcome = 'unrecognised');
     RequestQueue = require('kafkajs/src/network/requestQueue/index.js') as typeof RequestQueue;
   } catch {
     return (outcome = 'not-found');
@@ -86,7 +91,7 @@ export function applyKafkajsRequestQueueFix(): KafkajsFixOutcome {
   if ((proto.scheduleCheckPendingRequests as unknown as Record<symbol, unknown>)[FIXED]) {
     return (outcome = 'already-applied'); // by another copy of this module in the process
   }
-  if (normalised(proto.scheduleCheckPendingRequests) !== DEFECTIVE_SOURCE) return (outcome = 'not-needed');
+  if (normalised(proto.scheduleCheckPendingRequests) !== DEFECTIVE_SOURCE) return (outcome = 'unrecognised');
   const fixed = function scheduleCheckPendingRequests(this: RequestQueueLike): void {
     if (this.throttleCheckTimeoutId) return;
     const untilUnthrottled = this.throttledUntil - Date.now();

@@ -38,6 +38,7 @@ describe('kafkajs request queue fix', () => {
     expect(fixed.outcome).toBe('applied');
     expect(fixed.sent).toBe(true);
     expect(fixed.checks).toBeLessThan(10);
+    // Node 23 and later print the warning on stock kafkajs (CI's Node 24 pass); Node 20 never does.
     expect(fixed.stderr).not.toMatch(/TimeoutNegativeWarning/);
   });
 });
