@@ -24,6 +24,35 @@ async function count(): Promise<number> {
   return rows[0]!.n;
 }
 
+/** A drizzle database, whatever its driver: its transaction callback's handle is what enqueue() takes. */
+interface DrizzleLike<Tx> {
+  transaction<T>(run: (tx: Tx) => Promise<T>): Promise<T>;
+}
+
+/**
+ * enqueue() in a drizzle transaction: a rollback leaves no row, a commit leaves it, and the
+ * transaction handle kept after its callback ended is refused (nothing written).
+ */
+async function rollsBackAndRefusesLateUse<Tx extends Parameters<typeof enqueue>[0]>(orm: DrizzleLike<Tx>) {
+  const before = await count();
+  await orm
+    .transaction(async (tx) => {
+      await enqueue(tx, event());
+      throw new Error('rollback');
+    })
+    .catch(() => undefined);
+  expect(await count()).toBe(before);
+  let leaked: Tx | undefined;
+  await orm.transaction(async (tx) => {
+    await enqueue(tx, event());
+    leaked = tx;
+  });
+  expect(await count()).toBe(before + 1);
+  const late = await enqueue(leaked!, event()).catch((e: unknown) => e);
+  expect(isOutboxkitError(late, 'OUTBOXKIT_NOT_IN_TRANSACTION'), String(late)).toBe(true);
+  expect(await count()).toBe(before + 1);
+}
+
 describe('enqueue()', () => {
   it('writes in the caller transaction: a rollback leaves no row, a commit leaves it', async () => {
     const before = await count();
@@ -104,25 +133,8 @@ describe('enqueue()', () => {
     it('with drizzle over node-postgres before 8.21: a tx used after its callback ended is refused', async () => {
       const OldPool = (await import('pg-8-20')).default.Pool;
       const old = new OldPool({ connectionString: db.url, max: 1 });
-      const orm = drizzle(old);
       try {
-        const before = await count();
-        await orm
-          .transaction(async (tx) => {
-            await enqueue(tx, event());
-            throw new Error('rollback');
-          })
-          .catch(() => undefined);
-        expect(await count()).toBe(before);
-        let leaked: Parameters<Parameters<typeof orm.transaction>[0]>[0] | undefined;
-        await orm.transaction(async (tx) => {
-          await enqueue(tx, event());
-          leaked = tx;
-        });
-        expect(await count()).toBe(before + 1);
-        const late = await enqueue(leaked!, event()).catch((e: unknown) => e);
-        expect(isOutboxkitError(late, 'OUTBOXKIT_NOT_IN_TRANSACTION'), String(late)).toBe(true);
-        expect(await count()).toBe(before + 1);
+        await rollsBackAndRefusesLateUse(drizzle(old));
       } finally {
         await old.end();
       }
@@ -142,23 +154,8 @@ describe('enqueue()', () => {
       // @ts-expect-error the top-level db is refused by type
       const err = await enqueue(orm, event()).catch((e: unknown) => e);
       expect(isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
-      await orm
-        .transaction(async (tx) => {
-          await enqueue(tx, event());
-          throw new Error('rollback');
-        })
-        .catch(() => undefined);
       expect(await count()).toBe(before);
-      let leaked: Parameters<Parameters<typeof orm.transaction>[0]>[0] | undefined;
-      await orm.transaction(async (tx) => {
-        await enqueue(tx, event());
-        leaked = tx;
-      });
-      expect(await count()).toBe(before + 1);
-      // A finished node-postgres drizzle transaction is detected.
-      const late = await enqueue(leaked!, event()).catch((e: unknown) => e);
-      expect(isOutboxkitError(late, 'OUTBOXKIT_NOT_IN_TRANSACTION')).toBe(true);
-      expect(await count()).toBe(before + 1);
+      await rollsBackAndRefusesLateUse(orm);
     });
   });
 
