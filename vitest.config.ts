@@ -19,6 +19,7 @@ export default defineConfig({
           include: ['test/**/*.test.ts'],
           exclude: ['test/unit/**'],
           globalSetup: ['test/global-setup.ts'],
+          setupFiles: ['test/helpers/kafkajs-fix-setup.ts'],
           testTimeout: 60_000,
           hookTimeout: 120_000,
         },
