@@ -16,6 +16,12 @@ import {
   schemaOption,
 } from '../shared.js';
 
+/**
+ * A SIGTERM/SIGINT within this many ms of the first is a repeat of it (a wrapper such as npm
+ * forwarding the terminal's signal), not the operator's second signal that forces exit.
+ */
+const REPEATED_SIGNAL_MS = 1_000;
+
 /** `outboxkit relay`: the relay daemon. */
 export function registerRelay(program: Command): void {
   const command = program
@@ -134,14 +140,21 @@ export function registerRelay(program: Command): void {
         );
       }
       // First SIGTERM/SIGINT drains (the pass in flight finishes, lanes are released); a second
-      // one forces exit. An unref'd watchdog forces exit if draining hangs.
-      let signals = 0;
+      // one forces exit. A repeat within REPEATED_SIGNAL_MS of the first is the same request, not a
+      // second one: Ctrl-C under `npm run` reaches the relay twice within milliseconds (from the
+      // terminal to the whole process group, then forwarded by npm). An unref'd watchdog forces
+      // exit if draining hangs.
+      let firstSignalAt: number | undefined;
       const onSignal = (signal: string) => {
-        signals++;
-        if (signals > 1) {
+        if (firstSignalAt !== undefined) {
+          if (Date.now() - firstSignalAt < REPEATED_SIGNAL_MS) {
+            logger.debug({ signal }, 'signal repeated at once (a wrapper forwarding it): still draining');
+            return;
+          }
           logger.warn({ signal }, 'second signal: exiting now');
           process.exit(130);
         }
+        firstSignalAt = Date.now();
         logger.info({ signal }, 'draining');
         setTimeout(() => process.exit(1), 35_000).unref();
         void relay.stop({ timeoutMs: 30_000 }).then(async () => {
