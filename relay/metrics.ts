@@ -7,6 +7,7 @@ import type pg from 'pg';
 import type { Relay } from './relay.js';
 import { backlog, laneOwners } from './sql.js';
 import { quoteSchema } from '../src/schema-name.js';
+import { refuseUnknownOptions } from '../src/errors.js';
 
 /** Bucket bounds of the send latency histogram, in seconds (1 ms to 30 s). */
 export const PUBLISH_DURATION_BUCKETS = Object.freeze([
@@ -119,6 +120,11 @@ export interface RelayReadiness {
   kafka: boolean;
 }
 
+/** Every option name of {@link relayReadiness}. */
+const READINESS_OPTION_NAMES: readonly string[] = Object.keys({
+  timeoutMs: true,
+} satisfies Record<keyof NonNullable<Parameters<typeof relayReadiness>[2]>, true>);
+
 /**
  * The relay daemon's readiness check: ready only when PostgreSQL answers (`SELECT 1` on `pool`
  * within `timeoutMs`) and the relay holds a connected Kafka producer. The producer is dropped on a
@@ -128,12 +134,14 @@ export interface RelayReadiness {
  * which probes every third of a lease).
  *
  * @param options.timeoutMs - longest wait for PostgreSQL, in ms. @defaultValue 2_000
+ * @throws {@link InvalidOptionsError} naming an unknown option name.
  */
 export function relayReadiness(
   relay: Relay,
   pool: pg.Pool,
   options: { timeoutMs?: number } = {},
 ): () => Promise<RelayReadiness> {
+  refuseUnknownOptions(options ?? {}, READINESS_OPTION_NAMES, 'relayReadiness');
   const timeoutMs = options.timeoutMs ?? 2_000;
   return async () => {
     let timer: NodeJS.Timeout | undefined;

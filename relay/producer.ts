@@ -3,6 +3,7 @@
  * (for example @confluentinc/kafka-javascript) can be added later without touching the relay.
  */
 import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
+import { refuseUnknownOptions } from '../src/errors.js';
 
 /** One record to publish. */
 export interface OutboundRecord {
@@ -51,6 +52,14 @@ export interface KafkajsProducerOptions {
   onSend?: (sent: { records: number; durationMs: number; ok: boolean }) => void;
 }
 
+/** Every option name of {@link KafkajsProducerOptions}; the compiler keeps it in step with the interface. */
+export const KAFKAJS_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
+  requestTimeoutMs: true,
+  retries: true,
+  compression: true,
+  onSend: true,
+} satisfies Record<keyof KafkajsProducerOptions, true>);
+
 /**
  * A kafkajs-backed {@link RelayProducer}. Sends are serialised: kafkajs' idempotent producer can
  * assign broken sequence numbers under concurrent sends on one producer (case C09), so at most one
@@ -58,8 +67,10 @@ export interface KafkajsProducerOptions {
  *
  * @param kafka - a kafkajs client.
  * @param options - see {@link KafkajsProducerOptions}.
+ * @throws {@link InvalidOptionsError} naming an unknown option name (before creating the producer).
  */
 export function createKafkajsProducer(kafka: Kafka, options: KafkajsProducerOptions = {}): RelayProducer {
+  refuseUnknownOptions(options ?? {}, KAFKAJS_PRODUCER_OPTION_NAMES, 'createKafkajsProducer');
   const producer: Producer = kafka.producer({
     ...SAFE_PRODUCER_CONFIG,
     // Java-compatible murmur2 of the key: the same partition a Java producer would choose.

@@ -23,6 +23,7 @@ import {
   InvalidOptionsError,
   LifecycleError,
   TopicMissingError,
+  refuseUnknownOptions,
   schemaMissingOr,
 } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
@@ -36,6 +37,7 @@ import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
 import {
   createKafkajsProducer,
+  KAFKAJS_PRODUCER_OPTION_NAMES,
   type KafkajsProducerOptions,
   type OutboundRecord,
   type RelayProducer,
@@ -152,13 +154,59 @@ export const RELAY_DEFAULTS = Object.freeze({
   cleanupBatchSize: 1_000,
 });
 
+/** Every option name of {@link RelayOptions}; the compiler keeps it in step with the interface. */
+const RELAY_OPTION_NAMES: readonly string[] = Object.keys({
+  connectionString: true,
+  pool: true,
+  brokers: true,
+  kafka: true,
+  producer: true,
+  producerOptions: true,
+  schema: true,
+  relayId: true,
+  batchSize: true,
+  maxBatchBytes: true,
+  pollIntervalMs: true,
+  listen: true,
+  leaseMs: true,
+  brokerTimeoutMs: true,
+  retryInitialMs: true,
+  retryMaxMs: true,
+  verifyTopics: true,
+  maxAttempts: true,
+  holdKeyBehindFailure: true,
+  publishedRetentionMs: true,
+  cleanupIntervalMs: true,
+  cleanupBatchSize: true,
+  logger: true,
+} satisfies Record<keyof RelayOptions, true>);
+
+/** The option names of `RelayOptions.producerOptions` (`onSend` is the relay's own). */
+const RELAY_PRODUCER_OPTION_NAMES: readonly string[] = KAFKAJS_PRODUCER_OPTION_NAMES.filter(
+  (name) => name !== 'onSend',
+);
+
 function positiveInt(name: string, value: number, min = 1): void {
   if (!Number.isInteger(value) || value < min)
     throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
 }
 
-/** Validates relay options once. @throws {@link InvalidOptionsError} */
+/**
+ * Validates relay options once (`new Relay()` and `createRelay()` call it before connecting).
+ *
+ * @throws {@link InvalidOptionsError} naming the unknown option names, if any (of the options or of
+ *   `producerOptions`, listing the known ones), else the first invalid option.
+ */
 export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
+  if (typeof options !== 'object' || options === null)
+    throw new InvalidOptionsError('The relay needs an options object.');
+  refuseUnknownOptions(options, RELAY_OPTION_NAMES, 'createRelay');
+  if (options.producerOptions !== undefined) {
+    if (typeof options.producerOptions !== 'object' || options.producerOptions === null) {
+      throw new InvalidOptionsError('producerOptions must be an object.');
+    }
+    refuseUnknownOptions(options.producerOptions, RELAY_PRODUCER_OPTION_NAMES, 'createRelay producerOptions');
+  }
   const r = {
     ...RELAY_DEFAULTS,
     relayId: options.relayId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`,
@@ -238,6 +286,10 @@ export class Relay extends EventEmitter<RelayEvents> {
   private stopped: Promise<void> | undefined;
   private started = false;
 
+  /**
+   * @throws {@link InvalidOptionsError} on an unknown option name or an invalid option (see
+   *   {@link resolveRelayOptions}); nothing is connected then.
+   */
   constructor(options: RelayOptions) {
     super();
     applyKafkajsRequestQueueFix();
@@ -1106,7 +1158,12 @@ function toRecord(row: sql.PendingRow): OutboundRecord {
   };
 }
 
-/** Creates a {@link Relay}; call `start()` to run it. */
+/**
+ * Creates a {@link Relay}; call `start()` to run it.
+ *
+ * @throws {@link InvalidOptionsError} on an unknown option name or an invalid option (see
+ *   {@link resolveRelayOptions}); nothing is connected then.
+ */
 export function createRelay(options: RelayOptions): Relay {
   return new Relay(options);
 }

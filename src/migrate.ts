@@ -16,7 +16,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import pg from 'pg';
-import { InvalidOptionsError, MigrationError, UnsupportedServerError } from './errors.js';
+import { InvalidOptionsError, MigrationError, UnsupportedServerError, refuseUnknownOptions } from './errors.js';
 import { DEFAULT_SCHEMA } from './constants.js';
 import { quoteSchema } from './schema-name.js';
 import { noopLogger, type Logger } from './logger.js';
@@ -39,6 +39,15 @@ export interface MigrateOptions {
   /** Logger. @defaultValue no-op */
   logger?: Logger;
 }
+
+/** Every option name of {@link MigrateOptions}; the compiler keeps it in step with the interface. */
+const MIGRATE_OPTION_NAMES: readonly string[] = Object.keys({
+  connectionString: true,
+  client: true,
+  schema: true,
+  migrationsFolder: true,
+  logger: true,
+} satisfies Record<keyof MigrateOptions, true>);
 
 /** What {@link migrate} did. */
 export interface MigrateResult {
@@ -93,9 +102,12 @@ export function rewriteSchema(sqlText: string, quotedSchema: string): string {
  * @throws {@link UnsupportedServerError} when the server is older than PostgreSQL 13.
  * @throws {@link MigrationError} when a migration fails (that migration is rolled back; earlier
  *   ones stay), or an applied migration's file was changed since.
- * @throws {@link InvalidOptionsError} on an invalid schema name or missing connection.
+ * @throws {@link InvalidOptionsError} on an unknown option name (a misspelt `schema` would
+ *   otherwise migrate the default schema), an invalid schema name or a missing connection; nothing
+ *   is connected then.
  */
 export async function migrate(options: MigrateOptions = {}): Promise<MigrateResult> {
+  refuseUnknownOptions(options ?? {}, MIGRATE_OPTION_NAMES, 'migrate');
   const schema = options.schema ?? DEFAULT_SCHEMA;
   const quoted = quoteSchema(schema);
   const logger = options.logger ?? noopLogger;

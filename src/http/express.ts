@@ -76,7 +76,7 @@ export type ExpressIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  * neither an ETag nor a charset: a replay is byte for byte the first response. Errors the handler
  * throws go to `next(err)` (your error middleware), after the rollback.
  *
- * @throws {@link InvalidOptionsError} at once on invalid options.
+ * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
 export function idempotentHandler<D extends DatabaseHandle>(
   options: ExpressIdempotencyOptions<D>,
@@ -118,7 +118,7 @@ export type ExpressLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * it), same problem responses; errors the handler throws go to `next(err)`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options (policy `async` without
- *   `operationLocation`, a lease not shorter than the retention, ...).
+ *   `operationLocation`, a lease not shorter than the retention, an unknown option name, ...).
  */
 export function leasedHandler<D extends DatabaseHandle>(
   options: ExpressLeaseOptions<D>,
@@ -152,7 +152,7 @@ export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  * ```ts
  * app.get('/operations/payments/:operationId', operationHandler({ db: pool, operation: 'pay', resolveTenant }));
  * ```
- * @throws {@link InvalidOptionsError} at once on invalid options.
+ * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
 export function operationHandler<D extends DatabaseHandle>(options: ExpressOperationOptions<D>): RequestHandler {
   const serve = operationRoute(options, 'operationHandler()');

@@ -30,7 +30,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import type { FingerprintInput } from '../idempotency/fingerprint.js';
 import type { LeaseContext } from '../idempotency/lease.js';
@@ -68,7 +68,7 @@ export type FastifyIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  * scope of the route. Errors the handler throws go to Fastify's error handler, after the rollback.
  * Fastify body schemas (`schema.body`) would see the raw Buffer: validate in the handler instead.
  *
- * @throws {@link InvalidOptionsError} at once on invalid options.
+ * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
 export function idempotentHandler<D extends DatabaseHandle>(
   options: FastifyIdempotencyOptions<D>,
@@ -102,7 +102,7 @@ export type FastifyLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * with the operation's `Location`. Serve that location with {@link operationHandler}. With
  * `renewEveryMs`, the lease is renewed while the handler runs and `ctx.signal` aborts if it is lost.
  *
- * @throws {@link InvalidOptionsError} at once on invalid options.
+ * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
 export function leasedHandler<D extends DatabaseHandle>(
   options: FastifyLeaseOptions<D>,
@@ -132,7 +132,7 @@ export type FastifyOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
  * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's.
  *
- * @throws {@link InvalidOptionsError} at once on invalid options.
+ * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
 export function operationHandler<D extends DatabaseHandle>(
   options: FastifyOperationOptions<D>,
@@ -201,6 +201,12 @@ export interface RawJsonBodyOptions {
   bodyLimit?: number;
 }
 
+/** Every option name of {@link RawJsonBodyOptions}; the compiler keeps it in step with the interface. */
+const RAW_JSON_BODY_OPTION_NAMES: readonly string[] = Object.keys({
+  contentType: true,
+  bodyLimit: true,
+} satisfies Record<keyof RawJsonBodyOptions, true>);
+
 /** The part of a Fastify instance {@link registerRawJsonBody} uses. */
 export interface ContentTypeParserHost {
   hasContentTypeParser(contentType: string | RegExp): boolean;
@@ -223,8 +229,11 @@ export interface ContentTypeParserHost {
  * The parser always has a bounded limit of its own (`bodyLimit`), by default above the default
  * `maxBodyBytes`: a body over `maxBodyBytes` gets outboxkit's 413 `body-too-large` problem, not
  * Fastify's error, whatever the instance's `bodyLimit`.
+ *
+ * @throws {@link InvalidOptionsError} on an unknown option name or an invalid `bodyLimit`.
  */
 export function registerRawJsonBody(app: ContentTypeParserHost, options: RawJsonBodyOptions = {}): void {
+  refuseUnknownOptions(options ?? {}, RAW_JSON_BODY_OPTION_NAMES, 'registerRawJsonBody');
   const contentType = options.contentType ?? 'application/json';
   if (options.bodyLimit !== undefined && (!Number.isSafeInteger(options.bodyLimit) || options.bodyLimit <= 0)) {
     throw new InvalidOptionsError(`bodyLimit must be a positive integer (bytes), got ${String(options.bodyLimit)}.`);

@@ -3,7 +3,7 @@
  * the request flows of both modes (one-transaction, lease) and of the operation resource.
  */
 import type { DatabaseHandle, TransactionOf } from '../database.js';
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
 import {
   fingerprintAndParse,
@@ -13,9 +13,15 @@ import {
 } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { executeLeased, type LeaseContext, type LeasedResult } from '../idempotency/lease.js';
-import { resolveLeaseOptions, type LeaseOptions, type ResolvedLeaseOptions } from '../idempotency/lease-options.js';
 import {
-  resolveIdempotencyOptions,
+  LEASE_OPTION_KEYS,
+  resolveCheckedLeaseOptions,
+  type LeaseOptions,
+  type ResolvedLeaseOptions,
+} from '../idempotency/lease-options.js';
+import {
+  IDEMPOTENCY_OPTION_KEYS,
+  resolveCheckedIdempotencyOptions,
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
 } from '../idempotency/options.js';
@@ -56,6 +62,30 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
    * @defaultValue 1_048_576
    */
   maxBodyBytes?: number;
+}
+
+/**
+ * Every option name of {@link RouteIdempotencyOptions}; the compiler keeps it in step with the
+ * interface.
+ */
+const ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+  ...IDEMPOTENCY_OPTION_KEYS,
+  db: true,
+  operation: true,
+  resolveTenant: true,
+  semanticHeaders: true,
+  required: true,
+  maxBodyBytes: true,
+} satisfies Record<keyof RouteIdempotencyOptions<DatabaseHandle, unknown>, true>);
+
+/**
+ * Refuses a non-object and unknown option names of an adapter's options, at the adapter (the
+ * outermost entry point), against the full option list of its options type.
+ */
+function refuseUnknownRouteOptions(options: unknown, known: readonly string[], what: string): void {
+  if (typeof options !== 'object' || options === null)
+    throw new InvalidOptionsError(`${what} needs an options object.`);
+  refuseUnknownOptions(options, known, what);
 }
 
 /** An idempotent route's options, validated once, as both adapters run them. */
@@ -103,14 +133,17 @@ function resolveScope<D extends DatabaseHandle, Req>(
 
 /**
  * Validates an adapter's options once, when the route is built.
- * @throws {@link InvalidOptionsError} on an invalid operation, tenant resolver, handler or limit.
+ * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
+ *   ones), an invalid operation, tenant resolver, handler or limit, or invalid
+ *   {@link IdempotencyOptions}.
  */
 export function resolveRoute<D extends DatabaseHandle, Req>(
   options: RouteIdempotencyOptions<D, Req>,
   handler: unknown,
   what: string,
 ): ResolvedRoute<D, Req> {
-  const opts = resolveIdempotencyOptions(options);
+  refuseUnknownRouteOptions(options, ROUTE_OPTION_NAMES, what);
+  const opts = resolveCheckedIdempotencyOptions(options);
   return { ...resolveScope(options, handler, what), opts, required: options.required ?? true };
 }
 
@@ -194,6 +227,21 @@ export interface RouteLeaseOptions<D extends DatabaseHandle, Req>
   deadline?(req: Req): number | undefined;
 }
 
+/**
+ * Every option name of {@link RouteLeaseOptions} (not `policy: 'reject' | 'wait'` of one-transaction
+ * mode's, nor `required`: the key is always required); the compiler keeps it in step with the
+ * interface.
+ */
+const LEASE_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+  ...LEASE_OPTION_KEYS,
+  db: true,
+  operation: true,
+  resolveTenant: true,
+  semanticHeaders: true,
+  maxBodyBytes: true,
+  deadline: true,
+} satisfies Record<keyof RouteLeaseOptions<DatabaseHandle, unknown>, true>);
+
 /** A lease-mode route's options, validated once, as both adapters run them. */
 export interface ResolvedLeaseRoute<D extends DatabaseHandle, Req> extends RouteScope<D, Req> {
   opts: ResolvedLeaseOptions;
@@ -202,14 +250,16 @@ export interface ResolvedLeaseRoute<D extends DatabaseHandle, Req> extends Route
 
 /**
  * Validates a lease-mode adapter's options once, when the route is built.
- * @throws {@link InvalidOptionsError} on invalid options (see `resolveLeaseOptions()` too).
+ * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
+ *   ones) or invalid options (see `resolveLeaseOptions()` too).
  */
 export function resolveLeaseRoute<D extends DatabaseHandle, Req>(
   options: RouteLeaseOptions<D, Req>,
   handler: unknown,
   what: string,
 ): ResolvedLeaseRoute<D, Req> {
-  const opts = resolveLeaseOptions(options);
+  refuseUnknownRouteOptions(options, LEASE_ROUTE_OPTION_NAMES, what);
+  const opts = resolveCheckedLeaseOptions(options);
   if (options.deadline !== undefined && typeof options.deadline !== 'function') {
     throw new InvalidOptionsError(`${what}: deadline must be a function (req) => ms since the epoch.`);
   }
@@ -245,16 +295,26 @@ export interface RouteOperationOptions<D extends DatabaseHandle, Req> {
   resolveTenant(req: Req): string | undefined | Promise<string | undefined>;
 }
 
+/** Every option name of {@link RouteOperationOptions}; the compiler keeps it in step with the interface. */
+const OPERATION_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+  db: true,
+  operation: true,
+  schema: true,
+  resolveTenant: true,
+} satisfies Record<keyof RouteOperationOptions<DatabaseHandle, unknown>, true>);
+
 /**
  * Validates an operation resource's options once and returns the flow of its `GET`: the stored
  * result once finished, 202 while pending, 404 for an unknown id or another tenant's (see
  * `serveOperation()`). Throws outboxkit's problem errors for the adapter to answer.
- * @throws {@link InvalidOptionsError} at once on an invalid operation or tenant resolver.
+ * @throws {@link InvalidOptionsError} at once on an unknown option name, an invalid operation or
+ *   tenant resolver.
  */
 export function operationRoute<D extends DatabaseHandle, Req>(
   options: RouteOperationOptions<D, Req>,
   what: string,
 ): (req: Req, operationId: string) => Promise<IdempotentResponse> {
+  refuseUnknownRouteOptions(options, OPERATION_ROUTE_OPTION_NAMES, what);
   assertValidOperation(options.operation, what);
   if (typeof options.resolveTenant !== 'function') {
     throw new InvalidOptionsError(`${what} needs resolveTenant(req): the caller scope of each key.`);

@@ -2,7 +2,7 @@
  * Retention cleanup of idempotency records.
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
@@ -21,6 +21,13 @@ export interface CleanupOptions {
   maxBatches?: number;
 }
 
+/** Every option name of {@link CleanupOptions}; the compiler keeps it in step with the interface. */
+const CLEANUP_OPTION_NAMES: readonly string[] = Object.keys({
+  schema: true,
+  batchSize: true,
+  maxBatches: true,
+} satisfies Record<keyof CleanupOptions, true>);
+
 /** Default options of {@link cleanupExpiredKeys}. */
 export const CLEANUP_DEFAULTS = Object.freeze({ schema: DEFAULT_SCHEMA, batchSize: 1_000, maxBatches: 100 });
 
@@ -32,7 +39,8 @@ export const CLEANUP_DEFAULTS = Object.freeze({ schema: DEFAULT_SCHEMA, batchSiz
  *
  * @param db - a `pg.Pool` or a drizzle database.
  * @returns the number of records deleted.
- * @throws {@link InvalidOptionsError} on an invalid schema name or batch bound.
+ * @throws {@link InvalidOptionsError} on an unknown option name, an invalid schema name or batch
+ *   bound (before any query).
  * @throws {@link SchemaMissingError} when outboxkit's tables do not exist in `schema` (run
  *   `outboxkit migrate`).
  */
@@ -40,6 +48,7 @@ export async function cleanupExpiredKeys(
   db: DatabaseHandle,
   options: CleanupOptions = {},
 ): Promise<{ deleted: number }> {
+  refuseUnknownOptions(options ?? {}, CLEANUP_OPTION_NAMES, 'cleanupExpiredKeys');
   const resolved = { ...CLEANUP_DEFAULTS, ...options };
   const table = idempotencyTable(quoteSchema(resolved.schema));
   for (const name of ['batchSize', 'maxBatches'] as const) {

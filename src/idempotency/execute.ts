@@ -21,7 +21,7 @@ import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
 import { KeyInProgressError, KeyMismatchError, LeaseLostError, StoreUnavailableError } from './errors.js';
 import { FINGERPRINT_VERSION, type Fingerprint } from './fingerprint.js';
 import { assertValidKey, redactKey } from './key.js';
-import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './options.js';
+import { resolveIdempotencyOptionsFor, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './options.js';
 import { emitOutcome } from './metrics.js';
 import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
 import { assertValidOperation, assertValidTenant } from './text.js';
@@ -164,7 +164,8 @@ export function checkRequest(request: IdempotentRequest, what = 'executeIdempote
  * @throws {@link SchemaMissingError} (not retriable) outboxkit's tables do not exist in `schema`:
  *   run `outboxkit migrate` first. The handler never ran.
  * @throws {@link KeyInvalidError}, {@link TenantUnresolvedError}, {@link InvalidOptionsError} on an
- *   invalid request, options or handler response (the transaction is rolled back).
+ *   invalid request, options or handler response (the transaction is rolled back). An unknown
+ *   option name (a typo such as `lockTimeotMs`) is refused before any query.
  */
 export async function executeIdempotent<D extends DatabaseHandle>(
   db: D,
@@ -172,7 +173,7 @@ export async function executeIdempotent<D extends DatabaseHandle>(
   handler: (tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
   options?: IdempotencyOptions | ResolvedIdempotencyOptions,
 ): Promise<IdempotentResult> {
-  const opts = resolveIdempotencyOptions(options);
+  const opts = resolveIdempotencyOptionsFor(options, 'executeIdempotent');
   const scope = checkRequest(request);
   const table = idempotencyTable(opts.quotedSchema);
   const log = { operation: scope.operation, key: redactKey(scope.key) };
@@ -334,7 +335,7 @@ export async function executeWithoutKey<D extends DatabaseHandle>(
   handler: (tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
   options?: IdempotencyOptions | ResolvedIdempotencyOptions,
 ): Promise<IdempotentResult> {
-  const opts = resolveIdempotencyOptions(options);
+  const opts = resolveIdempotencyOptionsFor(options, 'executeWithoutKey');
   try {
     return await runTransaction(db, async (tx) => {
       let returned: HandlerResponse;

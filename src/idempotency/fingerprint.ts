@@ -44,7 +44,7 @@
  */
 import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { BodyInvalidError, BodyTooLargeError } from './errors.js';
 import { assertValidOperation, assertValidTenant } from './text.js';
 
@@ -98,12 +98,26 @@ const JSON_WS_ONLY = /^[ \t\n\r]*$/;
  *   double cannot represent exactly (400).
  * @throws {@link TenantUnresolvedError} when `tenant` is empty, longer than 1,024 UTF-8 bytes, or
  *   holds a NUL character or a lone surrogate.
- * @throws {@link InvalidOptionsError} on an empty operation, an invalid limit, or two semantic
- *   headers whose names differ only by case.
+ * @throws {@link InvalidOptionsError} on an empty operation, an invalid limit, two semantic
+ *   headers whose names differ only by case, or a field `FingerprintInput` does not have (a typo
+ *   such as `semanticHeader` would otherwise leave the headers out of the fingerprint).
  */
 export function fingerprintRequest(input: FingerprintInput): Fingerprint {
+  // A misspelt field (`semanticHeader`) would silently leave its part out of the fingerprint.
+  refuseUnknownOptions(input, FINGERPRINT_INPUT_FIELDS, 'fingerprintRequest');
   return fingerprintAndParse(input).fingerprint;
 }
+
+/** Every field of {@link FingerprintInput}; the `satisfies` keeps it in step with the interface. */
+const FINGERPRINT_INPUT_FIELDS = Object.keys({
+  tenant: true,
+  operation: true,
+  method: true,
+  target: true,
+  body: true,
+  semanticHeaders: true,
+  maxBodyBytes: true,
+} satisfies Record<keyof FingerprintInput, true>);
 
 /**
  * Like {@link fingerprintRequest}, and also returns the parsed body (`undefined` when empty), so

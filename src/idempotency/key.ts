@@ -4,6 +4,7 @@
  * Source: draft-ietf-httpapi-idempotency-key-header ("Idempotency-Key is an Item Structured Header
  * [RFC 8941] whose value MUST be a String") and Stripe's de facto form (a bare UUID).
  */
+import { refuseUnknownOptions } from '../errors.js';
 import { KeyInvalidError, KeyMissingError } from './errors.js';
 
 /** Longest key accepted, in characters (after removing the sf-string quotes and escapes). */
@@ -17,6 +18,11 @@ export interface ParseKeyOptions {
   /** Whether a missing header is an error ({@link KeyMissingError}) or `undefined`. */
   required: boolean;
 }
+
+/** Every option name of {@link ParseKeyOptions}; the compiler keeps it in step with the interface. */
+const PARSE_KEY_OPTION_NAMES: readonly string[] = Object.keys({
+  required: true,
+} satisfies Record<keyof ParseKeyOptions, true>);
 
 // A bare key: visible ASCII (0x21-0x7E) without `"` (reserved for sf-strings), `,` (a list: the
 // header was sent twice and joined by a proxy or by Node.js) and `;` (structured-field parameters,
@@ -45,6 +51,8 @@ const KEY_CHARS = /^[\x20-\x7e]+$/;
  * @throws {@link KeyMissingError} when the header is absent (or an empty array) and `required`.
  * @throws {@link KeyInvalidError} when it is empty, too long, malformed, or repeated (an array of
  *   several values, or a comma-joined list).
+ * @throws {@link InvalidOptionsError} on an unknown option name (a misspelt `required` would
+ *   otherwise make the key optional).
  */
 export function parseIdempotencyKey(
   headerValue: string | readonly string[] | undefined,
@@ -58,6 +66,7 @@ export function parseIdempotencyKey(
   headerValue: string | readonly string[] | undefined,
   options: ParseKeyOptions,
 ): string | undefined {
+  refuseUnknownOptions(options, PARSE_KEY_OPTION_NAMES, 'parseIdempotencyKey');
   let value: string | undefined;
   if (Array.isArray(headerValue)) {
     if (headerValue.length > 1) {

@@ -1,9 +1,14 @@
 /**
  * Options of lease mode ({@link executeLeased}), their defaults and their validation.
  */
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { leaseChannel } from './lease-store.js';
-import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './options.js';
+import {
+  IDEMPOTENCY_OPTION_KEYS,
+  resolveCheckedIdempotencyOptions,
+  type IdempotencyOptions,
+  type ResolvedIdempotencyOptions,
+} from './options.js';
 
 /** What a duplicate gets while a leased execution of its key is live (or its outcome uncertain). */
 export type LeasePolicy = 'reject' | 'wait' | 'async';
@@ -49,6 +54,21 @@ export interface LeaseOptions extends Omit<IdempotencyOptions, 'policy'> {
   operationLocation?: (operationId: string) => string;
 }
 
+/**
+ * Every option name of {@link LeaseOptions}, as the keys of a record so that the compiler keeps it
+ * in step with the interface (the lease route's list spreads it). @internal
+ */
+export const LEASE_OPTION_KEYS = Object.freeze({
+  ...IDEMPOTENCY_OPTION_KEYS,
+  policy: true,
+  leaseMs: true,
+  pollIntervalMs: true,
+  renewEveryMs: true,
+  operationLocation: true,
+} satisfies Record<keyof LeaseOptions, true>);
+
+const LEASE_OPTION_NAMES: readonly string[] = Object.keys(LEASE_OPTION_KEYS);
+
 /** {@link LeaseOptions} with every default applied, validated and frozen. */
 export interface ResolvedLeaseOptions {
   readonly base: ResolvedIdempotencyOptions;
@@ -74,19 +94,44 @@ function ms(name: string, value: unknown, min: number, max: number): number {
 }
 
 /**
- * Applies defaults to `options` and validates them once.
- * @throws {@link InvalidOptionsError} on an unknown policy, a duration out of range, `async`
- *   without `operationLocation`, a lease not shorter than the retention, or a `renewEveryMs` not
- *   shorter than the lease.
+ * Applies defaults to `options` and validates them once. An already resolved object is returned
+ * as it is.
+ * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
+ *   ones), an unknown policy, a duration out of range, `async` without `operationLocation`, a lease
+ *   not shorter than the retention, or a `renewEveryMs` not shorter than the lease.
  */
 export function resolveLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions = {}): ResolvedLeaseOptions {
+  return resolveLeaseOptionsFor(options, 'resolveLeaseOptions');
+}
+
+/**
+ * {@link resolveLeaseOptions} for the entry point `what` (named in the error of an unknown option
+ * name). @internal
+ */
+export function resolveLeaseOptionsFor(
+  options: LeaseOptions | ResolvedLeaseOptions | undefined,
+  what: string,
+): ResolvedLeaseOptions {
+  if (options === undefined) options = {};
+  if (resolved.has(options)) return options as ResolvedLeaseOptions;
+  if (typeof options !== 'object' || options === null)
+    throw new InvalidOptionsError(`${what}: options must be an object.`);
+  refuseUnknownOptions(options, LEASE_OPTION_NAMES, what);
+  return resolveCheckedLeaseOptions(options);
+}
+
+/**
+ * {@link resolveLeaseOptions} without the check of the option names, for callers that refused
+ * unknown names themselves against a wider options type (the HTTP lease routes). @internal
+ */
+export function resolveCheckedLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions = {}): ResolvedLeaseOptions {
   if (resolved.has(options)) return options as ResolvedLeaseOptions;
   const o = options as LeaseOptions;
   const policy = o.policy ?? LEASE_DEFAULTS.policy;
   if (policy !== 'reject' && policy !== 'wait' && policy !== 'async') {
     throw new InvalidOptionsError(`policy must be 'reject', 'wait' or 'async', got ${JSON.stringify(policy)}.`);
   }
-  const base = resolveIdempotencyOptions({ ...o, policy: policy === 'wait' ? 'wait' : 'reject' });
+  const base = resolveCheckedIdempotencyOptions({ ...o, policy: policy === 'wait' ? 'wait' : 'reject' });
   const leaseMs = ms('leaseMs', o.leaseMs ?? LEASE_DEFAULTS.leaseMs, 100, 86_400_000);
   if (leaseMs >= base.retentionMs) {
     throw new InvalidOptionsError(`leaseMs (${leaseMs}) must be shorter than retentionMs (${base.retentionMs}).`);

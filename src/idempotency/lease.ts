@@ -42,7 +42,7 @@ import {
   type LeasedRecord,
 } from './lease-store.js';
 import { subscribe, type Subscription } from './lease-listener.js';
-import { resolveLeaseOptions, type LeaseOptions, type ResolvedLeaseOptions } from './lease-options.js';
+import { resolveLeaseOptionsFor, type LeaseOptions, type ResolvedLeaseOptions } from './lease-options.js';
 import { emitOutcome } from './metrics.js';
 import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
 import { storableText } from './text.js';
@@ -189,6 +189,8 @@ function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause
  * @throws {@link KeyMismatchError} (422), {@link KeyInProgressError} (409 + Retry-After),
  *   {@link StoreUnavailableError} (503), {@link LeaseLostError} (a stale owner), and the handler's
  *   own error when it failed before any effect (after the release).
+ * @throws {@link InvalidOptionsError} on an unknown option name or invalid options (see
+ *   `resolveLeaseOptions()`), or an invalid request, before any query.
  */
 export async function executeLeased<D extends DatabaseHandle>(
   db: D,
@@ -196,7 +198,7 @@ export async function executeLeased<D extends DatabaseHandle>(
   handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
   options?: LeaseOptions | ResolvedLeaseOptions,
 ): Promise<LeasedResult> {
-  const opts = resolveLeaseOptions(options);
+  const opts = resolveLeaseOptionsFor(options, 'executeLeased');
   const base = opts.base;
   const scope = checkRequest(request, 'executeLeased()');
   const table = idempotencyTable(base.quotedSchema);

@@ -9,6 +9,7 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { runTransaction, joinTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
+import { refuseUnknownOptions } from '../errors.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { idempotencyTable } from './store.js';
@@ -84,6 +85,11 @@ export interface GaugeOptions {
   schema?: string;
 }
 
+/** Every option name of {@link GaugeOptions}; the compiler keeps it in step with the interface. */
+const GAUGE_OPTION_NAMES: readonly string[] = Object.keys({
+  schema: true,
+} satisfies Record<keyof GaugeOptions, true>);
+
 /**
  * Registers gauges computed by one query at scrape time (no timer, nothing cached):
  * - `outboxkit_idempotency_records{state}`: number of records by state;
@@ -101,8 +107,10 @@ export interface GaugeOptions {
  * suits the table's size.
  *
  * @param db - a `pg.Pool` or a drizzle database (one short read-only transaction per scrape).
+ * @throws {@link InvalidOptionsError} on an unknown option name or an invalid schema name.
  */
 export function idempotencyGauges(db: DatabaseHandle, registry: Registry, options: GaugeOptions = {}): void {
+  refuseUnknownOptions(options ?? {}, GAUGE_OPTION_NAMES, 'idempotencyGauges');
   const schema = options.schema ?? DEFAULT_SCHEMA;
   const table = idempotencyTable(quoteSchema(schema));
   let pending: Promise<Snapshot> | undefined;

@@ -1,7 +1,7 @@
 /**
  * Options of the idempotency layer, their defaults and their validation.
  */
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { noopLogger, type Logger } from '../logger.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
@@ -81,6 +81,26 @@ export interface IdempotencyOptions {
   onOutcome?: (event: IdempotencyOutcomeEvent) => void;
 }
 
+/**
+ * Every option name of {@link IdempotencyOptions}, as the keys of a record so that the compiler
+ * keeps it in step with the interface (the lease and route option lists spread it). @internal
+ */
+export const IDEMPOTENCY_OPTION_KEYS = Object.freeze({
+  schema: true,
+  policy: true,
+  lockTimeoutMs: true,
+  waitTimeoutMs: true,
+  retentionMs: true,
+  replayHeaders: true,
+  readFirst: true,
+  retryAfterSeconds: true,
+  logger: true,
+  registry: true,
+  onOutcome: true,
+} satisfies Record<keyof IdempotencyOptions, true>);
+
+const IDEMPOTENCY_OPTION_NAMES: readonly string[] = Object.keys(IDEMPOTENCY_OPTION_KEYS);
+
 /** {@link IdempotencyOptions} with every default applied, validated and frozen. */
 export interface ResolvedIdempotencyOptions extends OutcomeSinks {
   readonly schema: string;
@@ -157,12 +177,41 @@ function integerIn(name: string, value: unknown, min: number, max: number, unit:
 }
 
 /**
- * Applies defaults to `options` and validates them once.
+ * Applies defaults to `options` and validates them once. An already resolved object is returned
+ * as it is.
  *
- * @throws {@link InvalidOptionsError} on an unknown policy, a duration out of range, an invalid
- *   schema name, or a refused replay header.
+ * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
+ *   ones), an unknown policy, a duration out of range, an invalid schema name, or a refused replay
+ *   header.
  */
 export function resolveIdempotencyOptions(
+  options: IdempotencyOptions | ResolvedIdempotencyOptions = {},
+): ResolvedIdempotencyOptions {
+  return resolveIdempotencyOptionsFor(options, 'resolveIdempotencyOptions');
+}
+
+/**
+ * {@link resolveIdempotencyOptions} for the entry point `what` (named in the error of an unknown
+ * option name). @internal
+ */
+export function resolveIdempotencyOptionsFor(
+  options: IdempotencyOptions | ResolvedIdempotencyOptions | undefined,
+  what: string,
+): ResolvedIdempotencyOptions {
+  if (options === undefined) options = {};
+  if (resolvedOptions.has(options)) return options as ResolvedIdempotencyOptions;
+  if (typeof options !== 'object' || options === null)
+    throw new InvalidOptionsError(`${what}: options must be an object.`);
+  refuseUnknownOptions(options, IDEMPOTENCY_OPTION_NAMES, what);
+  return resolveCheckedIdempotencyOptions(options);
+}
+
+/**
+ * {@link resolveIdempotencyOptions} without the check of the option names, for callers that
+ * refused unknown names themselves against a wider options type (lease mode, the HTTP routes),
+ * whose own options are passed on here. @internal
+ */
+export function resolveCheckedIdempotencyOptions(
   options: IdempotencyOptions | ResolvedIdempotencyOptions = {},
 ): ResolvedIdempotencyOptions {
   if (resolvedOptions.has(options)) return options as ResolvedIdempotencyOptions;

@@ -2,7 +2,7 @@
  * Reconciliation of `uncertain` records (lease mode) and the operation resource of policy `async`.
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { IDEMPOTENCY_DEFAULTS, resolveIdempotencyOptions } from './options.js';
@@ -45,6 +45,14 @@ export interface ReconcileOptions {
   replayHeaders?: readonly string[];
 }
 
+/** Every option name of {@link ReconcileOptions}; the compiler keeps it in step with the interface. */
+const RECONCILE_OPTION_NAMES: readonly string[] = Object.keys({
+  schema: true,
+  limit: true,
+  retentionMs: true,
+  replayHeaders: true,
+} satisfies Record<keyof ReconcileOptions, true>);
+
 /** What {@link reconcileUncertain} did. */
 export interface ReconcileResult {
   completed: number;
@@ -66,8 +74,9 @@ export interface ReconcileResult {
  * token or the key the handler sent downstream). Each resolution is fenced by state and owner
  * token, so two reconcilers running at once never both resolve a record.
  *
- * @throws {@link InvalidOptionsError} on invalid options (an operation name that is empty, has a NUL
- *   character or is over 255 UTF-8 bytes included). A hook that throws counts in `errors`.
+ * @throws {@link InvalidOptionsError} on an unknown option name or invalid options (an operation
+ *   name that is empty, has a NUL character or is over 255 UTF-8 bytes included), before any query.
+ *   A hook that throws counts in `errors`.
  * @throws {@link SchemaMissingError} when outboxkit's tables do not exist in `schema`.
  */
 export async function reconcileUncertain(
@@ -76,6 +85,7 @@ export async function reconcileUncertain(
   hook: (record: UncertainRecord) => Promise<Reconciliation>,
   options: ReconcileOptions = {},
 ): Promise<ReconcileResult> {
+  refuseUnknownOptions(options ?? {}, RECONCILE_OPTION_NAMES, 'reconcileUncertain');
   assertValidOperation(operation, 'reconcileUncertain()');
   if (typeof hook !== 'function') throw new InvalidOptionsError('reconcileUncertain() needs a hook function.');
   const limit = options.limit ?? 100;
@@ -151,6 +161,12 @@ export interface ServeOperationOptions {
   retryAfterSeconds?: number;
 }
 
+/** Every option name of {@link ServeOperationOptions}; the compiler keeps it in step with the interface. */
+const SERVE_OPERATION_OPTION_NAMES: readonly string[] = Object.keys({
+  schema: true,
+  retryAfterSeconds: true,
+} satisfies Record<keyof ServeOperationOptions, true>);
+
 /**
  * The response to `GET` of an operation resource (the `Location` of a 202 under policy `async`):
  * - completed/failed: the stored status, allow-listed headers and body bytes, with
@@ -162,13 +178,15 @@ export interface ServeOperationOptions {
  * @param scope.tenant - the authenticated caller of the GET (the same resolver as the POST).
  * @throws {@link TenantUnresolvedError} when `tenant` is empty or cannot be stored (a NUL
  *   character, a lone surrogate, over 1,024 UTF-8 bytes); {@link InvalidOptionsError} on such an
- *   operation name; {@link SchemaMissingError} when outboxkit's tables do not exist in `schema`.
+ *   operation name or an unknown option name (before any query); {@link SchemaMissingError} when
+ *   outboxkit's tables do not exist in `schema`.
  */
 export async function serveOperation(
   db: DatabaseHandle,
   scope: { tenant: string; operation: string; operationId: string },
   options: ServeOperationOptions = {},
 ): Promise<IdempotentResponse> {
+  refuseUnknownOptions(options ?? {}, SERVE_OPERATION_OPTION_NAMES, 'serveOperation');
   const schema = options.schema ?? DEFAULT_SCHEMA;
   const table = idempotencyTable(quoteSchema(schema));
   const noStore = { 'cache-control': 'no-store' };

@@ -23,7 +23,7 @@
  * Only an owner (by its token) or a reconciliation ever moves a record out of `processing` or
  * `uncertain`; elapsed time never does, and cleanup never deletes them.
  */
-import { InvalidOptionsError } from '../errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import type { IdempotencyState } from '../schema.js';
 import type { Fingerprint } from './fingerprint.js';
 
@@ -94,6 +94,12 @@ export interface RejectOptions {
   headers?: Readonly<Record<string, string>>;
 }
 
+/** Every option name of {@link RejectOptions}; the compiler keeps it in step with the interface. */
+const REJECT_OPTION_NAMES: readonly string[] = Object.keys({
+  store: true,
+  headers: true,
+} satisfies Record<keyof RejectOptions, true>);
+
 /** A business rejection built by {@link reject}: a {@link HandlerResponse} with a marker. */
 export interface Rejection extends HandlerResponse {
   readonly [REJECTION]: { readonly store: boolean };
@@ -112,9 +118,11 @@ export interface Rejection extends HandlerResponse {
  *
  * @param status - a 4xx status. With `store: true`, not 408/409/425/429 (those mean "try again
  *   later": storing them would replay a transient answer forever).
- * @throws {@link InvalidOptionsError} on another status.
+ * @throws {@link InvalidOptionsError} on another status, or an unknown option name (a misspelt
+ *   `store: false` would otherwise store the rejection).
  */
 export function reject(status: number, body: HandlerResponse['body'], options: RejectOptions = {}): Rejection {
+  refuseUnknownOptions(options ?? {}, REJECT_OPTION_NAMES, 'reject');
   const store = options.store ?? true;
   if (!Number.isInteger(status) || status < 400 || status > 499) {
     throw new InvalidOptionsError(`reject() needs a 4xx status, got ${String(status)}; throw for server errors.`);

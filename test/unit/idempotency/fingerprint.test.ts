@@ -24,6 +24,18 @@ function codeOf(fn: () => unknown): string | undefined {
 }
 
 describe('fingerprintRequest', () => {
+  it('refuses a field FingerprintInput does not have: a misspelt semanticHeaders would leave the headers out', () => {
+    const typo = { ...base, body: '{}', semanticHeader: { 'accept-language': 'fr' } } as unknown as FingerprintInput;
+    expect(codeOf(() => fingerprintRequest(typo))).toBe('OUTBOXKIT_INVALID_OPTIONS');
+    expect(() => fingerprintRequest(typo)).toThrow(/unknown option "semanticHeader"/);
+    // Every field it has is accepted.
+    expect(
+      codeOf(() =>
+        fingerprintRequest({ ...base, method: 'POST', target: '/orders', body: '{}', semanticHeaders: { a: 'b' } }),
+      ),
+    ).toBeUndefined();
+  });
+
   it('is version 1 and a 32-byte SHA-256 of the canonical JSON', () => {
     const input = { ...base, method: 'post', body: '{"b":2,"a":1}', semanticHeaders: { 'Accept-Language': 'fr' } };
     const canonical = canonicalRequest(input).json;
