@@ -7,7 +7,7 @@ import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
 import { validate as uuidValidate } from 'uuid';
 import type { Queryable } from '../src/database.js';
-import { InvalidOptionsError } from '../src/errors.js';
+import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/errors.js';
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
@@ -250,14 +250,36 @@ export function applicationName(command: string): string {
 /**
  * Runs `fn` with a pool of one connection on `url`, named `outboxkit-<command>` in
  * `pg_stat_activity` (see {@link applicationName}), and ends the pool.
+ *
+ * `schema` is the command's `--schema` (every command with a pool reads outboxkit's tables): an
+ * error of `fn` saying that the schema or a table does not exist becomes `OUTBOXKIT_SCHEMA_MISSING`
+ * with the hint `outboxkit migrate --schema <schema>` (see {@link withSchemaHint}).
  */
-export async function withPool(url: string, command: string, fn: (pool: pg.Pool) => Promise<void>): Promise<void> {
+export async function withPool(
+  url: string,
+  command: string,
+  schema: string,
+  fn: (pool: pg.Pool) => Promise<void>,
+): Promise<void> {
   const pool = new pg.Pool({ connectionString: url, max: 1, fallback_application_name: applicationName(command) });
   try {
     await fn(pool);
+  } catch (err) {
+    throw withSchemaHint(err, schema);
   } finally {
     await pool.end();
   }
+}
+
+/**
+ * A missing schema or table as `SchemaMissingError` naming `schema`, whichever way it came: a raw
+ * PostgreSQL error (SQLSTATE 42P01 or 3F000), or a `SchemaMissingError` made without the schema
+ * (its hint then said `outboxkit migrate` alone). Any other error is returned unchanged.
+ */
+export function withSchemaHint(err: unknown, schema: string): unknown {
+  const pgError = isOutboxkitError(err, 'OUTBOXKIT_SCHEMA_MISSING') ? err.cause : err;
+  const typed = schemaMissingOr(pgError, schema);
+  return typed === pgError ? err : typed;
 }
 
 /** A {@link Queryable} over a pool (autocommit statements). */

@@ -1,10 +1,13 @@
 /**
  * The relay's SQL, one named function per statement, each with the reason for its concurrency
- * choice. All run on a pool in autocommit mode (each statement its own transaction).
+ * choice. All run on a pool in autocommit mode (each statement its own transaction). Each throws
+ * `SchemaMissingError` (code `OUTBOXKIT_SCHEMA_MISSING`, naming the schema) when outboxkit's schema
+ * or tables do not exist: run `outboxkit migrate --schema <schema>` (or `migrate()`) first.
  */
 import { createHash } from 'node:crypto';
-import type { Queryable } from '../src/database.js';
+import type { Queryable, QueryResult } from '../src/database.js';
 import { OUTBOX_LANES } from '../src/constants.js';
+import { schemaMissingOr } from '../src/errors.js';
 
 const statementNames = new Map<string, string>();
 
@@ -25,6 +28,32 @@ function statementName(prefix: string, text: string): string {
     statementNames.set(text, name);
   }
   return name;
+}
+
+/**
+ * Runs one of this file's statements on `schema` (quoted, from `quoteSchema()`). Every statement
+ * goes through here, so that a schema or table that does not exist (SQLSTATE 42P01 or 3F000: never
+ * migrated, or the wrong `schema`) is reported as `SchemaMissingError` naming the schema, by the
+ * relay and by the operator functions (`backlog()`, `laneOwners()`, `releaseOwner()`, the parked
+ * operations) alike, instead of the driver's raw error. Any other error is thrown unchanged.
+ */
+async function run<R = Record<string, unknown>>(
+  db: Queryable,
+  schema: string,
+  text: string,
+  values?: readonly unknown[],
+  options?: { name?: string },
+): Promise<QueryResult<R>> {
+  try {
+    return await (options === undefined ? db.query<R>(text, values) : db.query<R>(text, values, options));
+  } catch (err) {
+    throw schemaMissingOr(err, unquoted(schema));
+  }
+}
+
+/** The schema's name as the user gives it (`"outboxkit"` → `outboxkit`), for messages. */
+function unquoted(schema: string): string {
+  return /^"(.+)"$/.exec(schema)?.[1] ?? schema;
 }
 
 /** A pending outbox row as the relay reads it. */
@@ -53,7 +82,9 @@ export interface HeldLane {
 
 /** Creates the lane rows once; concurrent relays may run it at once (ON CONFLICT DO NOTHING). */
 export async function seedLanes(db: Queryable, schema: string): Promise<void> {
-  await db.query(
+  await run(
+    db,
+    schema,
     `INSERT INTO ${schema}.relay_lanes (lane) SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING`,
     [OUTBOX_LANES],
   );
@@ -72,7 +103,9 @@ export async function renewLanes(
   leaseMs: number,
 ): Promise<HeldLane[]> {
   if (held.length === 0) return [];
-  const { rows } = await db.query<{ lane: number; token: string }>(
+  const { rows } = await run<{ lane: number; token: string }>(
+    db,
+    schema,
     `UPDATE ${schema}.relay_lanes l
         SET lease_expires_at = now() + make_interval(secs => $2::double precision / 1000)
        FROM unnest($3::smallint[], $4::bigint[]) AS h(lane, token)
@@ -95,7 +128,9 @@ export async function heartbeatInstance(
   pid: number,
   leaseMs: number,
 ): Promise<number> {
-  const { rows } = await db.query<{ n: number }>(
+  const { rows } = await run<{ n: number }>(
+    db,
+    schema,
     `WITH me AS (
        INSERT INTO ${schema}.relay_instances (relay_id, hostname, pid, lease_expires_at)
        VALUES ($1, $2, $3, now() + make_interval(secs => $4::double precision / 1000))
@@ -110,7 +145,7 @@ export async function heartbeatInstance(
 
 /** Removes this relay's registration (graceful stop). */
 export async function deregisterInstance(db: Queryable, schema: string, relayId: string): Promise<void> {
-  await db.query(`DELETE FROM ${schema}.relay_instances WHERE relay_id = $1`, [relayId]);
+  await run(db, schema, `DELETE FROM ${schema}.relay_instances WHERE relay_id = $1`, [relayId]);
 }
 
 /**
@@ -121,7 +156,9 @@ export async function deregisterInstance(db: Queryable, schema: string, relayId:
  * @returns the number of lanes freed.
  */
 export async function releaseOwner(db: Queryable, schema: string, relayId: string): Promise<number> {
-  const { rowCount } = await db.query(
+  const { rowCount } = await run(
+    db,
+    schema,
     `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL, fencing_token = fencing_token + 1
       WHERE owner_id = $1`,
     [relayId],
@@ -135,7 +172,9 @@ export async function laneOwners(
   db: Queryable,
   schema: string,
 ): Promise<{ owner_id: string | null; lanes: number; live: boolean }[]> {
-  const { rows } = await db.query<{ owner_id: string | null; lanes: number; live: boolean }>(
+  const { rows } = await run<{ owner_id: string | null; lanes: number; live: boolean }>(
+    db,
+    schema,
     `SELECT owner_id, count(*)::int AS lanes, coalesce(bool_and(lease_expires_at > now()), false) AS live
        FROM ${schema}.relay_lanes GROUP BY owner_id ORDER BY owner_id NULLS LAST`,
   );
@@ -155,7 +194,9 @@ export async function acquireLanes(
   leaseMs: number,
 ): Promise<HeldLane[]> {
   if (limit <= 0) return [];
-  const { rows } = await db.query<{ lane: number; token: string }>(
+  const { rows } = await run<{ lane: number; token: string }>(
+    db,
+    schema,
     `UPDATE ${schema}.relay_lanes l
         SET owner_id = $1,
             fencing_token = l.fencing_token + 1,
@@ -180,7 +221,9 @@ export async function releaseLanes(
   lanes: readonly number[],
 ): Promise<void> {
   if (lanes.length === 0) return;
-  await db.query(
+  await run(
+    db,
+    schema,
     `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL
       WHERE owner_id = $1 AND lane = ANY($2::smallint[])`,
     [relayId, lanes],
@@ -213,7 +256,7 @@ export async function readPending(
 ): Promise<PendingRow[]> {
   if (lanes.length === 0) return [];
   const text = readPendingSql(schema);
-  const { rows } = await db.query<PendingRow>(text, [lanes, maxRows, maxBytes, holdKeys, exclude], {
+  const { rows } = await run<PendingRow>(db, schema, text, [lanes, maxRows, maxBytes, holdKeys, exclude], {
     name: statementName('read', text),
   });
   return rows;
@@ -259,7 +302,9 @@ export async function recordFailure(
   backoffMs: number,
   maxAttempts: number,
 ): Promise<boolean> {
-  const { rows } = await db.query<{ parked: boolean }>(
+  const { rows } = await run<{ parked: boolean }>(
+    db,
+    schema,
     `UPDATE ${schema}.outbox_events e
         SET attempts = e.attempts + 1,
             last_error = left($4, 2000),
@@ -292,7 +337,9 @@ export interface ParkedRow {
 
 /** Lists parked events, oldest first. */
 export async function listParked(db: Queryable, schema: string, limit = 100): Promise<ParkedRow[]> {
-  const { rows } = await db.query<ParkedRow>(
+  const { rows } = await run<ParkedRow>(
+    db,
+    schema,
     `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes,
             (SELECT coalesce(sum(octet_length(h.key) + octet_length(h.value)), 0)::int FROM jsonb_each_text(headers) AS h) AS header_bytes
        FROM ${schema}.outbox_events WHERE published_at IS NULL AND parked_at IS NOT NULL
@@ -304,7 +351,9 @@ export async function listParked(db: Queryable, schema: string, limit = 100): Pr
 
 /** Puts parked events back in line (attempts reset). @returns how many. */
 export async function retryParked(db: Queryable, schema: string, eventIds: readonly string[] | 'all'): Promise<number> {
-  const { rowCount } = await db.query(
+  const { rowCount } = await run(
+    db,
+    schema,
     `UPDATE ${schema}.outbox_events
         SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
       WHERE published_at IS NULL AND parked_at IS NOT NULL AND ($1::boolean OR event_id = ANY($2::uuid[]))`,
@@ -319,7 +368,9 @@ export async function retryParked(db: Queryable, schema: string, eventIds: reado
  * @returns how many.
  */
 export async function skipParked(db: Queryable, schema: string, eventIds: readonly string[]): Promise<number> {
-  const { rowCount } = await db.query(
+  const { rowCount } = await run(
+    db,
+    schema,
     `UPDATE ${schema}.outbox_events
         SET published_at = now(), last_error = coalesce(last_error, '') || ' [skipped by operator]'
       WHERE published_at IS NULL AND parked_at IS NOT NULL AND event_id = ANY($1::uuid[])`,
@@ -338,7 +389,9 @@ export async function deletePublished(
   retentionMs: number,
   batchSize: number,
 ): Promise<number> {
-  const { rowCount } = await db.query(
+  const { rowCount } = await run(
+    db,
+    schema,
     `DELETE FROM ${schema}.outbox_events WHERE seq IN (
        SELECT seq FROM ${schema}.outbox_events
         WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1::double precision / 1000)
@@ -370,7 +423,7 @@ export async function markPublished(
        JOIN unnest($3::smallint[], $4::bigint[]) AS h(lane, token) ON h.lane = l.lane
       WHERE e.seq = ANY($2::bigint[]) AND e.published_at IS NULL
         AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = h.token`;
-  const { rowCount } = await db.query(text, [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)], {
+  const { rowCount } = await run(db, schema, text, [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)], {
     name: statementName('mark', text),
   });
   return rowCount;
@@ -381,7 +434,9 @@ export async function backlog(
   db: Queryable,
   schema: string,
 ): Promise<{ pending: number; parked: number; oldestPendingMs: number }> {
-  const { rows } = await db.query<{ pending: string; parked: string; oldest_ms: number | null }>(
+  const { rows } = await run<{ pending: string; parked: string; oldest_ms: number | null }>(
+    db,
+    schema,
     `SELECT count(*) FILTER (WHERE parked_at IS NULL) AS pending,
             count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
             (extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)) * 1000)::float8 AS oldest_ms

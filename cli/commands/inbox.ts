@@ -34,7 +34,7 @@ export function registerInbox(program: Command): void {
         group?: string;
         json?: boolean;
       }) => {
-        await withPool(opts.databaseUrl, 'inbox', async (pool) => {
+        await withPool(opts.databaseUrl, 'inbox', opts.schema, async (pool) => {
           const { deleted, more } = await cleanupInbox(pool, {
             schema: opts.schema,
             retentionMs: opts.retentionMs,
@@ -62,7 +62,7 @@ export function registerInbox(program: Command): void {
     .option('--topic <topic>', "only this topic's rows")
     .option('--json', 'print JSON: { "deleted": n }')
     .action(async (opts: { databaseUrl: string; schema: string; group: string; topic?: string; json?: boolean }) => {
-      await withPool(opts.databaseUrl, 'inbox', async (pool) => {
+      await withPool(opts.databaseUrl, 'inbox', opts.schema, async (pool) => {
         const deleted = await resetConsumerProgress(pool, {
           schema: opts.schema,
           consumerGroup: opts.group,

@@ -55,7 +55,7 @@ export function registerKeys(program: Command): void {
         databaseUrl: string;
         schema: string;
       }) => {
-        await withPool(opts.databaseUrl, 'keys', async (pool) => {
+        await withPool(opts.databaseUrl, 'keys', opts.schema, async (pool) => {
           const rows = await listKeys(q(pool), idempotencyTable(quoteSchema(opts.schema)), {
             state: opts.state,
             tenant: opts.tenant,
@@ -89,7 +89,7 @@ export function registerKeys(program: Command): void {
     .option('--json', 'print JSON: { "deleted": n }')
     .action(
       async (opts: { batchSize: number; maxBatches: number; databaseUrl: string; schema: string; json?: boolean }) => {
-        await withPool(opts.databaseUrl, 'keys', async (pool) => {
+        await withPool(opts.databaseUrl, 'keys', opts.schema, async (pool) => {
           const { deleted } = await cleanupExpiredKeys(pool, {
             schema: opts.schema,
             batchSize: opts.batchSize,

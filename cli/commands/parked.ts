@@ -14,7 +14,7 @@ export function registerParked(program: Command): void {
     .option('--limit <n>', 'most rows', positiveInt, 100)
     .option('--json', 'print JSON')
     .action(async (opts: { databaseUrl: string; schema: string; limit: number; json?: boolean }) => {
-      await withPool(opts.databaseUrl, 'parked', async (pool) => {
+      await withPool(opts.databaseUrl, 'parked', opts.schema, async (pool) => {
         const rows = await listParked(q(pool), quoteSchema(opts.schema), opts.limit);
         if (opts.json) return console.log(JSON.stringify(rows, null, 2));
         if (rows.length === 0) return console.log('no parked events');
@@ -36,7 +36,7 @@ export function registerParked(program: Command): void {
     .action(async (ids: string[], opts: { databaseUrl: string; schema: string; all?: boolean; json?: boolean }) => {
       if (!opts.all && ids.length === 0) throw new InvalidArgumentError('Give event ids or --all.');
       if (opts.all && ids.length > 0) throw new InvalidArgumentError('Give event ids or --all, not both.');
-      await withPool(opts.databaseUrl, 'parked', async (pool) => {
+      await withPool(opts.databaseUrl, 'parked', opts.schema, async (pool) => {
         const n = await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids);
         const notParked = notAllFound(opts.all ? n : new Set(ids.map((id) => id.toLowerCase())).size, n, opts.json);
         if (opts.json) console.log(JSON.stringify({ requeued: n, notParked }));
@@ -51,7 +51,7 @@ export function registerParked(program: Command): void {
     .addOption(schemaOption())
     .option('--json', 'print JSON: { "skipped": n, "notParked": n }')
     .action(async (ids: string[], opts: { databaseUrl: string; schema: string; json?: boolean }) => {
-      await withPool(opts.databaseUrl, 'parked', async (pool) => {
+      await withPool(opts.databaseUrl, 'parked', opts.schema, async (pool) => {
         const n = await skipParked(q(pool), quoteSchema(opts.schema), ids);
         const notParked = notAllFound(new Set(ids.map((id) => id.toLowerCase())).size, n, opts.json);
         if (opts.json) console.log(JSON.stringify({ skipped: n, notParked }));

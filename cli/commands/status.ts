@@ -12,7 +12,7 @@ export function registerStatus(program: Command): void {
     .addOption(schemaOption())
     .option('--json', 'print JSON')
     .action(async (opts: { databaseUrl: string; schema: string; json?: boolean }) => {
-      await withPool(opts.databaseUrl, 'status', async (pool) => {
+      await withPool(opts.databaseUrl, 'status', opts.schema, async (pool) => {
         const schema = quoteSchema(opts.schema);
         const status = { backlog: await backlog(q(pool), schema), lanes: await laneOwners(q(pool), schema) };
         if (opts.json) {
