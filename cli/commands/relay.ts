@@ -3,6 +3,7 @@ import { logLevel } from 'kafkajs';
 import pg from 'pg';
 import { pino } from 'pino';
 import client from 'prom-client';
+import { InvalidOptionsError } from '../../src/errors.js';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
 import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
 import {
@@ -21,6 +22,26 @@ import {
  * forwarding the terminal's signal), not the operator's second signal that forces exit.
  */
 const REPEATED_SIGNAL_MS = 1_000;
+
+/**
+ * Builds the relay, its options checked before anything connects or is logged; an invalid one is
+ * named by its flag (`--batch-size`), not by its option name (`batchSize`).
+ *
+ * @throws {@link InvalidOptionsError} as the relay's validation says, with flag names.
+ */
+function relayOrFlagError(pool: pg.Pool, build: () => Relay): Relay {
+  try {
+    return build();
+  } catch (err) {
+    void pool.end();
+    if (!(err instanceof InvalidOptionsError)) throw err;
+    const flagged = err.message.replace(
+      /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|relayId|schema)\b/g,
+      (name) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`,
+    );
+    throw new InvalidOptionsError(flagged, { cause: err });
+  }
+}
 
 /** `outboxkit relay`: the relay daemon. */
 export function registerRelay(program: Command): void {
@@ -101,7 +122,6 @@ export function registerRelay(program: Command): void {
         logger,
         logLevel: logLevel.WARN,
       });
-      logger.info({ kafka: resolved.description }, 'Kafka connection settings');
       const pool = new pg.Pool({
         connectionString: String(opts.databaseUrl),
         max: 4,
@@ -110,23 +130,28 @@ export function registerRelay(program: Command): void {
         // built from these options, is named outboxkit-relay-listener by the relay.
         fallback_application_name: applicationName('relay'),
       });
-      const relay = new Relay({
+      const relay = relayOrFlagError(
         pool,
-        kafka,
-        producerOptions: resolved.producer,
-        schema: String(opts.schema),
-        relayId: opts.relayId === undefined ? undefined : String(opts.relayId),
-        batchSize: Number(opts.batchSize),
-        maxBatchBytes: Number(opts.maxBatchBytes),
-        pollIntervalMs: Number(opts.pollIntervalMs),
-        leaseMs: Number(opts.leaseMs),
-        brokerTimeoutMs: Number(opts.brokerTimeoutMs),
-        listen: Boolean(opts.listen),
-        maxAttempts: Number(opts.maxAttempts),
-        holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
-        publishedRetentionMs: Number(opts.publishedRetentionMs),
-        logger,
-      });
+        () =>
+          new Relay({
+            pool,
+            kafka,
+            producerOptions: resolved.producer,
+            schema: String(opts.schema),
+            relayId: opts.relayId === undefined ? undefined : String(opts.relayId),
+            batchSize: Number(opts.batchSize),
+            maxBatchBytes: Number(opts.maxBatchBytes),
+            pollIntervalMs: Number(opts.pollIntervalMs),
+            leaseMs: Number(opts.leaseMs),
+            brokerTimeoutMs: Number(opts.brokerTimeoutMs),
+            listen: Boolean(opts.listen),
+            maxAttempts: Number(opts.maxAttempts),
+            holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
+            publishedRetentionMs: Number(opts.publishedRetentionMs),
+            logger,
+          }),
+      );
+      logger.info({ kafka: resolved.description }, 'Kafka connection settings');
       const registry = new client.Registry();
       client.collectDefaultMetrics({ register: registry });
       relayMetrics(relay, pool, registry);

@@ -210,6 +210,20 @@ describe('arguments checked before anything connects', () => {
     expect(env.stdout).toBe('');
     expect(count(env.stderr, "value '-2' from env 'OUTBOXKIT_METRICS_PORT' is invalid")).toBe(1);
   });
+
+  it.each([
+    [['--batch-size', '0'], 'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --batch-size must be an integer ≥ 1, got 0.\n'],
+    [['--lease-ms', '10'], 'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --lease-ms must be an integer ≥ 1000, got 10.\n'],
+    [
+      ['--poll-interval-ms', '1'],
+      'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --poll-interval-ms must be an integer ≥ 10, got 1.\n',
+    ],
+  ])('relay %j: refused by its flag name before anything is logged or connected', async (args, expected) => {
+    const r = await cli(['relay', '--database-url', db.url, ...args]);
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe(''); // no 'Kafka connection settings' line: nothing started
+    expect(r.stderr).toBe(expected);
+  });
 });
 
 describe('option values checked before anything connects', () => {
