@@ -9,29 +9,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueue, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { randomName, topicExists } from '../helpers/kafka.js';
-import { spawnCli, type Spawned } from '../helpers/processes.js';
-
-interface Finished {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-async function finished(s: Spawned): Promise<Finished> {
-  const { code } = await s.exited;
-  const stdout = s.stdout.join('');
-  // output interleaves stdout and stderr; stderr is what is not stdout.
-  return { code, stdout, stderr: s.output.join('').replace(stdout, '') };
-}
+import { finished, jsonError, spawnCli } from '../helpers/processes.js';
 
 const cli = (args: string[], env?: Record<string, string>) => finished(spawnCli(args, env));
-
-/** The one JSON error line of a --json run. */
-function jsonError(r: Finished): { code: string; message: string } {
-  const lines = r.stderr.split('\n').filter((l) => l !== '');
-  expect(lines, r.stderr).toHaveLength(1);
-  return (JSON.parse(lines[0]!) as { error: { code: string; message: string } }).error;
-}
 
 function count(text: string, needle: string): number {
   return text.split(needle).length - 1;

@@ -8,29 +8,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { backlog, laneOwners, listParked, releaseOwner, retryParked, skipParked } from '../../relay/sql.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { spawnCli, type Spawned } from '../helpers/processes.js';
-
-interface Finished {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-async function finished(s: Spawned): Promise<Finished> {
-  const { code } = await s.exited;
-  const stdout = s.stdout.join('');
-  // output interleaves stdout and stderr; stderr is what is not stdout.
-  return { code, stdout, stderr: s.output.join('').replace(stdout, '') };
-}
+import { finished, jsonError, spawnCli } from '../helpers/processes.js';
 
 const cli = (args: string[]) => finished(spawnCli(args));
-
-/** The one JSON error line of a --json run. */
-function jsonError(r: Finished): { code: string; message: string } {
-  const lines = r.stderr.split('\n').filter((l) => l !== '');
-  expect(lines, r.stderr).toHaveLength(1);
-  return (JSON.parse(lines[0]!) as { error: { code: string; message: string } }).error;
-}
 
 const EVENT_ID = '0190d9a5-7e6b-7c1a-9f0e-3b5a1c2d4e6f';
 

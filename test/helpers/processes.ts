@@ -4,7 +4,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
-import { afterEach, inject } from 'vitest';
+import { afterEach, expect, inject } from 'vitest';
 
 const children = new Set<ChildProcess>();
 
@@ -70,4 +70,26 @@ export async function kill(proc: ChildProcess, signal: NodeJS.Signals): Promise<
   const done = new Promise((r) => proc.once('exit', r));
   proc.kill(signal);
   await done;
+}
+
+/** A finished CLI run: exit code, stdout, and stderr apart. */
+export interface Finished {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Waits for `s` to exit and splits its output into stdout and stderr. */
+export async function finished(s: Spawned): Promise<Finished> {
+  const { code } = await s.exited;
+  const stdout = s.stdout.join('');
+  // output interleaves stdout and stderr; stderr is what is not stdout.
+  return { code, stdout, stderr: s.output.join('').replace(stdout, '') };
+}
+
+/** The one JSON error line of a `--json` run (asserted to be the only line on stderr). */
+export function jsonError(r: Finished): { code: string; message: string } {
+  const lines = r.stderr.split('\n').filter((l) => l !== '');
+  expect(lines, r.stderr).toHaveLength(1);
+  return (JSON.parse(lines[0]!) as { error: { code: string; message: string } }).error;
 }
