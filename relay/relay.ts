@@ -1020,8 +1020,17 @@ export class Relay extends EventEmitter<RelayEvents> {
   /** Rows whose lane this relay still holds with the token it read them under. */
   private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
     const now = performance.now();
+    // The lease as held now, not as it was when the pass began: a pass that waited (for a read
+    // ahead, a slow read) may outlive the validity it started with while the lanes were renewed
+    // meanwhile. Renewal keeps the fencing token; taking a lane changes it, so the same token
+    // means nobody else held the lane since these rows were read.
     const valid = new Set(
-      lanes.filter((l) => l.validUntil > now && this.held.get(l.lane)?.token === l.token).map((l) => l.lane),
+      lanes
+        .filter((l) => {
+          const current = this.held.get(l.lane);
+          return current !== undefined && current.token === l.token && current.validUntil > now;
+        })
+        .map((l) => l.lane),
     );
     return rows.filter((r) => valid.has(r.lane));
   }
