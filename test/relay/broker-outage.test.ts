@@ -111,6 +111,10 @@ async function outage(options: { outage: 'kill' | 'freeze'; idle: boolean }) {
     const [e] = await withPgTransaction(db.pool, (c) => enqueue(c, { topic, key, type: 't', payload: i++ }));
     expected.set(key, [...(expected.get(key) ?? []), e!.eventId]);
   };
+  // The first write completes before the trickle starts: two writes of one key in flight at once
+  // commit in an order their callers cannot tell (each sees its own COMMIT reply, in any order), so
+  // `expected` is only the commit order when the writes of a key are serial.
+  await write();
   let writing = !options.idle;
   const writer = (async () => {
     while (writing) {
@@ -119,7 +123,6 @@ async function outage(options: { outage: 'kill' | 'freeze'; idle: boolean }) {
     }
   })();
   try {
-    await write();
     await waitFor(async () => (await published(topic)) >= 1 + (options.idle ? 0 : 10), {
       timeoutMs: 30_000,
       message: 'the relay publishes',
