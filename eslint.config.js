@@ -2,6 +2,7 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 import importX from 'eslint-plugin-import-x';
+import regexp from 'eslint-plugin-regexp';
 
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', '.services/**', 'scratch/**', 'migrations/**', 'coverage/**'] },
@@ -15,6 +16,16 @@ export default tseslint.config(
       'import-x/no-cycle': 'error',
     },
     settings: { 'import-x/resolver': { node: true } },
+  },
+  {
+    // Regular expressions that backtrack super-linearly freeze the event loop on hostile input
+    // (docs/security.md). Both rules analyse every literal; `no-super-linear-move` also catches
+    // unanchored searches such as /0+$/ whose cost grows with the square of a run's length.
+    plugins: { regexp },
+    rules: {
+      'regexp/no-super-linear-backtracking': ['error', { report: 'certain' }],
+      'regexp/no-super-linear-move': ['error', { report: 'certain', ignoreSticky: false, ignorePartial: false }],
+    },
   },
   {
     files: ['**/*.js', '**/*.mjs'],

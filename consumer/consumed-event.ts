@@ -5,6 +5,7 @@ import type { IHeaders, KafkaMessage } from 'kafkajs';
 import { validate as uuidValidate } from 'uuid';
 import { readCloudEventAttributes, type CloudEventAttributes } from '../src/outbox/cloud-events.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
+import { exceedsJsonDepth, MAX_JSON_DEPTH } from '../src/json-text.js';
 import { InvalidMessageError } from './errors.js';
 
 /**
@@ -135,8 +136,14 @@ class KafkaConsumedEvent implements ConsumedEvent {
   json<T>(): T {
     if (this.#parsed === undefined) {
       if (this.value === null) throw new InvalidMessageError(`${this.#where()} has no value to parse as JSON.`);
+      const text = this.value.toString('utf8');
+      if (exceedsJsonDepth(text, MAX_JSON_DEPTH)) {
+        throw new InvalidMessageError(
+          `${this.#where()} nests JSON arrays and objects more than ${MAX_JSON_DEPTH} levels deep.`,
+        );
+      }
       try {
-        this.#parsed = { value: JSON.parse(this.value.toString('utf8')) as unknown };
+        this.#parsed = { value: JSON.parse(text) as unknown };
       } catch (err) {
         throw new InvalidMessageError(`${this.#where()} is not valid JSON: ${(err as Error).message}`, { cause: err });
       }

@@ -2,7 +2,8 @@
  * JSON text without silent loss: `JSON.stringify` turns some values into others without an error
  * (NaN into null, a Map into {}), and a consumer or a server would then read another value than
  * the one sent. Shared by the outbox writer (event payloads) and the idempotent HTTP client
- * (request bodies). Pure logic, no dependencies.
+ * (request bodies). And JSON text from outside, checked before it is parsed. Pure logic, no
+ * dependencies.
  */
 
 /**
@@ -38,4 +39,35 @@ export function stringifyWithoutLoss(value: unknown, refuse: (what: string, key:
     if (lossy !== undefined) throw refuse(lossy, key);
     return v;
   });
+}
+
+/**
+ * Deepest nesting of arrays and objects accepted in JSON from outside (an idempotent request's
+ * body, a consumed event's value): 1,000 levels, the default of Jackson's `StreamReadConstraints`.
+ */
+export const MAX_JSON_DEPTH = 1_000;
+
+/**
+ * Whether JSON text nests arrays and objects more than `maxDepth` levels deep: one linear pass over
+ * the text, strings skipped, for any text (valid JSON or not). Parsing deep nesting costs more than
+ * its length (V8's JSON.parse) and recursion over the parsed value overflows the stack, so text
+ * from outside is checked before it is parsed (docs/security.md).
+ */
+export function exceedsJsonDepth(text: string, maxDepth: number): boolean {
+  let depth = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22 /* " */) {
+      for (i++; i < text.length; i++) {
+        const d = text.charCodeAt(i);
+        if (d === 0x5c /* \ */) i++;
+        else if (d === 0x22) break;
+      }
+    } else if (c === 0x5b /* [ */ || c === 0x7b /* { */) {
+      if (++depth > maxDepth) return true;
+    } else if (c === 0x5d /* ] */ || c === 0x7d /* } */) {
+      depth--;
+    }
+  }
+  return false;
 }

@@ -180,9 +180,17 @@ function encodeBody(body: unknown): Uint8Array | string | undefined {
   return UTF8_ENCODER.encode(text);
 }
 
-function parseProblem(headers: Headers, body: Uint8Array): ReceivedProblem | undefined {
+/**
+ * Largest problem details body read, in bytes (64 KiB): a problem (RFC 9457) is a few fields, and
+ * a larger or deeply nested body from a misbehaving server is not parsed (the response is then
+ * handled without its problem details).
+ */
+const MAX_PROBLEM_BYTES = 65_536;
+
+/** The problem details (RFC 9457) of a response, or undefined. @internal */
+export function parseProblem(headers: Headers, body: Uint8Array): ReceivedProblem | undefined {
   const type = headers.get('content-type') ?? '';
-  if (!/^application\/(problem\+)?json\b/i.test(type)) return undefined;
+  if (!/^application\/(problem\+)?json\b/i.test(type) || body.byteLength > MAX_PROBLEM_BYTES) return undefined;
   try {
     const parsed: unknown = JSON.parse(UTF8.decode(body));
     return typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed)

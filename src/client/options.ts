@@ -189,7 +189,7 @@ export function resolveClientOptions(options: IdempotentClientOptions): Resolved
     }
   }
   return Object.freeze({
-    baseUrl: base.href.replace(/\/+$/, ''),
+    baseUrl: withoutTrailingSlashes(base.href),
     maxAttempts: integerOption(
       'maxAttempts',
       options.maxAttempts ?? d.maxAttempts,
@@ -220,4 +220,11 @@ export function checkHeaders(headers: Readonly<Record<string, string>>, where: s
       );
     }
   }
+}
+
+/** `href` without its trailing slashes (an index loop: /\/+$/ is quadratic on a run of slashes). */
+function withoutTrailingSlashes(href: string): string {
+  let end = href.length;
+  while (end > 0 && href.charCodeAt(end - 1) === 0x2f /* / */) end--;
+  return href.slice(0, end);
 }

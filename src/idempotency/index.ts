@@ -16,7 +16,14 @@ export {
   type RetryAfterErrorOptions,
 } from './errors.js';
 export { IDEMPOTENCY_KEY_HEADER, MAX_KEY_LENGTH, parseIdempotencyKey, redactKey, type ParseKeyOptions } from './key.js';
-export { FINGERPRINT_VERSION, fingerprintRequest, type Fingerprint, type FingerprintInput } from './fingerprint.js';
+export {
+  FINGERPRINT_VERSION,
+  MAX_JSON_DEPTH,
+  MAX_JSON_MEMBER_NAMES,
+  fingerprintRequest,
+  type Fingerprint,
+  type FingerprintInput,
+} from './fingerprint.js';
 export {
   IDEMPOTENCY_DEFAULTS,
   resolveIdempotencyOptions,

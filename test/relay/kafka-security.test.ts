@@ -129,7 +129,7 @@ describe('relay over SASL', () => {
       },
       ['--log-level', 'info'],
     );
-    const line = await waitFor(() => relay.output.join('').match(/"port":(\d+)[^\n]*metrics and health endpoints/), {
+    const line = await waitFor(() => relay.output.join('').match(/"port":(\d+),[^\n]*metrics and health endpoints/), {
       timeoutMs: 30_000,
       message: relay.output.join(''),
     });

@@ -5,6 +5,8 @@ import {
   canonicalRequest,
   fingerprintRequest,
   isLosslessNumber,
+  MAX_JSON_DEPTH,
+  MAX_JSON_MEMBER_NAMES,
   type FingerprintInput,
 } from '../../../src/idempotency/fingerprint.js';
 
@@ -211,5 +213,62 @@ describe('numbers JSON.parse would round are refused, never collide', () => {
   it('ignores digits inside strings', () => {
     expect(codeOf(() => fp('{"note":"9007199254740993 and 1e400"}'))).toBeUndefined();
     expect(codeOf(() => fp('{"9007199254740993":true}'))).toBeUndefined();
+  });
+});
+
+describe('numbers of at most 15 digits without an exponent skip the exact check, and keep their value', () => {
+  it('agrees with the exact check on 20,000 random decimals of 1 to 15 digits', () => {
+    let seed = 7;
+    const random = () => (seed = (seed * 1_103_515_245 + 12_345) % 2_147_483_648) / 2_147_483_648;
+    for (let n = 0; n < 20_000; n++) {
+      const digits = 1 + Math.floor(random() * 15);
+      let text = '';
+      for (let d = 0; d < digits; d++) text += String(Math.floor(random() * 10));
+      text = text.replace(/^0+(?=\d)/, '');
+      const point = Math.floor(random() * text.length);
+      const written = point === 0 ? text : `${text.slice(0, point)}.${text.slice(point)}`;
+      expect(isLosslessNumber(written), written).toBe(true);
+      expect(
+        codeOf(() => fp(`[${written}]`)),
+        written,
+      ).toBeUndefined();
+    }
+  });
+
+  it('still checks 16 digits, and any exponent', () => {
+    expect(codeOf(() => fp('[0.1000000000000001]'))).toBeUndefined(); // 16 digits, a double's shortest form
+    expect(codeOf(() => fp('[0.10000000000000001]'))).toBe('OUTBOXKIT_BODY_INVALID');
+    expect(codeOf(() => fp('[1e400]'))).toBe('OUTBOXKIT_BODY_INVALID');
+    expect(codeOf(() => fp('[-0.000000000000001]'))).toBeUndefined();
+  });
+});
+
+describe('limits that keep parsing linear (docs/security.md)', () => {
+  const big = { maxBodyBytes: 1_048_576 };
+
+  it(`accepts ${MAX_JSON_DEPTH} levels of nesting and refuses one more, strings aside`, () => {
+    const nested = (depth: number) => '['.repeat(depth) + ']'.repeat(depth);
+    expect(codeOf(() => fp(nested(MAX_JSON_DEPTH), big))).toBeUndefined();
+    expect(codeOf(() => fp(nested(MAX_JSON_DEPTH + 1), big))).toBe('OUTBOXKIT_BODY_INVALID');
+    expect(() => fp(`{"a":${nested(MAX_JSON_DEPTH)}}`, big)).toThrow(/more than 1000 levels deep/);
+    // Brackets inside strings, escaped quotes included, are not nesting.
+    expect(codeOf(() => fp(JSON.stringify(['[\\"[{'.repeat(MAX_JSON_DEPTH)]), big))).toBeUndefined();
+  });
+
+  it(`accepts ${MAX_JSON_MEMBER_NAMES} distinct member names and refuses one more; repeated names do not count`, () => {
+    const names = (count: number) => JSON.stringify(Array.from({ length: count }, (_, i) => ({ [`k${i}`]: i })));
+    expect(codeOf(() => fp(names(MAX_JSON_MEMBER_NAMES), big))).toBeUndefined();
+    expect(codeOf(() => fp(names(MAX_JSON_MEMBER_NAMES + 1), big))).toBe('OUTBOXKIT_BODY_INVALID');
+    expect(() => fp(names(MAX_JSON_MEMBER_NAMES + 1), big)).toThrow(/more than 1000 distinct member names/);
+    const records = JSON.stringify(Array.from({ length: 20_000 }, (_, i) => ({ id: i, sku: 'a', qty: 1 })));
+    expect(codeOf(() => fp(records, big))).toBeUndefined();
+    // An escaped name is the same name.
+    expect(codeOf(() => fp('{"a":1,"\\u0061":2}'))).toBe('OUTBOXKIT_BODY_INVALID');
+  });
+
+  it('reports text that is not JSON as such, even when it also breaks an I-JSON rule', () => {
+    expect(() => fp('{"a":1,"a":2')).toThrow(/not JSON/);
+    expect(() => fp('[9007199254740993,')).toThrow(/not JSON/);
+    expect(() => fp('{"a":1,"a":2}')).toThrow(/twice in one object/);
   });
 });

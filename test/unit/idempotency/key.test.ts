@@ -45,6 +45,13 @@ describe('parseIdempotencyKey', () => {
     expect(codeOf(() => parseIdempotencyKey(`"${'k'.repeat(256)}"`, required))).toBe('OUTBOXKIT_KEY_INVALID');
   });
 
+  it('refuses a value longer than any key can be written (512 characters) before parsing it', () => {
+    expect(() => parseIdempotencyKey(`"${'\\"'.repeat(255)}\\"`, required)).toThrow(/has 513 characters/);
+    expect(() => parseIdempotencyKey(`a${' '.repeat(600)}b`, required)).toThrow(/has 602 characters/);
+    // Whitespace around the value does not count.
+    expect(parseIdempotencyKey(`${' '.repeat(600)}abc${'\t'.repeat(600)}`, required)).toBe('abc');
+  });
+
   it('missing: KeyMissingError when required, undefined otherwise', () => {
     expect(codeOf(() => parseIdempotencyKey(undefined, required))).toBe('OUTBOXKIT_KEY_MISSING');
     expect(codeOf(() => parseIdempotencyKey([], required))).toBe('OUTBOXKIT_KEY_MISSING');
