@@ -33,12 +33,14 @@ import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
 import { BodyInvalidError } from '../idempotency/errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
-import type { FingerprintInput } from '../idempotency/fingerprint.js';
 import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
-import { isProblemError, toProblem } from './problem.js';
+import type { ProblemResponse } from './problem.js';
 import {
+  decodedBodyError,
+  handlerErrors,
   operationRoute,
+  problemForRouteError,
   resolveLeaseRoute,
   resolveRoute,
   runIdempotentRoute,
@@ -83,15 +85,20 @@ export function idempotentHandler<D extends DatabaseHandle>(
   handler: (req: Request, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): RequestHandler {
   const route = resolveRoute(options, handler, 'idempotentHandler()');
-  const opts = route.opts;
 
   return async function idempotentRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
+    const own = handlerErrors();
     let result: IdempotentResult;
     try {
-      result = await runIdempotentRoute(route, req, partsOf(req), (tx, ctx) => handler(req, tx, ctx));
+      result = await runIdempotentRoute(
+        route,
+        req,
+        partsOf(req),
+        own.wrap((tx, ctx) => handler(req, tx, ctx)),
+      );
     } catch (err) {
-      if (!isProblemError(err)) return next(err);
-      return sendProblem(res, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      return problem === undefined ? next(err) : sendProblem(res, problem);
     }
     send(res, result.response);
   };
@@ -125,15 +132,22 @@ export function leasedHandler<D extends DatabaseHandle>(
   handler: (req: Request, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
 ): RequestHandler {
   const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
-  const opts = route.opts.base;
 
   return async function leasedRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
+    const own = handlerErrors();
     let response: IdempotentResponse;
     try {
-      response = (await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx))).response;
+      response = (
+        await runLeaseRoute(
+          route,
+          req,
+          partsOf(req),
+          own.wrap((ctx) => handler(req, ctx)),
+        )
+      ).response;
     } catch (err) {
-      if (!isProblemError(err)) return next(err);
-      return sendProblem(res, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      return problem === undefined ? next(err) : sendProblem(res, problem);
     }
     send(res, response);
   };
@@ -156,14 +170,15 @@ export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  */
 export function operationHandler<D extends DatabaseHandle>(options: ExpressOperationOptions<D>): RequestHandler {
   const serve = operationRoute(options, 'operationHandler()');
+  const none = handlerErrors(); // no handler of the application's here
   return async function operationResource(req: Request, res: Response, next: NextFunction): Promise<void> {
     let response: IdempotentResponse;
     try {
       const id = req.params.operationId;
       response = await serve(req, typeof id === 'string' ? id : '');
     } catch (err) {
-      if (!isProblemError(err)) return next(err);
-      return sendProblem(res, err, {});
+      const problem = problemForRouteError(err, none, serve.failures);
+      return problem === undefined ? next(err) : sendProblem(res, problem);
     }
     send(res, response);
   };
@@ -181,8 +196,7 @@ function partsOf(req: Request): RouteRequest {
   };
 }
 
-function sendProblem(res: Response, err: unknown, opts: { retryAfterSeconds?: number }): void {
-  const problem = toProblem(err, opts);
+function sendProblem(res: Response, problem: ProblemResponse): void {
   send(res, {
     status: problem.status,
     headers: problem.headers,
@@ -203,9 +217,14 @@ function hasBody(req: Request): boolean {
   return req.headers['transfer-encoding'] !== undefined || (length !== undefined && length !== '0');
 }
 
-function rawBodyOf(req: Request): FingerprintInput['body'] {
+function rawBodyOf(req: Request): Uint8Array | undefined {
   const body: unknown = req.body;
-  if (typeof body === 'string' || body instanceof Uint8Array) return body;
+  if (body instanceof Uint8Array) return body;
+  if (typeof body === 'string') {
+    if (body.length === 0) return undefined;
+    // express.text() decoded it, replacing invalid UTF-8: its bytes, which the fingerprint covers, are gone.
+    throw decodedBodyError(req.headers);
+  }
   if (body === undefined || body === null) {
     if (!hasBody(req)) return undefined;
     // body-parser 2 leaves req.body undefined when the content type is not the one it parses.

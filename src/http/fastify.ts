@@ -32,13 +32,15 @@ import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
 import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
-import type { FingerprintInput } from '../idempotency/fingerprint.js';
 import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
-import { isProblemError, toProblem } from './problem.js';
+import type { ProblemResponse } from './problem.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
+  decodedBodyError,
+  handlerErrors,
   operationRoute,
+  problemForRouteError,
   resolveLeaseRoute,
   resolveRoute,
   runIdempotentRoute,
@@ -75,15 +77,21 @@ export function idempotentHandler<D extends DatabaseHandle>(
   handler: (req: FastifyRequest, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const route = resolveRoute(options, handler, 'idempotentHandler()');
-  const opts = route.opts;
 
   return async function idempotentRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    const own = handlerErrors();
     let result: IdempotentResult;
     try {
-      result = await runIdempotentRoute(route, req, partsOf(req), (tx, ctx) => handler(req, tx, ctx));
+      result = await runIdempotentRoute(
+        route,
+        req,
+        partsOf(req),
+        own.wrap((tx, ctx) => handler(req, tx, ctx)),
+      );
     } catch (err) {
-      if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      if (problem === undefined) throw err;
+      return sendProblem(reply, problem);
     }
     const { status, headers, body } = result.response;
     if (!result.replayed) await crashPoint('idempotency:after-commit'); // test-only (src/crash-point.ts)
@@ -109,16 +117,22 @@ export function leasedHandler<D extends DatabaseHandle>(
   handler: (req: FastifyRequest, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
-  const opts = route.opts.base;
 
   return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    const own = handlerErrors();
     let response: IdempotentResponse;
     try {
-      const result = await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx));
+      const result = await runLeaseRoute(
+        route,
+        req,
+        partsOf(req),
+        own.wrap((ctx) => handler(req, ctx)),
+      );
       response = result.response;
     } catch (err) {
-      if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      if (problem === undefined) throw err;
+      return sendProblem(reply, problem);
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
@@ -138,13 +152,15 @@ export function operationHandler<D extends DatabaseHandle>(
   options: FastifyOperationOptions<D>,
 ): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
   const serve = operationRoute(options, 'operationHandler()');
+  const none = handlerErrors(); // no handler of the application's here
   return async function operationResource(req, reply) {
     let response: IdempotentResponse;
     try {
       response = await serve(req, req.params.operationId);
     } catch (err) {
-      if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, {});
+      const problem = problemForRouteError(err, none, serve.failures);
+      if (problem === undefined) throw err;
+      return sendProblem(reply, problem);
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
@@ -161,8 +177,7 @@ function partsOf(req: FastifyRequest): RouteRequest {
   };
 }
 
-function sendProblem(reply: FastifyReply, err: unknown, opts: { retryAfterSeconds?: number }): FastifyReply {
-  const problem = toProblem(err, opts);
+function sendProblem(reply: FastifyReply, problem: ProblemResponse): FastifyReply {
   // A Buffer: Fastify would append "; charset=utf-8" to the content type of a string.
   return reply
     .code(problem.status)
@@ -170,10 +185,12 @@ function sendProblem(reply: FastifyReply, err: unknown, opts: { retryAfterSecond
     .send(Buffer.from(JSON.stringify(problem.body), 'utf8'));
 }
 
-function rawBodyOf(req: FastifyRequest): FingerprintInput['body'] {
+function rawBodyOf(req: FastifyRequest): Uint8Array | undefined {
   const body: unknown = req.body;
-  if (body === undefined || body === null) return undefined;
-  if (typeof body === 'string' || body instanceof Uint8Array) return body;
+  if (body === undefined || body === null || body === '') return undefined;
+  if (body instanceof Uint8Array) return body;
+  // Fastify's default text/plain parser decoded it, replacing invalid UTF-8: its bytes are gone.
+  if (typeof body === 'string') throw decodedBodyError(req.headers);
   throw new InvalidOptionsError(
     'The idempotent route received an already parsed body; call registerRawJsonBody() in its plugin scope so the fingerprint covers the raw bytes.',
   );
