@@ -73,10 +73,16 @@ export type ExpressIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  * The body must reach it as raw bytes: put `express.raw({ type: 'application/json' })` before it
  * on the route. A body that a JSON parser (`express.json()`) already parsed is refused with an
  * {@link InvalidOptionsError} (passed to `next`): its fingerprint would not cover the bytes sent.
- * A body that no parser read (a content type `express.raw` was not set up for) gets 400
- * `body-invalid`. Responses are written with Node's `res.setHeader()`/`res.end()`, so Express adds
- * neither an ETag nor a charset: a replay is byte for byte the first response. Errors the handler
- * throws go to `next(err)` (your error middleware), after the rollback.
+ * A body that no parser read (a content type `express.raw` was not set up for), or that
+ * `express.text()` decoded (its invalid UTF-8 replaced), gets 400 `body-invalid`; so does a
+ * `__proto__` or `constructor.prototype` member (docs/http-contract.md, "Request bodies").
+ * Responses are written with Node's `res.setHeader()`/`res.end()`, so Express adds neither an ETag
+ * nor a charset: a replay is byte for byte the first response.
+ *
+ * Errors the handler throws, and {@link InvalidOptionsError}, go to `next(err)` (your error
+ * middleware), after the rollback. Any other error (thrown by `resolveTenant`, an unexpected
+ * database error) is logged through `logger` and answered with the generic 500 problem
+ * `internal`, its message withheld.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -122,7 +128,9 @@ export type ExpressLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * `lease-lost`).
  *
  * Same body rules as {@link idempotentHandler} (`express.raw({ type: 'application/json' })` before
- * it), same problem responses; errors the handler throws go to `next(err)`.
+ * it), same problem responses and error handling: errors the handler throws go to `next(err)`;
+ * one thrown by `resolveTenant`, `deadline` or `operationLocation` is logged and answered with
+ * the generic 500 problem `internal`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options (policy `async` without
  *   `operationLocation`, a lease not shorter than the retention, an unknown option name, ...).
@@ -160,7 +168,8 @@ export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
  * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
  * stored result once finished (with `Idempotent-Replayed: true`), 202 with `Retry-After` while
- * pending, 404 for an unknown id or another tenant's.
+ * pending, 404 for an unknown id or another tenant's. An error thrown by `resolveTenant` is
+ * logged through `logger` and answered with the generic 500 problem `internal`.
  *
  * @example
  * ```ts

@@ -67,8 +67,15 @@ export type FastifyIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  *    503 with `Retry-After`, 422 on a key reused with another body).
  *
  * The body must reach the handler as raw bytes: call {@link registerRawJsonBody} in the plugin
- * scope of the route. Errors the handler throws go to Fastify's error handler, after the rollback.
- * Fastify body schemas (`schema.body`) would see the raw Buffer: validate in the handler instead.
+ * scope of the route. A body Fastify's default `text/plain` parser decoded (its invalid UTF-8
+ * replaced) gets 400 `body-invalid`, and so does a `__proto__` or `constructor.prototype` member
+ * (docs/http-contract.md, "Request bodies"). Fastify body schemas (`schema.body`) would see the
+ * raw Buffer: validate in the handler instead.
+ *
+ * Errors the handler throws, and {@link InvalidOptionsError}, go to Fastify's error handler, after
+ * the rollback. Any other error (thrown by `resolveTenant`, an unexpected database error) is
+ * logged through `logger` and answered with the generic 500 problem `internal`, its message
+ * withheld.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -109,6 +116,8 @@ export type FastifyLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * responses as {@link idempotentHandler}; answers 202 (policy `async`, or an uncertain outcome)
  * with the operation's `Location`. Serve that location with {@link operationHandler}. With
  * `renewEveryMs`, the lease is renewed while the handler runs and `ctx.signal` aborts if it is lost.
+ * Errors as {@link idempotentHandler}'s: one thrown by `resolveTenant`, `deadline` or
+ * `operationLocation` is logged and answered with the generic 500 problem `internal`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -144,7 +153,9 @@ export type FastifyOperationOptions<D extends DatabaseHandle> = RouteOperationOp
 /**
  * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
  * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
- * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's.
+ * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's. An
+ * error thrown by `resolveTenant` is logged through `logger` and answered with the generic 500
+ * problem `internal`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -241,7 +252,9 @@ export interface ContentTypeParserHost {
  * Replaces the JSON body parser of a Fastify instance (or plugin scope) with one that keeps the
  * raw bytes as `req.body` (a Buffer), which {@link idempotentHandler} fingerprints and then
  * replaces with the parsed JSON. Parsers are encapsulated: call it inside the plugin that
- * registers the idempotent routes to leave the app's other routes untouched.
+ * registers the idempotent routes to leave the app's other routes untouched. Other content types
+ * keep Fastify's parsers: a `text/plain` body, decoded by Fastify, gets 400 `body-invalid` on an
+ * idempotent route; a content type without a parser gets Fastify's own 415.
  *
  * The parser always has a bounded limit of its own (`bodyLimit`), by default above the default
  * `maxBodyBytes`: a body over `maxBodyBytes` gets outboxkit's 413 `body-too-large` problem, not

@@ -1,8 +1,9 @@
 /**
- * The Fastify adapter's raw-body limit: with default options, a body just over the default
+ * The Fastify adapter's raw bodies: with default options, a body just over the default
  * `maxBodyBytes` gets outboxkit's 413 `body-too-large` problem (not Fastify's own 413, whose
- * default `bodyLimit` equals `maxBodyBytes`), and nothing is recorded. Over real HTTP against the
- * real PostgreSQL (the harness of test/idempotency).
+ * default `bodyLimit` equals `maxBodyBytes`), and nothing is recorded; a body Fastify decoded as
+ * text, or with a prototype-poisoning member, is 400 `body-invalid` (docs/http-contract.md,
+ * "Request bodies"). Over real HTTP against the real PostgreSQL (the harness of test/idempotency).
  */
 import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
