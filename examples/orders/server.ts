@@ -5,16 +5,23 @@
  *
  *   npm run example:orders        # HTTP on PORT (default 3000)
  *
- * Environment: DATABASE_URL, ORDERS_TOPIC (default `orders`), PORT, ORDERS_POOL_SIZE.
+ * Environment: DATABASE_URL, ORDERS_TOPIC (default `orders`), PORT, ORDERS_POOL_SIZE,
+ * ORDERS_LOG_LEVEL (pino level of the logs on stderr, default `info`).
+ *
+ * Errors: a failed query's message names its SQL and values (the tenant, the body's fields), so no
+ * error message ever reaches a client. The error handler logs the error and answers a generic
+ * `application/problem+json` 500; outboxkit's layer does the same for the errors it catches.
  * `CHAOS_SABOTAGE` is test-only (the chaos harness's self-test, docs/chaos.md): never set it.
  */
 import { randomUUID } from 'node:crypto';
+import { STATUS_CODES } from 'node:http';
 import { fileURLToPath } from 'node:url';
-import Fastify, { type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyError, type FastifyInstance } from 'fastify';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { and, eq, sql } from 'drizzle-orm';
 import pg from 'pg';
-import { enqueue, migrate } from '../../src/index.js';
+import { pino } from 'pino';
+import { enqueue, migrate, PROBLEM_CONTENT_TYPE, toProblem, type Logger } from '../../src/index.js';
 import { idempotentHandler, registerRawJsonBody } from '../../src/http/fastify.js';
 import type { HandlerResponse } from '../../src/idempotency/index.js';
 import { customers, ensureDemoSchema, orders } from './db.js';
@@ -60,10 +67,40 @@ function validOrder(body: unknown): body is OrderInput {
   );
 }
 
-/** Builds the orders app on `pool`; events go to `topic`. */
-export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<FastifyInstance> {
+/** Logs on stderr (stdout carries the lines the demo and the chaos harness read). */
+function stderrLogger(): Logger {
+  return pino({ name: 'orders', level: process.env.ORDERS_LOG_LEVEL ?? 'info' }, pino.destination(2));
+}
+
+/**
+ * Builds the orders app on `pool`; events go to `topic`. Errors are logged through `logger`
+ * (default: pino on stderr) and answered with a generic problem.
+ */
+export async function buildOrdersApp(
+  pool: pg.Pool,
+  topic: string,
+  { logger = stderrLogger() }: { logger?: Logger } = {},
+): Promise<FastifyInstance> {
   const db = drizzle(pool);
   const app = Fastify({ logger: false });
+  app.setErrorHandler((err: FastifyError, req, reply) => {
+    const code = err.statusCode;
+    const status = code !== undefined && code >= 400 && code < 500 ? code : 500;
+    if (status === 500) {
+      // The message of a failed query holds its SQL and parameters: for the logs only.
+      logger.error({ err, method: req.method, url: req.url }, 'orders request failed');
+      const problem = toProblem(err); // the generic 500: no message, no SQL, no values
+      return reply
+        .code(problem.status)
+        .headers(problem.headers)
+        .send(Buffer.from(JSON.stringify(problem.body)));
+    }
+    // Fastify's own client errors (415 unsupported media type, 413, ...): their status, a fixed title.
+    return reply
+      .code(status)
+      .header('content-type', PROBLEM_CONTENT_TYPE)
+      .send(Buffer.from(JSON.stringify({ type: 'about:blank', title: STATUS_CODES[status], status })));
+  });
   app.get('/healthz', async () => ({ ok: true }));
 
   await app.register(async (scope) => {
@@ -81,6 +118,7 @@ export async function buildOrdersApp(pool: pg.Pool, topic: string): Promise<Fast
             return typeof t === 'string' && t.length > 0 ? t : undefined;
           },
           policy: 'reject',
+          logger,
         },
         async (req, tx, ctx): Promise<HandlerResponse> => {
           if (!validOrder(req.body)) {

@@ -33,12 +33,14 @@ import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError } from '../errors.js';
 import { BodyInvalidError } from '../idempotency/errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
-import type { FingerprintInput } from '../idempotency/fingerprint.js';
 import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
-import { isProblemError, toProblem } from './problem.js';
+import type { ProblemResponse } from './problem.js';
 import {
+  decodedBodyError,
+  handlerErrors,
   operationRoute,
+  problemForRouteError,
   resolveLeaseRoute,
   resolveRoute,
   runIdempotentRoute,
@@ -71,10 +73,16 @@ export type ExpressIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  * The body must reach it as raw bytes: put `express.raw({ type: 'application/json' })` before it
  * on the route. A body that a JSON parser (`express.json()`) already parsed is refused with an
  * {@link InvalidOptionsError} (passed to `next`): its fingerprint would not cover the bytes sent.
- * A body that no parser read (a content type `express.raw` was not set up for) gets 400
- * `body-invalid`. Responses are written with Node's `res.setHeader()`/`res.end()`, so Express adds
- * neither an ETag nor a charset: a replay is byte for byte the first response. Errors the handler
- * throws go to `next(err)` (your error middleware), after the rollback.
+ * A body that no parser read (a content type `express.raw` was not set up for), or that
+ * `express.text()` decoded (its invalid UTF-8 replaced), gets 400 `body-invalid`; so does a
+ * `__proto__` or `constructor.prototype` member (docs/http-contract.md, "Request bodies").
+ * Responses are written with Node's `res.setHeader()`/`res.end()`, so Express adds neither an ETag
+ * nor a charset: a replay is byte for byte the first response.
+ *
+ * Errors the handler throws, and {@link InvalidOptionsError}, go to `next(err)` (your error
+ * middleware), after the rollback. Any other error (thrown by `resolveTenant`, an unexpected
+ * database error) is logged through `logger` and answered with the generic 500 problem
+ * `internal`, its message withheld.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -83,15 +91,20 @@ export function idempotentHandler<D extends DatabaseHandle>(
   handler: (req: Request, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): RequestHandler {
   const route = resolveRoute(options, handler, 'idempotentHandler()');
-  const opts = route.opts;
 
   return async function idempotentRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
+    const own = handlerErrors();
     let result: IdempotentResult;
     try {
-      result = await runIdempotentRoute(route, req, partsOf(req), (tx, ctx) => handler(req, tx, ctx));
+      result = await runIdempotentRoute(
+        route,
+        req,
+        partsOf(req),
+        own.wrap((tx, ctx) => handler(req, tx, ctx)),
+      );
     } catch (err) {
-      if (!isProblemError(err)) return next(err);
-      return sendProblem(res, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      return problem === undefined ? next(err) : sendProblem(res, problem);
     }
     send(res, result.response);
   };
@@ -115,7 +128,9 @@ export type ExpressLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * `lease-lost`).
  *
  * Same body rules as {@link idempotentHandler} (`express.raw({ type: 'application/json' })` before
- * it), same problem responses; errors the handler throws go to `next(err)`.
+ * it), same problem responses and error handling: errors the handler throws go to `next(err)`;
+ * one thrown by `resolveTenant`, `deadline` or `operationLocation` is logged and answered with
+ * the generic 500 problem `internal`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options (policy `async` without
  *   `operationLocation`, a lease not shorter than the retention, an unknown option name, ...).
@@ -125,15 +140,22 @@ export function leasedHandler<D extends DatabaseHandle>(
   handler: (req: Request, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
 ): RequestHandler {
   const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
-  const opts = route.opts.base;
 
   return async function leasedRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
+    const own = handlerErrors();
     let response: IdempotentResponse;
     try {
-      response = (await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx))).response;
+      response = (
+        await runLeaseRoute(
+          route,
+          req,
+          partsOf(req),
+          own.wrap((ctx) => handler(req, ctx)),
+        )
+      ).response;
     } catch (err) {
-      if (!isProblemError(err)) return next(err);
-      return sendProblem(res, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      return problem === undefined ? next(err) : sendProblem(res, problem);
     }
     send(res, response);
   };
@@ -146,7 +168,8 @@ export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
  * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
  * stored result once finished (with `Idempotent-Replayed: true`), 202 with `Retry-After` while
- * pending, 404 for an unknown id or another tenant's.
+ * pending, 404 for an unknown id or another tenant's. An error thrown by `resolveTenant` is
+ * logged through `logger` and answered with the generic 500 problem `internal`.
  *
  * @example
  * ```ts
@@ -156,14 +179,15 @@ export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  */
 export function operationHandler<D extends DatabaseHandle>(options: ExpressOperationOptions<D>): RequestHandler {
   const serve = operationRoute(options, 'operationHandler()');
+  const none = handlerErrors(); // no handler of the application's here
   return async function operationResource(req: Request, res: Response, next: NextFunction): Promise<void> {
     let response: IdempotentResponse;
     try {
       const id = req.params.operationId;
       response = await serve(req, typeof id === 'string' ? id : '');
     } catch (err) {
-      if (!isProblemError(err)) return next(err);
-      return sendProblem(res, err, {});
+      const problem = problemForRouteError(err, none, serve.failures);
+      return problem === undefined ? next(err) : sendProblem(res, problem);
     }
     send(res, response);
   };
@@ -181,8 +205,7 @@ function partsOf(req: Request): RouteRequest {
   };
 }
 
-function sendProblem(res: Response, err: unknown, opts: { retryAfterSeconds?: number }): void {
-  const problem = toProblem(err, opts);
+function sendProblem(res: Response, problem: ProblemResponse): void {
   send(res, {
     status: problem.status,
     headers: problem.headers,
@@ -203,9 +226,14 @@ function hasBody(req: Request): boolean {
   return req.headers['transfer-encoding'] !== undefined || (length !== undefined && length !== '0');
 }
 
-function rawBodyOf(req: Request): FingerprintInput['body'] {
+function rawBodyOf(req: Request): Uint8Array | undefined {
   const body: unknown = req.body;
-  if (typeof body === 'string' || body instanceof Uint8Array) return body;
+  if (body instanceof Uint8Array) return body;
+  if (typeof body === 'string') {
+    if (body.length === 0) return undefined;
+    // express.text() decoded it, replacing invalid UTF-8: its bytes, which the fingerprint covers, are gone.
+    throw decodedBodyError(req.headers);
+  }
   if (body === undefined || body === null) {
     if (!hasBody(req)) return undefined;
     // body-parser 2 leaves req.body undefined when the content type is not the one it parses.

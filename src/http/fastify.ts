@@ -32,13 +32,15 @@ import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
 import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
-import type { FingerprintInput } from '../idempotency/fingerprint.js';
 import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
-import { isProblemError, toProblem } from './problem.js';
+import type { ProblemResponse } from './problem.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
+  decodedBodyError,
+  handlerErrors,
   operationRoute,
+  problemForRouteError,
   resolveLeaseRoute,
   resolveRoute,
   runIdempotentRoute,
@@ -65,8 +67,15 @@ export type FastifyIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  *    503 with `Retry-After`, 422 on a key reused with another body).
  *
  * The body must reach the handler as raw bytes: call {@link registerRawJsonBody} in the plugin
- * scope of the route. Errors the handler throws go to Fastify's error handler, after the rollback.
- * Fastify body schemas (`schema.body`) would see the raw Buffer: validate in the handler instead.
+ * scope of the route. A body Fastify's default `text/plain` parser decoded (its invalid UTF-8
+ * replaced) gets 400 `body-invalid`, and so does a `__proto__` or `constructor.prototype` member
+ * (docs/http-contract.md, "Request bodies"). Fastify body schemas (`schema.body`) would see the
+ * raw Buffer: validate in the handler instead.
+ *
+ * Errors the handler throws, and {@link InvalidOptionsError}, go to Fastify's error handler, after
+ * the rollback. Any other error (thrown by `resolveTenant`, an unexpected database error) is
+ * logged through `logger` and answered with the generic 500 problem `internal`, its message
+ * withheld.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -75,15 +84,21 @@ export function idempotentHandler<D extends DatabaseHandle>(
   handler: (req: FastifyRequest, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const route = resolveRoute(options, handler, 'idempotentHandler()');
-  const opts = route.opts;
 
   return async function idempotentRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    const own = handlerErrors();
     let result: IdempotentResult;
     try {
-      result = await runIdempotentRoute(route, req, partsOf(req), (tx, ctx) => handler(req, tx, ctx));
+      result = await runIdempotentRoute(
+        route,
+        req,
+        partsOf(req),
+        own.wrap((tx, ctx) => handler(req, tx, ctx)),
+      );
     } catch (err) {
-      if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      if (problem === undefined) throw err;
+      return sendProblem(reply, problem);
     }
     const { status, headers, body } = result.response;
     if (!result.replayed) await crashPoint('idempotency:after-commit'); // test-only (src/crash-point.ts)
@@ -101,6 +116,8 @@ export type FastifyLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * responses as {@link idempotentHandler}; answers 202 (policy `async`, or an uncertain outcome)
  * with the operation's `Location`. Serve that location with {@link operationHandler}. With
  * `renewEveryMs`, the lease is renewed while the handler runs and `ctx.signal` aborts if it is lost.
+ * Errors as {@link idempotentHandler}'s: one thrown by `resolveTenant`, `deadline` or
+ * `operationLocation` is logged and answered with the generic 500 problem `internal`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -109,16 +126,22 @@ export function leasedHandler<D extends DatabaseHandle>(
   handler: (req: FastifyRequest, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
-  const opts = route.opts.base;
 
   return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    const own = handlerErrors();
     let response: IdempotentResponse;
     try {
-      const result = await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx));
+      const result = await runLeaseRoute(
+        route,
+        req,
+        partsOf(req),
+        own.wrap((ctx) => handler(req, ctx)),
+      );
       response = result.response;
     } catch (err) {
-      if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, opts);
+      const problem = problemForRouteError(err, own, route.failures);
+      if (problem === undefined) throw err;
+      return sendProblem(reply, problem);
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
@@ -130,7 +153,9 @@ export type FastifyOperationOptions<D extends DatabaseHandle> = RouteOperationOp
 /**
  * Builds the `GET` handler of the operation resource that {@link leasedHandler} points to under
  * policy `async`, for a route with an `:operationId` parameter (see `serveOperation()`): the
- * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's.
+ * stored result once finished, 202 while pending, 404 for an unknown id or another tenant's. An
+ * error thrown by `resolveTenant` is logged through `logger` and answered with the generic 500
+ * problem `internal`.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -138,13 +163,15 @@ export function operationHandler<D extends DatabaseHandle>(
   options: FastifyOperationOptions<D>,
 ): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
   const serve = operationRoute(options, 'operationHandler()');
+  const none = handlerErrors(); // no handler of the application's here
   return async function operationResource(req, reply) {
     let response: IdempotentResponse;
     try {
       response = await serve(req, req.params.operationId);
     } catch (err) {
-      if (!isProblemError(err)) throw err;
-      return sendProblem(reply, err, {});
+      const problem = problemForRouteError(err, none, serve.failures);
+      if (problem === undefined) throw err;
+      return sendProblem(reply, problem);
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
@@ -161,8 +188,7 @@ function partsOf(req: FastifyRequest): RouteRequest {
   };
 }
 
-function sendProblem(reply: FastifyReply, err: unknown, opts: { retryAfterSeconds?: number }): FastifyReply {
-  const problem = toProblem(err, opts);
+function sendProblem(reply: FastifyReply, problem: ProblemResponse): FastifyReply {
   // A Buffer: Fastify would append "; charset=utf-8" to the content type of a string.
   return reply
     .code(problem.status)
@@ -170,10 +196,12 @@ function sendProblem(reply: FastifyReply, err: unknown, opts: { retryAfterSecond
     .send(Buffer.from(JSON.stringify(problem.body), 'utf8'));
 }
 
-function rawBodyOf(req: FastifyRequest): FingerprintInput['body'] {
+function rawBodyOf(req: FastifyRequest): Uint8Array | undefined {
   const body: unknown = req.body;
-  if (body === undefined || body === null) return undefined;
-  if (typeof body === 'string' || body instanceof Uint8Array) return body;
+  if (body === undefined || body === null || body === '') return undefined;
+  if (body instanceof Uint8Array) return body;
+  // Fastify's default text/plain parser decoded it, replacing invalid UTF-8: its bytes are gone.
+  if (typeof body === 'string') throw decodedBodyError(req.headers);
   throw new InvalidOptionsError(
     'The idempotent route received an already parsed body; call registerRawJsonBody() in its plugin scope so the fingerprint covers the raw bytes.',
   );
@@ -224,7 +252,9 @@ export interface ContentTypeParserHost {
  * Replaces the JSON body parser of a Fastify instance (or plugin scope) with one that keeps the
  * raw bytes as `req.body` (a Buffer), which {@link idempotentHandler} fingerprints and then
  * replaces with the parsed JSON. Parsers are encapsulated: call it inside the plugin that
- * registers the idempotent routes to leave the app's other routes untouched.
+ * registers the idempotent routes to leave the app's other routes untouched. Other content types
+ * keep Fastify's parsers: a `text/plain` body, decoded by Fastify, gets 400 `body-invalid` on an
+ * idempotent route; a content type without a parser gets Fastify's own 415.
  *
  * The parser always has a bounded limit of its own (`bodyLimit`), by default above the default
  * `maxBodyBytes`: a body over `maxBodyBytes` gets outboxkit's 413 `body-too-large` problem, not

@@ -3,14 +3,11 @@
  * the request flows of both modes (one-transaction, lease) and of the operation resource.
  */
 import type { DatabaseHandle, TransactionOf } from '../database.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, isOutboxkitError, refuseUnknownOptions } from '../errors.js';
+import { noopLogger, type Logger } from '../logger.js';
+import { BodyInvalidError } from '../idempotency/errors.js';
 import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
-import {
-  fingerprintAndParse,
-  parseJsonBody,
-  type Fingerprint,
-  type FingerprintInput,
-} from '../idempotency/fingerprint.js';
+import { fingerprintAndParse, parseJsonBody, type Fingerprint } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { executeLeased, type LeaseContext, type LeasedResult } from '../idempotency/lease.js';
 import {
@@ -28,6 +25,7 @@ import {
 import { serveOperation } from '../idempotency/reconcile.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
+import { isProblemError, toProblem, type ProblemResponse } from './problem.js';
 
 /** Default `maxBodyBytes`, in bytes: 1 MiB, the default body limit of Fastify and of `express.raw`. */
 export const DEFAULT_MAX_BODY_BYTES = 1_048_576;
@@ -44,7 +42,9 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
   /**
    * The authenticated caller's scope (account or tenant id). Return `undefined` (or `''`) when it
    * cannot be determined: the request is then refused with 400 (`tenant-unresolved`) rather than
-   * put in a shared scope (case C21). Called only for requests that carry a key.
+   * put in a shared scope (case C21). Called only for requests that carry a key. Authenticate
+   * before the route (a hook or middleware that answers 401): an error it throws is logged
+   * (`logger.error`) and answered with the generic 500 problem `internal`, its message withheld.
    */
   resolveTenant(req: Req): string | undefined | Promise<string | undefined>;
   /**
@@ -102,12 +102,15 @@ interface RouteScope<D extends DatabaseHandle, Req> {
   /** Lower-cased, once per route. */
   semanticHeaders: readonly string[];
   resolveTenant(req: Req): string | undefined | Promise<string | undefined>;
+  /** Where the route logs the errors it answers with the generic 500 problem. */
+  failures: RouteFailures;
 }
 
 function resolveScope<D extends DatabaseHandle, Req>(
   options: Omit<RouteIdempotencyOptions<D, Req>, keyof IdempotencyOptions>,
   handler: unknown,
   what: string,
+  failures: RouteFailures,
 ): RouteScope<D, Req> {
   assertValidOperation(options.operation, what);
   if (typeof options.resolveTenant !== 'function') {
@@ -128,6 +131,7 @@ function resolveScope<D extends DatabaseHandle, Req>(
     maxBodyBytes,
     semanticHeaders: Object.freeze(semanticHeaders.map((h) => h.toLowerCase())),
     resolveTenant: options.resolveTenant.bind(options),
+    failures,
   };
 }
 
@@ -144,7 +148,8 @@ export function resolveRoute<D extends DatabaseHandle, Req>(
 ): ResolvedRoute<D, Req> {
   refuseUnknownRouteOptions(options, ROUTE_OPTION_NAMES, what);
   const opts = resolveCheckedIdempotencyOptions(options);
-  return { ...resolveScope(options, handler, what), opts, required: options.required ?? true };
+  const failures = { operation: options.operation, logger: opts.logger, retryAfterSeconds: opts.retryAfterSeconds };
+  return { ...resolveScope(options, handler, what, failures), opts, required: options.required ?? true };
 }
 
 /** What the flow needs of a framework's request. */
@@ -153,8 +158,11 @@ export interface RouteRequest {
   method: string;
   /** The request target as received: path and query (`/orders/111/cancel?notify=1`). */
   target: string;
-  /** The raw body bytes (or undefined when there is none). */
-  rawBody: FingerprintInput['body'];
+  /**
+   * The raw body bytes (or undefined when there is none). Never text: a body another parser
+   * already decoded lost its exact bytes (see {@link decodedBodyError}).
+   */
+  rawBody: Uint8Array | undefined;
   /** Replaces the request's body with the parsed JSON the fingerprint covered. */
   setBody(body: unknown): void;
 }
@@ -222,7 +230,8 @@ export interface RouteLeaseOptions<D extends DatabaseHandle, Req>
   extends Omit<RouteIdempotencyOptions<D, Req>, 'policy' | 'required'>, LeaseOptions {
   /**
    * The caller's deadline for this request, in ms since the epoch (bounds policy `wait`), for
-   * example from a `Request-Timeout` header. @defaultValue none (only `waitTimeoutMs` bounds it)
+   * example from a `Request-Timeout` header. An error it throws is logged and answered with the
+   * generic 500 problem `internal`. @defaultValue none (only `waitTimeoutMs` bounds it)
    */
   deadline?(req: Req): number | undefined;
 }
@@ -263,7 +272,12 @@ export function resolveLeaseRoute<D extends DatabaseHandle, Req>(
   if (options.deadline !== undefined && typeof options.deadline !== 'function') {
     throw new InvalidOptionsError(`${what}: deadline must be a function (req) => ms since the epoch.`);
   }
-  return { ...resolveScope(options, handler, what), opts, deadline: options.deadline?.bind(options) };
+  const failures = {
+    operation: options.operation,
+    logger: opts.base.logger,
+    retryAfterSeconds: opts.base.retryAfterSeconds,
+  };
+  return { ...resolveScope(options, handler, what, failures), opts, deadline: options.deadline?.bind(options) };
 }
 
 /**
@@ -291,8 +305,13 @@ export interface RouteOperationOptions<D extends DatabaseHandle, Req> {
   operation: string;
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
-  /** The same caller scope as the lease-mode route's: another tenant's id is 404. */
+  /**
+   * The same caller scope as the lease-mode route's: another tenant's id is 404. An error it
+   * throws is logged and answered with the generic 500 problem `internal`.
+   */
   resolveTenant(req: Req): string | undefined | Promise<string | undefined>;
+  /** Logger of the errors answered with the generic 500 problem. @defaultValue a no-op logger */
+  logger?: Logger;
 }
 
 /** Every option name of {@link RouteOperationOptions}; the compiler keeps it in step with the interface. */
@@ -301,28 +320,111 @@ const OPERATION_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
   operation: true,
   schema: true,
   resolveTenant: true,
+  logger: true,
 } satisfies Record<keyof RouteOperationOptions<DatabaseHandle, unknown>, true>);
+
+/** An operation resource route, validated once: the flow of its `GET`, and where it logs. */
+export type ResolvedOperationRoute<Req> = ((req: Req, operationId: string) => Promise<IdempotentResponse>) & {
+  readonly failures: RouteFailures;
+};
 
 /**
  * Validates an operation resource's options once and returns the flow of its `GET`: the stored
  * result once finished, 202 while pending, 404 for an unknown id or another tenant's (see
- * `serveOperation()`). Throws outboxkit's problem errors for the adapter to answer.
+ * `serveOperation()`), with the route's `failures` (for {@link problemForRouteError}). The flow
+ * throws outboxkit's problem errors for the adapter to answer.
  * @throws {@link InvalidOptionsError} at once on an unknown option name, an invalid operation or
  *   tenant resolver.
  */
 export function operationRoute<D extends DatabaseHandle, Req>(
   options: RouteOperationOptions<D, Req>,
   what: string,
-): (req: Req, operationId: string) => Promise<IdempotentResponse> {
+): ResolvedOperationRoute<Req> {
   refuseUnknownRouteOptions(options, OPERATION_ROUTE_OPTION_NAMES, what);
   assertValidOperation(options.operation, what);
   if (typeof options.resolveTenant !== 'function') {
     throw new InvalidOptionsError(`${what} needs resolveTenant(req): the caller scope of each key.`);
   }
+  const logger = options.logger ?? noopLogger;
   const { db, operation } = options;
   const serveOptions = options.schema === undefined ? {} : { schema: options.schema };
-  return async (req, operationId) => {
+  const serve = async (req: Req, operationId: string): Promise<IdempotentResponse> => {
     const tenant = assertValidTenant(await options.resolveTenant(req));
     return serveOperation(db, { tenant, operation, operationId }, serveOptions);
   };
+  return Object.assign(serve, { failures: { operation, logger, retryAfterSeconds: undefined } });
+}
+
+/** Where a route logs the errors it answers with the generic 500 problem, and its `Retry-After`. */
+export interface RouteFailures {
+  operation: string;
+  logger: Logger;
+  retryAfterSeconds: number | undefined;
+}
+
+/**
+ * Tells the errors a route's handler throws from the layer's own, for one request: wrap the
+ * handler with `wrap`, then ask `threw(err)` about what the flow threw.
+ */
+export interface HandlerErrors {
+  wrap<A extends unknown[], R>(handler: (...args: A) => Promise<R>): (...args: A) => Promise<R>;
+  threw(err: unknown): boolean;
+}
+
+/** A {@link HandlerErrors} for one request. */
+export function handlerErrors(): HandlerErrors {
+  let thrown: { err: unknown } | undefined;
+  return {
+    wrap:
+      (handler) =>
+      async (...args) => {
+        try {
+          return await handler(...args);
+        } catch (err) {
+          thrown = { err };
+          throw err;
+        }
+      },
+    threw: (err) => thrown !== undefined && thrown.err === err,
+  };
+}
+
+/**
+ * What an adapter answers for an error its route's flow threw (docs/http-contract.md, rows 13,
+ * 26 and 27):
+ * - an outboxkit error with an HTTP mapping: its problem (400, 409, 413, 422, 503, ...);
+ * - the handler's own error, or an {@link InvalidOptionsError} (the route or the handler's
+ *   response is wrong: a bug in the application, with outboxkit's own message): `undefined`, the
+ *   adapter hands it to the framework's error handling unchanged;
+ * - anything else (an error thrown by `resolveTenant`, `deadline` or `operationLocation`, an
+ *   unexpected PostgreSQL error of outboxkit's own statements, a bug): logged with
+ *   `logger.error({ operation, err })` and answered with the generic 500 problem `internal`, whose
+ *   body never carries the error's message, SQL or parameters.
+ */
+export function problemForRouteError(
+  err: unknown,
+  handler: HandlerErrors,
+  failures: RouteFailures,
+): ProblemResponse | undefined {
+  if (isProblemError(err)) {
+    return toProblem(
+      err,
+      failures.retryAfterSeconds === undefined ? {} : { retryAfterSeconds: failures.retryAfterSeconds },
+    );
+  }
+  if (handler.threw(err) || isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')) return undefined;
+  failures.logger.error({ operation: failures.operation, err }, 'idempotent route failed; answered 500 internal');
+  return toProblem(err);
+}
+
+/**
+ * The error of a body that a framework parser already decoded as text (Fastify's default
+ * `text/plain` parser, `express.text()`): invalid UTF-8 was replaced on the way, so two different
+ * bodies could share a fingerprint. Refused (400 `body-invalid`) instead of fingerprinted.
+ */
+export function decodedBodyError(headers: RouteRequest['headers']): BodyInvalidError {
+  const type = headers['content-type'];
+  return new BodyInvalidError(
+    `The request body was not kept as raw bytes (content type ${JSON.stringify(typeof type === 'string' ? type.slice(0, 100) : '')}); idempotent routes take JSON bodies sent as application/json.`,
+  );
 }

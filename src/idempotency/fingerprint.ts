@@ -35,6 +35,10 @@
  *   than {@link MAX_JSON_MEMBER_NAMES} (1,000) distinct member names: limits that keep parsing
  *   linear in the body's size (docs/security.md);
  * - a lone surrogate (`"\uD800"`);
+ * - a `__proto__` member, or a `constructor` member whose value has a `prototype` member, at any
+ *   depth (escaped spellings such as `"\u005f_proto__"` included): refused as Fastify's own JSON
+ *   parser refuses them by default (secure-json-parse), since a handler that merges the body
+ *   into another object would change that object's prototype;
  * - **a number that JSON.parse would round**: an integer beyond ±(2^53 − 1) that no double
  *   holds (`9007199254740993`), a fraction with more digits than a double keeps
  *   (`0.10000000000000000001`), an overflow (`1e400`) or an underflow (`1e-400`).
@@ -47,6 +51,7 @@
  */
 import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
+import secureJson from 'secure-json-parse';
 import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { MAX_JSON_DEPTH } from '../json-text.js';
 import { BodyInvalidError, BodyTooLargeError } from './errors.js';
@@ -100,8 +105,8 @@ const JSON_WS_ONLY = /^[ \t\n\r]*$/;
  *
  * @returns `{ version: 1, digest }`, `digest` being 32 bytes.
  * @throws {@link BodyTooLargeError} when the body has more than `maxBodyBytes` bytes (413).
- * @throws {@link BodyInvalidError} when the body is not empty and not I-JSON, or holds a number a
- *   double cannot represent exactly (400).
+ * @throws {@link BodyInvalidError} when the body is not empty and not I-JSON, holds a number a
+ *   double cannot represent exactly, or holds a `__proto__` or `constructor.prototype` member (400).
  * @throws {@link TenantUnresolvedError} when `tenant` is empty, longer than 1,024 UTF-8 bytes, or
  *   holds a NUL character or a lone surrogate.
  * @throws {@link InvalidOptionsError} on an empty operation, an invalid limit, two semantic
@@ -192,7 +197,8 @@ export type ParsedBody = { present: false } | { present: true; value: unknown };
  * {@link fingerprintRequest}: empty (zero bytes or JSON whitespace) → absent.
  *
  * @throws {@link BodyTooLargeError} over `maxBodyBytes`.
- * @throws {@link BodyInvalidError} when not empty and not I-JSON or holding a number JSON.parse rounds.
+ * @throws {@link BodyInvalidError} when not empty and not I-JSON, holding a number JSON.parse rounds,
+ *   or holding a `__proto__` or `constructor.prototype` member.
  */
 export function parseJsonBody(raw: FingerprintInput['body'], maxBodyBytes: number): ParsedBody {
   if (raw === undefined || raw === null) return { present: false };
@@ -217,14 +223,41 @@ export function parseJsonBody(raw: FingerprintInput['body'], maxBodyBytes: numbe
   // The walk runs first: it refuses what JSON.parse would take super-linear time over (deep
   // nesting, very many distinct member names) before JSON.parse sees it.
   const violation = scanJson(text);
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch (err) {
-    throw new BodyInvalidError('The request body is not JSON; send a JSON body (RFC 8259) or none.', { cause: err });
-  }
+  const value = parseRefusingPrototypeKeys(text);
   if (violation !== undefined) throw new BodyInvalidError(violation);
   return { present: true, value };
+}
+
+/** Fastify's defaults (`onProtoPoisoning`, `onConstructorPoisoning`): refuse, never strip. */
+const PROTOTYPE_KEYS_REFUSED = Object.freeze({ protoAction: 'error', constructorAction: 'error' } as const);
+
+/**
+ * JSON.parse through secure-json-parse, the parser Fastify itself uses, with Fastify's defaults:
+ * a `__proto__` member, or a `constructor` member whose value has a `prototype` member, at any
+ * depth, is refused. JSON.parse keeps them as plain members, but a handler that merges the body
+ * into another object (`Object.assign`, a deep merge) would then set that object's prototype.
+ */
+function parseRefusingPrototypeKeys(text: string): unknown {
+  // secure-json-parse drops a leading byte order mark; JSON text must not start with one (RFC 8259 §8.1).
+  if (text.charCodeAt(0) === 0xfeff) throw notJson();
+  try {
+    return secureJson.parse(text, null, PROTOTYPE_KEYS_REFUSED);
+  } catch (err) {
+    // Both refusals are SyntaxErrors: JSON.parse tells them apart (on this error path only).
+    try {
+      JSON.parse(text);
+    } catch (syntax) {
+      throw notJson(syntax);
+    }
+    throw new BodyInvalidError(
+      'The request body has a "__proto__" member, or a "constructor" member holding a "prototype" member; they are refused (prototype poisoning, docs/http-contract.md). Rename the member.',
+      { cause: err },
+    );
+  }
+}
+
+function notJson(cause?: unknown): BodyInvalidError {
+  return new BodyInvalidError('The request body is not JSON; send a JSON body (RFC 8259) or none.', { cause });
 }
 
 function tooLarge(size: number, limit: number): BodyTooLargeError {

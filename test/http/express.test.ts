@@ -69,14 +69,20 @@ async function startExpress(
   options: Partial<Omit<ExpressIdempotencyOptions<pg.Pool>, 'db' | 'operation' | 'resolveTenant'>> & {
     pool: pg.Pool;
     behaviour?: (ctx: Ctx) => Promise<HandlerResponse>;
-    parser?: 'raw' | 'json';
+    /** `raw+text`: express.raw for JSON, plus express.text() (an app that also parses text bodies). */
+    parser?: 'raw' | 'json' | 'raw+text';
   },
 ): Promise<ExpressApp> {
   const { pool, behaviour = createOrder, parser = 'raw', ...idem } = options;
   const app = express();
   const calls = { total: 0, byOperation: {} as Record<string, number> };
+  const parsers = {
+    raw: [express.raw({ type: 'application/json', limit: '1mb' })],
+    json: [express.json()],
+    'raw+text': [express.raw({ type: 'application/json', limit: '1mb' }), express.text()],
+  };
   const route = [
-    parser === 'raw' ? express.raw({ type: 'application/json', limit: '1mb' }) : express.json(),
+    ...parsers[parser],
     idempotentHandler(
       {
         ...idem,
@@ -312,6 +318,38 @@ describe('Express adapter: the HTTP contract over real HTTP', () => {
     const res = await post(app, '/orders');
     expect(res.status).toBe(500);
     expect(res.json()).toEqual({ error: 'InvalidOptionsError', code: 'OUTBOXKIT_INVALID_OPTIONS' });
+    expect(app.calls.total).toBe(0);
+    expect(await countRecords(db.pool)).toBe(0);
+    await app.close();
+  });
+
+  it('a text body (express.text() decoded it) gets 400 body-invalid: bodies differing only in invalid UTF-8 never replay each other', async () => {
+    const app = await startExpress({ pool: db.pool, parser: 'raw+text' });
+    const key = randomUUID();
+    for (const byte of [0xff, 0xfe]) {
+      const body = Buffer.concat([Buffer.from('{"note":"'), Buffer.from([byte]), Buffer.from('"}')]);
+      const res = await post(app, '/orders', { key, body, headers: { 'content-type': 'text/plain' } });
+      expectProblem(res, 400, 'OUTBOXKIT_BODY_INVALID');
+      expect(String(res.json().detail)).toMatch(/not kept as raw bytes \(content type "text\/plain"\)/);
+      // Invalid UTF-8 is 400 whatever the content type.
+      expectProblem(await post(app, '/orders', { key, body }), 400, 'OUTBOXKIT_BODY_INVALID');
+    }
+    expect(app.calls.total).toBe(0);
+    expect(await countRecords(db.pool)).toBe(0);
+    await app.close();
+  });
+
+  it('__proto__ and constructor.prototype members get 400 body-invalid, as Fastify refuses them; nothing runs', async () => {
+    const app = await startExpress({ pool: db.pool });
+    for (const body of [
+      '{"__proto__":{"isAdmin":true},"amount":10}',
+      '{"amount":10,"meta":{"\\u005f_proto__":{"isAdmin":true}}}',
+      '{"constructor":{"prototype":{"isAdmin":true}},"amount":10}',
+    ]) {
+      const res = await post(app, '/orders', { body });
+      expectProblem(res, 400, 'OUTBOXKIT_BODY_INVALID');
+      expect(String(res.json().detail)).toMatch(/prototype poisoning/);
+    }
     expect(app.calls.total).toBe(0);
     expect(await countRecords(db.pool)).toBe(0);
     await app.close();
