@@ -88,6 +88,9 @@ function hintFor(code: string): string {
       '--metrics-port / OUTBOXKIT_METRICS_PORT, 0 for a random one, or -1 for none)'
     );
   }
+  if (code === 'EADDRNOTAVAIL') {
+    return " (the metrics address is not one of this host's: check --metrics-host / OUTBOXKIT_METRICS_HOST)";
+  }
   return '';
 }
 

@@ -2,6 +2,7 @@
  * What every `outboxkit` command shares: option builders (flag > env > default), parsers, and a
  * short-lived pool for operator commands.
  */
+import { isIP } from 'node:net';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
@@ -34,6 +35,12 @@ export function listenPort(value: string): number {
     throw new InvalidArgumentError('Must be a port from 1 to 65535, 0 for a random port, or -1 for none.');
   }
   return n;
+}
+
+/** An IP address to listen on (IPv4 or IPv6; no host name, which would need a lookup). */
+export function listenAddress(value: string): string {
+  if (isIP(value) === 0) throw new InvalidArgumentError('Must be an IP address such as 127.0.0.1, 0.0.0.0 or ::.');
+  return value;
 }
 
 /**
