@@ -12,6 +12,7 @@ import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/e
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
+import { printError } from './printable.js';
 
 export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
 
@@ -233,7 +234,7 @@ export function kafkaFromOptions(
   });
   for (const warning of resolved.warnings) {
     if (options.logger) options.logger.warn({}, warning);
-    else console.error(`outboxkit: warning: ${warning}`);
+    else printError(`outboxkit: warning: ${warning}`);
   }
   const kafka = new Kafka({
     ...resolved.kafkaConfig,

@@ -3,6 +3,7 @@
  * Pure logic, no I/O.
  */
 import type { IHeaders, KafkaMessage, Message } from 'kafkajs';
+import { syntaxErrorPosition, VALUE_FREE_ERRORS } from './consumed-event.js';
 
 /** Why the message was dead-lettered: the fixed reason below, or the handler's error. */
 export const HEADER_DLQ_REASON = 'dlq-reason';
@@ -35,10 +36,77 @@ export interface DeadLetterInfo {
   failedAt: Date;
 }
 
-/** The `dlq-reason` for an error a handler threw: `Name: message`, cut to a bounded length. */
-export function reasonOf(err: unknown): string {
-  const text = err instanceof Error ? `${err.name}: ${err.message}` : `non-error thrown: ${String(err)}`;
+/** Shortest word of an error message that {@link reasonOf} checks against the message value. */
+const MIN_CHECKED_WORD = 3;
+
+/** What replaces a word of the value in a reason. */
+const WITHHELD = '…';
+
+/**
+ * The `dlq-reason` for an error a handler threw: `Name: message`, cut to 1,000 characters, and
+ * never carrying bytes of the message value (a dead letter's payload is never shown, and anyone
+ * who may read the dead-letter topic, or run `outboxkit dlq list`, reads its reason):
+ * - a `SyntaxError`'s message is replaced by a fixed text and the position it names
+ *   (`JSON.parse` quotes the text it failed on);
+ * - every word of the message (3 or more characters, quotes and punctuation around it left out)
+ *   that occurs in the value is replaced by `…`: for a JSON value, a word found in one of its
+ *   strings or numbers, or holding one of 3 or more characters; otherwise a word found in the
+ *   value read as UTF-8. So `Error: card 4111111111111111 declined` becomes `Error: card …
+ *   declined` when the card number is in the payload. Shorter words, and values a handler derived
+ *   from the payload (sums, decoded Avro numbers), are not recognised: keep payload contents out
+ *   of error messages. The full error is in the consumer's log. The errors of `event.json()` and
+ *   `event.decoded()` name no byte of the value and are kept whole.
+ *
+ * @param value - the message value, or null (then only the SyntaxError rule applies).
+ */
+export function reasonOf(err: unknown, value: Buffer | null = null): string {
+  let text: string;
+  if (err instanceof Error && err.name === 'SyntaxError') {
+    text = `SyntaxError: message withheld (it may quote the message value)${syntaxErrorPosition(err)}`;
+  } else {
+    text = err instanceof Error ? `${err.name}: ${err.message}` : `non-error thrown: ${String(err)}`;
+    const valueFree = err instanceof Error && VALUE_FREE_ERRORS.has(err);
+    if (value !== null && value.length > 0 && !valueFree) text = withholdValueWords(text, value);
+  }
   return text.length > MAX_DLQ_REASON_LENGTH ? `${text.slice(0, MAX_DLQ_REASON_LENGTH - 1)}…` : text;
+}
+
+/** A JSON string (its text between the quotes) or number, and whether the string is a key. */
+const JSON_LEAF = /"((?:[^"\\]|\\.)*)"(\s*:)?|-?\d[\d.eE+-]*/g;
+
+/**
+ * What of `value` a reason must not show: for a JSON value (its first byte is `{`, `[` or `"`),
+ * its strings and numbers but not its keys, else its whole text (UTF-8).
+ */
+function valueLeaves(value: Buffer): string[] {
+  const text = value.toString('utf8');
+  if (!/^\s*[[{"]/.test(text)) return [text];
+  const leaves: string[] = [];
+  for (const m of text.matchAll(JSON_LEAF)) {
+    if (m[2] !== undefined) continue; // a key: the names of fields are no secret
+    const raw = m[1];
+    if (raw === undefined) leaves.push(m[0]);
+    else {
+      try {
+        leaves.push(JSON.parse(`"${raw}"`) as string);
+      } catch {
+        leaves.push(raw);
+      }
+    }
+  }
+  return leaves;
+}
+
+function withholdValueWords(text: string, value: Buffer): string {
+  const leaves = valueLeaves(value);
+  const inValue = (word: string) =>
+    leaves.some((leaf) => leaf.includes(word) || (leaf.length >= MIN_CHECKED_WORD && word.includes(leaf)));
+  return text.replace(/\S+/g, (token) => {
+    // The word without the quotes and punctuation around it: `"4111",` is checked as 4111.
+    const core = /^[\p{P}\p{S}]*(.*?)[\p{P}\p{S}]*$/u.exec(token)?.[1] ?? token;
+    if (core.length < MIN_CHECKED_WORD || !inValue(core)) return token;
+    return token.replace(core, WITHHELD);
+  });
 }
 
 /**

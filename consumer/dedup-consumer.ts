@@ -920,7 +920,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     if (err instanceof HandlerFailure && !isConnectionError(err.error)) {
       pending.attempts = attempt;
       if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
-        pending.deadLetter = { reason: reasonOf(err.error), error: err.error };
+        pending.deadLetter = { reason: reasonOf(err.error, message.value), error: err.error };
         return this.#deadLetter(message, position, event.id, pending.deadLetter.reason, attempt, err.error);
       }
       const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);

@@ -17,6 +17,7 @@ import {
   listenPort,
   schemaOption,
 } from '../shared.js';
+import { printableJson } from '../printable.js';
 
 /**
  * A SIGTERM/SIGINT within this many ms of the first is a repeat of it (a wrapper such as npm
@@ -125,7 +126,13 @@ export function registerRelay(program: Command): void {
         .default('info'),
     )
     .action(async (opts: Record<string, string | number | boolean | undefined>) => {
-      const logger = pino({ name: 'outboxkit-relay', level: String(opts.logLevel) });
+      // Log lines carry text from outside (Kafka errors, topics, event types): JSON escapes the C0
+      // controls, printableJson the rest a terminal would act on.
+      const logger = pino({
+        name: 'outboxkit-relay',
+        level: String(opts.logLevel),
+        hooks: { streamWrite: printableJson },
+      });
       // Resolved (and validated) before anything connects; warnings and the redacted settings are logged.
       const { kafka, resolved } = kafkaFromOptions(opts, {
         clientId: 'outboxkit-relay',
