@@ -20,6 +20,21 @@ export const HEADER_DLQ_FAILED_AT = 'dlq-failed-at';
 /** The consumer group that gave up (replays usually target that group's handler). */
 export const HEADER_DLQ_CONSUMER_GROUP = 'dlq-consumer-group';
 
+/** What the dead-letter topic of a consumed topic is named by default: `<topic>.dlq`. */
+export const DEAD_LETTER_TOPIC_SUFFIX = '.dlq';
+
+/**
+ * The topic a dead-letter topic belongs to under the default naming (`orders.dlq` → `orders`),
+ * or null for a name without the {@link DEAD_LETTER_TOPIC_SUFFIX}: `dlq replay` sends dead letters
+ * there, never where a record's own `dlq-original-topic` header says (anyone who may write to the
+ * dead-letter topic chooses its headers).
+ */
+export function topicOfDeadLetterTopic(deadLetterTopic: string): string | null {
+  if (!deadLetterTopic.endsWith(DEAD_LETTER_TOPIC_SUFFIX)) return null;
+  const topic = deadLetterTopic.slice(0, -DEAD_LETTER_TOPIC_SUFFIX.length);
+  return topic === '' || topic === '.' || topic === '..' ? null : topic;
+}
+
 /** The `dlq-reason` of a message without a usable event id (case C16). */
 export const DEAD_LETTER_REASON_INVALID_EVENT_ID = 'missing or invalid event id';
 

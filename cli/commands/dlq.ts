@@ -71,14 +71,18 @@ export function registerDlq(program: Command): void {
   const replay = dlq
     .command('replay')
     .description(
-      'produce dead letters again to their original topic (or --to) with their key, value and headers minus dlq-*; ' +
-        'the dedup consumer applies each event at most once, however often it is replayed',
+      'produce dead letters again to the topic the dead-letter topic belongs to (orders.dlq -> orders; or --to) ' +
+        'with their key, value and headers minus dlq-*; the dedup consumer applies each event at most once, ' +
+        'however often it is replayed',
     )
     .argument('<dlq-topic>', 'the dead-letter topic');
   addKafkaOptions(replay)
     .option('--event-id <ids...>', 'event ids (UUIDs) to replay', eventIdList)
     .option('--all', 'every dead letter that has a usable event id')
-    .option('--to <topic>', 'produce to this topic instead of the original one')
+    .option(
+      '--to <topic>',
+      'produce to this topic instead of the one the dead-letter topic belongs to (required unless it is named <topic>.dlq)',
+    )
     .option('--json', 'print JSON')
     .addOption(eventIdHeaderOption())
     .addOption(timeoutOption())
