@@ -9,6 +9,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
 import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
+import { printableJson, printableLines, printError } from './printable.js';
 
 /** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */
 let jsonErrors = false;
@@ -55,11 +56,11 @@ async function buildProgram(args: string[]): Promise<Command> {
     .configureOutput({
       // With --json, stderr carries only the JSON error main() prints (no usage text).
       writeErr: (text) => {
-        if (!jsonErrors) process.stderr.write(text);
+        if (!jsonErrors) process.stderr.write(printableLines(text));
       },
       outputError: (text, write) => {
         shownByCommander = true;
-        if (!jsonErrors) write(text);
+        if (!jsonErrors) write(printableLines(text));
       },
     });
   // The program has no options of its own: the first argument not starting with '-' names the command.
@@ -87,6 +88,9 @@ function hintFor(code: string): string {
       ' (the metrics port is taken, for example by another relay on this host: give each instance its own ' +
       '--metrics-port / OUTBOXKIT_METRICS_PORT, 0 for a random one, or -1 for none)'
     );
+  }
+  if (code === 'EADDRNOTAVAIL') {
+    return " (the metrics address is not one of this host's: check --metrics-host / OUTBOXKIT_METRICS_HOST)";
   }
   return '';
 }
@@ -135,11 +139,12 @@ export async function main(argv: string[] = process.argv): Promise<void> {
     if (jsonErrors) {
       const field = (err as { field?: unknown }).field; // InvalidKafkaConfigError names the setting
       const error = typeof field === 'string' ? { code, message, field } : { code, message };
-      process.stderr.write(`${JSON.stringify({ error })}\n`);
+      process.stderr.write(`${printableJson(JSON.stringify({ error }))}\n`);
     } else if (shownByCommander && code.startsWith('commander.')) {
       // commander printed the usage error already (outputError), with the command's usage.
     } else {
-      console.error(`outboxkit: ${isOutboxkitError(err) ? `${code}: ${message}` : message}`);
+      // Messages may quote text from outside (a Kafka or PostgreSQL error, a topic name).
+      printError(`outboxkit: ${isOutboxkitError(err) ? `${code}: ${message}` : message}`);
     }
     process.exitCode = typeof exitCode === 'number' && exitCode !== 0 ? exitCode : 1;
   }

@@ -2,6 +2,7 @@
  * What every `outboxkit` command shares: option builders (flag > env > default), parsers, and a
  * short-lived pool for operator commands.
  */
+import { isIP } from 'node:net';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
@@ -11,6 +12,7 @@ import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/e
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
+import { printError } from './printable.js';
 
 export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
 
@@ -34,6 +36,12 @@ export function listenPort(value: string): number {
     throw new InvalidArgumentError('Must be a port from 1 to 65535, 0 for a random port, or -1 for none.');
   }
   return n;
+}
+
+/** An IP address to listen on (IPv4 or IPv6; no host name, which would need a lookup). */
+export function listenAddress(value: string): string {
+  if (isIP(value) === 0) throw new InvalidArgumentError('Must be an IP address such as 127.0.0.1, 0.0.0.0 or ::.');
+  return value;
 }
 
 /**
@@ -226,7 +234,7 @@ export function kafkaFromOptions(
   });
   for (const warning of resolved.warnings) {
     if (options.logger) options.logger.warn({}, warning);
-    else console.error(`outboxkit: warning: ${warning}`);
+    else printError(`outboxkit: warning: ${warning}`);
   }
   const kafka = new Kafka({
     ...resolved.kafkaConfig,

@@ -66,6 +66,27 @@ export interface ConsumedEvent {
 
 type HeaderValue = IHeaders[string];
 
+/**
+ * Errors this module makes whose messages hold no byte of the value (they name the event and its
+ * position only): their dead-letter reason is kept whole (see `reasonOf`).
+ */
+export const VALUE_FREE_ERRORS = new WeakSet<Error>();
+
+function valueFree(err: InvalidMessageError): InvalidMessageError {
+  VALUE_FREE_ERRORS.add(err);
+  return err;
+}
+
+/**
+ * Where a JSON.parse SyntaxError says the text went wrong (` at character 12`, in UTF-16 code
+ * units), or '' when its message names no position. The message itself is never kept: V8 quotes
+ * the input in it (`Unexpected token 'o', "not json" is not valid JSON`).
+ */
+export function syntaxErrorPosition(err: unknown): string {
+  const position = err instanceof Error ? /\bposition (\d+)/.exec(err.message)?.[1] : undefined;
+  return position === undefined ? '' : ` at character ${position}`;
+}
+
 function lastHeaderValue(value: HeaderValue): Buffer | string | undefined {
   return Array.isArray(value) ? value[value.length - 1] : value;
 }
@@ -135,17 +156,26 @@ class KafkaConsumedEvent implements ConsumedEvent {
 
   json<T>(): T {
     if (this.#parsed === undefined) {
-      if (this.value === null) throw new InvalidMessageError(`${this.#where()} has no value to parse as JSON.`);
+      if (this.value === null)
+        throw valueFree(new InvalidMessageError(`${this.#where()} has no value to parse as JSON.`));
       const text = this.value.toString('utf8');
       if (exceedsJsonDepth(text, MAX_JSON_DEPTH)) {
-        throw new InvalidMessageError(
-          `${this.#where()} nests JSON arrays and objects more than ${MAX_JSON_DEPTH} levels deep.`,
+        throw valueFree(
+          new InvalidMessageError(
+            `${this.#where()} nests JSON arrays and objects more than ${MAX_JSON_DEPTH} levels deep.`,
+          ),
         );
       }
       try {
         this.#parsed = { value: JSON.parse(text) as unknown };
       } catch (err) {
-        throw new InvalidMessageError(`${this.#where()} is not valid JSON: ${(err as Error).message}`, { cause: err });
+        // Neither JSON.parse's message nor the SyntaxError itself: V8 quotes the text it failed
+        // on, and this message becomes the dead letter's reason, which never shows the value.
+        throw valueFree(
+          new InvalidMessageError(
+            `${this.#where()} is not valid JSON${syntaxErrorPosition(err)}; its bytes are not shown.`,
+          ),
+        );
       }
     }
     return this.#parsed.value as T;
@@ -159,7 +189,9 @@ class KafkaConsumedEvent implements ConsumedEvent {
   async #decode(): Promise<unknown> {
     const decoder = this.#decoder;
     if (decoder === undefined) return this.json();
-    if (this.value === null) throw new InvalidMessageError(`${this.#where()} has no value to decode (a tombstone).`);
+    if (this.value === null) {
+      throw valueFree(new InvalidMessageError(`${this.#where()} has no value to decode (a tombstone).`));
+    }
     return await decoder(this.value, this);
   }
 

@@ -6,8 +6,11 @@
  * every partition from the earliest offset up to the log end taken when the read starts, commits
  * nothing, and the group is deleted afterwards. Nothing of an application's group is touched.
  *
- * Replaying produces each chosen dead letter again to its original topic (or another one), with
- * its original key, value and headers minus the `dlq-*` ones, through an idempotent producer.
+ * Replaying produces each chosen dead letter again to the topic the dead-letter topic belongs to
+ * (`orders.dlq` → `orders`), or to the one the operator names, with its original key, value and
+ * headers minus the `dlq-*` ones, through an idempotent producer. Never to the topic a record's
+ * `dlq-original-topic` header names: whoever may write to the dead-letter topic chooses that
+ * header, and the replay runs with the operator's credentials.
  * The event id does not change, so the dedup consumer applies a replayed event at most once per
  * group: replaying twice, or replaying an event that another group had already applied, only
  * produces duplicates that are skipped. (Within the inbox retention: a group whose inbox row for
@@ -19,7 +22,13 @@ import { InvalidOptionsError, TopicMissingError } from '../src/errors.js';
 import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE, KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { decodeHeaders, readEventId } from './consumed-event.js';
-import { replayMessage, summarizeDeadLetter, type DeadLetterSummary } from './dead-letter.js';
+import {
+  DEAD_LETTER_TOPIC_SUFFIX,
+  replayMessage,
+  summarizeDeadLetter,
+  topicOfDeadLetterTopic,
+  type DeadLetterSummary,
+} from './dead-letter.js';
 
 /** One record of a dead-letter topic: its summary and the raw message (for replay). */
 export interface DeadLetterRecord {
@@ -176,7 +185,11 @@ export interface ReplayDeadLettersOptions {
   eventIds?: readonly string[];
   /** Replay every dead letter that has a usable event id. */
   all?: boolean;
-  /** Produce to this topic instead of each record's original topic. @defaultValue the original topic */
+  /**
+   * Produce every chosen dead letter to this topic. Needed when the dead-letter topic is not named
+   * `<topic>.dlq`, or to send dead letters elsewhere than their topic (a retry topic).
+   * @defaultValue the topic the dead-letter topic belongs to (`orders.dlq` → `orders`)
+   */
   to?: string;
   /** The header that carries the event id. @defaultValue 'event-id' */
   eventIdHeader?: string;
@@ -196,7 +209,12 @@ export interface ReplayResult {
 
 /**
  * Re-drives dead letters: produces each chosen record again (original key, value and headers
- * minus `dlq-*`) to its original topic, or to `to`, and waits for the broker's acknowledgement.
+ * minus `dlq-*`) to the topic the dead-letter topic belongs to (`orders.dlq` → `orders`), or to
+ * `to`, and waits for the broker's acknowledgement. Without `to`, a record whose
+ * `dlq-original-topic` header names another topic (or none) is skipped, with the reason: the
+ * dedup consumer always writes the topic it read from, so such a record was written by someone
+ * else, and replaying it there would publish with the operator's credentials wherever its writer
+ * chose.
  * When an event was dead-lettered several times, only its latest record is replayed (its latest
  * one with a value, when a later copy went without). Records
  * without a usable event id are skipped: the consumer would dead-letter them again at once. So are
@@ -204,7 +222,8 @@ export interface ReplayResult {
  * A record with a key goes to the partition the default partitioner picks for that key (the
  * relay's choice too); one without a key goes back to its original partition.
  *
- * @throws {@link InvalidOptionsError} when neither `eventIds` nor `all` is given, or a name is invalid.
+ * @throws {@link InvalidOptionsError} when neither `eventIds` nor `all` is given, a name is invalid,
+ *   or `to` is missing for a dead-letter topic not named `<topic>.dlq`.
  * @throws {@link TopicMissingError} when the dead-letter or a target topic does not exist.
  */
 export async function replayDeadLetters(
@@ -221,6 +240,15 @@ export async function replayDeadLetters(
     throw new InvalidOptionsError('replayDeadLetters: give either event ids or all: true, not both.');
   }
   if (options.to !== undefined) checkTopicName('The target topic', options.to);
+  checkTopicName('The dead-letter topic', dlqTopic);
+  const owner = topicOfDeadLetterTopic(dlqTopic);
+  if (options.to === undefined && owner === null) {
+    throw new InvalidOptionsError(
+      `Cannot tell which topic ${JSON.stringify(dlqTopic)} is the dead-letter topic of (it is not named ` +
+        `<topic>${DEAD_LETTER_TOPIC_SUFFIX}): name the topic to replay to with --to <topic> (to: in replayDeadLetters()). ` +
+        "A record's dlq-original-topic header is never trusted for it.",
+    );
+  }
 
   const { records } = await readDeadLetters(kafka, dlqTopic, {
     eventIdHeader: options.eventIdHeader,
@@ -282,13 +310,19 @@ export async function replayDeadLetters(
       });
       continue;
     }
-    const target = options.to ?? summary.originalTopic;
-    if (target === null || !KAFKA_TOPIC_NAME.test(target)) {
+    const target = options.to ?? owner!;
+    if (options.to === undefined && summary.originalTopic !== owner) {
       result.skipped.push({
         dlqPartition: summary.dlq.partition,
         dlqOffset: summary.dlq.offset,
         eventId,
-        why: 'no dlq-original-topic header; replay it with --to <topic>',
+        why:
+          summary.originalTopic === null
+            ? `no dlq-original-topic header (not written by the dedup consumer); replay it with --to ${owner} ` +
+              'if it belongs there'
+            : `its dlq-original-topic header names ${JSON.stringify(summary.originalTopic)}, not ${owner}, the topic ` +
+              `${dlqTopic} belongs to: not replayed (the dedup consumer never writes that; whoever wrote the ` +
+              'record chose it). Replay it with --to <topic> if you mean it',
       });
       continue;
     }

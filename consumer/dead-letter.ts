@@ -3,6 +3,7 @@
  * Pure logic, no I/O.
  */
 import type { IHeaders, KafkaMessage, Message } from 'kafkajs';
+import { syntaxErrorPosition, VALUE_FREE_ERRORS } from './consumed-event.js';
 
 /** Why the message was dead-lettered: the fixed reason below, or the handler's error. */
 export const HEADER_DLQ_REASON = 'dlq-reason';
@@ -18,6 +19,21 @@ export const HEADER_DLQ_ATTEMPTS = 'dlq-attempts';
 export const HEADER_DLQ_FAILED_AT = 'dlq-failed-at';
 /** The consumer group that gave up (replays usually target that group's handler). */
 export const HEADER_DLQ_CONSUMER_GROUP = 'dlq-consumer-group';
+
+/** What the dead-letter topic of a consumed topic is named by default: `<topic>.dlq`. */
+export const DEAD_LETTER_TOPIC_SUFFIX = '.dlq';
+
+/**
+ * The topic a dead-letter topic belongs to under the default naming (`orders.dlq` → `orders`),
+ * or null for a name without the {@link DEAD_LETTER_TOPIC_SUFFIX}: `dlq replay` sends dead letters
+ * there, never where a record's own `dlq-original-topic` header says (anyone who may write to the
+ * dead-letter topic chooses its headers).
+ */
+export function topicOfDeadLetterTopic(deadLetterTopic: string): string | null {
+  if (!deadLetterTopic.endsWith(DEAD_LETTER_TOPIC_SUFFIX)) return null;
+  const topic = deadLetterTopic.slice(0, -DEAD_LETTER_TOPIC_SUFFIX.length);
+  return topic === '' || topic === '.' || topic === '..' ? null : topic;
+}
 
 /** The `dlq-reason` of a message without a usable event id (case C16). */
 export const DEAD_LETTER_REASON_INVALID_EVENT_ID = 'missing or invalid event id';
@@ -35,10 +51,113 @@ export interface DeadLetterInfo {
   failedAt: Date;
 }
 
-/** The `dlq-reason` for an error a handler threw: `Name: message`, cut to a bounded length. */
-export function reasonOf(err: unknown): string {
-  const text = err instanceof Error ? `${err.name}: ${err.message}` : `non-error thrown: ${String(err)}`;
-  return text.length > MAX_DLQ_REASON_LENGTH ? `${text.slice(0, MAX_DLQ_REASON_LENGTH - 1)}…` : text;
+/** Shortest word of an error message that {@link reasonOf} checks against the message value. */
+const MIN_CHECKED_WORD = 3;
+
+/** `text` cut to `max` characters, an ellipsis marking the cut. */
+function cut(text: string, max = MAX_DLQ_REASON_LENGTH): string {
+  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+}
+
+/** What replaces a word of the value in a reason. */
+const WITHHELD = '…';
+
+/**
+ * The `dlq-reason` for an error a handler threw: `Name: message`, cut to 1,000 characters, and
+ * never carrying bytes of the message value (a dead letter's payload is never shown, and anyone
+ * who may read the dead-letter topic, or run `outboxkit dlq list`, reads its reason):
+ * - a `SyntaxError`'s message is replaced by a fixed text and the position it names
+ *   (`JSON.parse` quotes the text it failed on);
+ * - every word of the message (3 or more characters, quotes and punctuation around it left out)
+ *   that occurs in the value is replaced by `…`: for a JSON value, a word found in one of its
+ *   strings or numbers, or holding one of 3 or more characters; otherwise a word found in the
+ *   value read as UTF-8. So `Error: card 4111111111111111 declined` becomes `Error: card …
+ *   declined` when the card number is in the payload. Shorter words, and values a handler derived
+ *   from the payload (sums, decoded Avro numbers), are not recognised: keep payload contents out
+ *   of error messages. The full error is in the consumer's log. The errors of `event.json()` and
+ *   `event.decoded()` name no byte of the value and are kept whole.
+ *
+ * @param value - the message value, or null (then only the SyntaxError rule applies).
+ */
+export function reasonOf(err: unknown, value: Buffer | null = null): string {
+  let text: string;
+  if (err instanceof Error && err.name === 'SyntaxError') {
+    text = `SyntaxError: message withheld (it may quote the message value)${syntaxErrorPosition(err)}`;
+  } else {
+    text = err instanceof Error ? `${err.name}: ${err.message}` : `non-error thrown: ${String(err)}`;
+    const valueFree = err instanceof Error && VALUE_FREE_ERRORS.has(err);
+    // Cut first: the words withheld are then those of the reason written, a bounded number.
+    text = cut(text);
+    if (value !== null && value.length > 0 && !valueFree) text = withholdValueWords(text, value);
+  }
+  return cut(text);
+}
+
+/** A JSON string (its text between the quotes) or number, and whether the string is a key. */
+const JSON_LEAF = /"((?:[^"\\]|\\.)*)"(\s*:)?|-?\d[\d.eE+-]*/g;
+
+/**
+ * What of `value` a reason must not show: for a JSON value (its first byte is `{`, `[` or `"`),
+ * its strings and numbers but not its keys, else its whole text (UTF-8).
+ */
+function valueLeaves(value: Buffer): string[] {
+  const text = value.toString('utf8');
+  if (!/^\s*[[{"]/.test(text)) return [text];
+  const leaves: string[] = [];
+  for (const m of text.matchAll(JSON_LEAF)) {
+    if (m[2] !== undefined) continue; // a key: the names of fields are no secret
+    const raw = m[1];
+    if (raw === undefined) leaves.push(m[0]);
+    else {
+      try {
+        leaves.push(JSON.parse(`"${raw}"`) as string);
+      } catch {
+        leaves.push(raw);
+      }
+    }
+  }
+  return leaves;
+}
+
+/** Longest word of a reason checked for the leaves of the value it holds (longer ones: their first 64 characters). */
+const MAX_CONTAINED_LEAF = 64;
+
+const PUNCTUATION = /[\p{P}\p{S}]/u;
+
+/** `token` without the punctuation and symbols around it: `"4111",` is checked as 4111. */
+function coreOf(token: string): string {
+  let start = 0;
+  let end = token.length;
+  while (start < end && PUNCTUATION.test(token[start]!)) start++;
+  while (end > start && PUNCTUATION.test(token[end - 1]!)) end--;
+  return token.slice(start, end);
+}
+
+/**
+ * `text` with each word found in the value's leaves withheld. Bounded work whatever the sizes:
+ * `text` is at most {@link MAX_DLQ_REASON_LENGTH} characters; each word is searched once in the
+ * leaves joined (native search), and the leaves a word may contain are looked up by its
+ * substrings of 3 to 64 characters in a set.
+ */
+function withholdValueWords(text: string, value: Buffer): string {
+  const leaves = valueLeaves(value);
+  const joined = leaves.join('\u0000');
+  const leafSet = new Set(
+    leaves.filter((leaf) => leaf.length >= MIN_CHECKED_WORD && leaf.length <= MAX_CONTAINED_LEAF),
+  );
+  const holdsLeaf = (word: string): boolean => {
+    for (let i = 0; i + MIN_CHECKED_WORD <= word.length; i++) {
+      for (let j = i + MIN_CHECKED_WORD; j <= Math.min(word.length, i + MAX_CONTAINED_LEAF); j++) {
+        if (leafSet.has(word.slice(i, j))) return true;
+      }
+    }
+    return false;
+  };
+  return text.replace(/\S+/g, (token) => {
+    const core = coreOf(token);
+    if (core.length < MIN_CHECKED_WORD || !(joined.includes(core) || holdsLeaf(core))) return token;
+    return token.replace(core, WITHHELD);
+  });
 }
 
 /**
@@ -152,10 +271,6 @@ export interface DeadLetterSummary {
 /** Longest key (or invalid event id) shown in a summary, in characters. */
 const MAX_SUMMARY_KEY_LENGTH = 64;
 
-function cut(text: string): string {
-  return text.length > MAX_SUMMARY_KEY_LENGTH ? `${text.slice(0, MAX_SUMMARY_KEY_LENGTH - 1)}…` : text;
-}
-
 function headerText(headers: KafkaMessage['headers'], name: string): string | null {
   const raw = headers?.[name];
   const value = Array.isArray(raw) ? raw[raw.length - 1] : raw;
@@ -195,10 +310,10 @@ export function summarizeDeadLetter(
     failedAt: headerText(h, HEADER_DLQ_FAILED_AT),
     consumerGroup: headerText(h, HEADER_DLQ_CONSUMER_GROUP),
     eventId,
-    invalidEventId: rawEventId === null ? null : cut(rawEventId),
+    invalidEventId: rawEventId === null ? null : cut(rawEventId, MAX_SUMMARY_KEY_LENGTH),
     omitted: headerText(h, HEADER_DLQ_OMITTED),
     eventType,
-    key: key === null ? null : cut(key),
+    key: key === null ? null : cut(key, MAX_SUMMARY_KEY_LENGTH),
     valueBytes: message.value === null ? null : message.value.length,
   };
 }

@@ -69,7 +69,9 @@ import {
   claimInboxRow,
   inboxClaimText,
   probeInbox,
+  readInboxEntry,
   setTransactionLockTimeout,
+  type InboxEntry,
   type InboxRow,
 } from './inbox-sql.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
@@ -212,7 +214,13 @@ interface EventPrepared {
 
 /** What one batch-mode transaction did (see `#applyRun`). */
 interface Run {
-  done: { prepared: EventPrepared; outcome: 'applied' | 'duplicate'; durationMs: number }[];
+  done: {
+    prepared: EventPrepared;
+    outcome: 'applied' | 'duplicate';
+    durationMs: number;
+    /** A duplicate's inbox row (see `readInboxEntry`). */
+    firstApplied?: InboxEntry | null;
+  }[];
   failure?: { prepared: EventPrepared; error: unknown };
 }
 
@@ -780,7 +788,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             step = await this.#failed(done.prepared, err, signal);
             break;
           }
-          this.#succeeded(done.prepared, done.outcome, done.durationMs);
+          this.#succeeded(done.prepared, done.outcome, done.durationMs, done.firstApplied);
           payload.resolveOffset(done.prepared.message.offset);
           resolved += 1;
         }
@@ -882,13 +890,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       return this.#deadLetter(message, position, eventId, reason, attempts, error);
     }
     const startedAt = performance.now();
-    let outcome: 'applied' | 'duplicate';
+    let applied: { outcome: 'applied' | 'duplicate'; firstApplied?: InboxEntry | null };
     try {
-      outcome = await this.#applyOnce(prepared.event, signal, prepared.attempt, prepared.progress, partitionProgress);
+      applied = await this.#applyOnce(prepared.event, signal, prepared.attempt, prepared.progress, partitionProgress);
     } catch (err) {
       return this.#failed(prepared, err, signal);
     }
-    this.#succeeded(prepared, outcome, performance.now() - startedAt);
+    this.#succeeded(prepared, applied.outcome, performance.now() - startedAt, applied.firstApplied);
     return DONE;
   }
 
@@ -912,7 +920,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     if (err instanceof HandlerFailure && !isConnectionError(err.error)) {
       pending.attempts = attempt;
       if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
-        pending.deadLetter = { reason: reasonOf(err.error), error: err.error };
+        pending.deadLetter = { reason: reasonOf(err.error, message.value), error: err.error };
         return this.#deadLetter(message, position, event.id, pending.deadLetter.reason, attempt, err.error);
       }
       const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);
@@ -948,8 +956,17 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     return { kind: 'retry-later', delayMs };
   }
 
-  /** Bookkeeping of a committed message (applied, or skipped as a duplicate). */
-  #succeeded(prepared: EventPrepared, outcome: 'applied' | 'duplicate', durationMs: number): void {
+  /**
+   * Bookkeeping of a committed message (applied, or skipped as a duplicate of the inbox row
+   * `firstApplied`). A duplicate of another message than the one applied is said at warn: it may
+   * be a different event reusing the id, which this group never applies (docs/events.md).
+   */
+  #succeeded(
+    prepared: EventPrepared,
+    outcome: 'applied' | 'duplicate',
+    durationMs: number,
+    firstApplied: InboxEntry | null = null,
+  ): void {
     const { position, event, attempt } = prepared;
     const pending = this.#pending.get(partitionKey(position.topic, position.partition));
     if (pending?.offset === position.offset) this.#pending.delete(partitionKey(position.topic, position.partition));
@@ -960,11 +977,22 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       );
       this.#events.emit('consumer:applied', { event, attempt, durationMs });
     } else {
-      this.#o.logger.debug(
-        { groupId: this.groupId, ...position, eventId: event.id, attempt },
-        'Duplicate event skipped.',
-      );
-      this.#events.emit('consumer:duplicate', { event });
+      const elsewhere =
+        firstApplied !== null &&
+        (firstApplied.topic !== position.topic ||
+          firstApplied.partition !== position.partition ||
+          firstApplied.offset !== position.offset);
+      const fields = { groupId: this.groupId, ...position, eventId: event.id, attempt };
+      if (elsewhere) {
+        this.#o.logger.warn(
+          { ...fields, firstApplied },
+          'Duplicate event id in another message than the one applied: skipped. A relay republish of the same ' +
+            'event is harmless; a different event reusing this id is never applied by this group (docs/events.md, Event ids).',
+        );
+      } else {
+        this.#o.logger.debug(fields, 'Duplicate event skipped.');
+      }
+      this.#events.emit('consumer:duplicate', { event, firstApplied, elsewhere });
     }
   }
 
@@ -1056,17 +1084,21 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             for (let n = 0; ;) {
               const startedAt = performance.now();
               try {
+                let firstApplied: InboxEntry | null | undefined;
                 if (claimed) {
                   await this.#runHandler(client as TransactionOf<D>, current.event, signal, current.attempt);
                   // 'E': a statement failed inside the handler, which caught it. pg learns the
                   // status from ReadyForQuery, which may arrive after the failed statement's
                   // answer: a miss here is caught by the next statement (see below).
                   if (client.getTransactionStatus() === 'E') throw swallowedFailure(new Error('Transaction status E'));
+                } else {
+                  firstApplied = await this.#firstApplied(client, current.event);
                 }
                 done.push({
                   prepared: current,
                   outcome: claimed ? 'applied' : 'duplicate',
                   durationMs: performance.now() - startedAt,
+                  firstApplied,
                 });
               } catch (err) {
                 await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
@@ -1123,10 +1155,14 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             const startedAt = performance.now();
             try {
               // A nested drizzle transaction is a savepoint, rolled back when the callback throws.
+              let firstApplied: InboxEntry | null | undefined;
               const outcome = await (tx as unknown as NestingTransaction).transaction(async (sp) => {
                 const spq = joinTransaction(sp, 'the dedup consumer');
                 const claimed = await claimInboxRow(spq, schemaSql, rowOf(p));
-                if (!claimed) return 'duplicate' as const;
+                if (!claimed) {
+                  firstApplied = await readInboxEntry(spq, schemaSql, groupId, p.event.id);
+                  return 'duplicate' as const;
+                }
                 if (p.progress)
                   await writeProgress(spq, schemaSql, groupId, p.event.topic, p.event.partition, p.progress);
                 await this.#runHandler(sp as TransactionOf<D>, p.event, signal, p.attempt);
@@ -1137,7 +1173,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
                 }
                 return 'applied' as const;
               });
-              done.push({ prepared: p, outcome, durationMs: performance.now() - startedAt });
+              done.push({ prepared: p, outcome, durationMs: performance.now() - startedAt, firstApplied });
             } catch (err) {
               // drizzle answers the COMMIT of an aborted transaction without an error: prove the
               // ROLLBACK TO worked before the messages run so far are committed.
@@ -1180,10 +1216,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     attempt: number,
     progress?: StoredProgress,
     partitionProgress?: PartitionProgress,
-  ): Promise<'applied' | 'duplicate'> {
+  ): Promise<{ outcome: 'applied' | 'duplicate'; firstApplied?: InboxEntry | null }> {
     const { database, schemaSql, groupId, lockTimeoutMs } = this.#o;
     const pool = isPgPool(database);
     let handlerReturned = false;
+    let firstApplied: InboxEntry | null | undefined;
     const row = { groupId, eventId: event.id, topic: event.topic, partition: event.partition, offset: event.offset };
     const body = async (
       tx: TransactionOf<D>,
@@ -1199,7 +1236,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         claimed = await claimInboxRow(q, schemaSql, row);
         if (claimed && progress) await writeProgress(q, schemaSql, groupId, event.topic, event.partition, progress);
       }
-      if (!claimed) return 'duplicate';
+      if (!claimed) {
+        firstApplied = await this.#firstApplied(tx as TransactionHandle, event);
+        return 'duplicate';
+      }
       await this.#runHandler(tx, event, signal, attempt);
       if (!pool) {
         try {
@@ -1228,7 +1268,12 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // Committed: the partition's known progress row (before any hook may fail).
     if (outcome === 'applied' && progress) markWritten(partitionProgress, progress);
     await this.#afterCommit(event, outcome);
-    return outcome;
+    return { outcome, firstApplied };
+  }
+
+  /** The inbox row of a duplicate, read in its transaction (see `readInboxEntry`). */
+  #firstApplied(tx: TransactionHandle, event: ConsumedEvent): Promise<InboxEntry | null> {
+    return readInboxEntry(joinTransaction(tx, 'the dedup consumer'), this.#o.schemaSql, this.groupId, event.id);
   }
 
   /**

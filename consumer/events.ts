@@ -3,6 +3,7 @@
  */
 import type { Logger } from '../src/logger.js';
 import type { ConsumedEvent } from './consumed-event.js';
+import type { InboxEntry } from './inbox-sql.js';
 
 /** Where a message sits in Kafka. */
 export interface MessagePosition {
@@ -16,8 +17,16 @@ export interface MessagePosition {
 export interface DedupConsumerEvents {
   /** The handler ran and its transaction (with the inbox row) committed. */
   'consumer:applied': { event: ConsumedEvent; attempt: number; durationMs: number };
-  /** The event id was already in the inbox for this group: the handler did not run. */
-  'consumer:duplicate': { event: ConsumedEvent };
+  /**
+   * The event id was already in the inbox for this group: the handler did not run. `firstApplied`
+   * is where and when the group applied it (null when the inbox row could not be read).
+   * `elsewhere` is true when that was another message (another topic, partition or offset): a
+   * relay's republish of the same event (harmless), or a different event that reuses the id,
+   * whose effects this group never applies. Such a skip is logged at warn and counted in
+   * `outboxkit_consumer_duplicates_elsewhere_total`; a redelivery of the applied message itself
+   * (crash, rebalance, offset reset) is not.
+   */
+  'consumer:duplicate': { event: ConsumedEvent; firstApplied: InboxEntry | null; elsewhere: boolean };
   /**
    * `recordProgress` only: a redelivered record that the partition's progress proves handled
    * (applied, found in the inbox or dead-lettered before) was skipped without a transaction.

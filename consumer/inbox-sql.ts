@@ -44,6 +44,44 @@ export async function claimInboxRow(q: Queryable, schemaSql: string, row: InboxR
   return result.rowCount === 1;
 }
 
+/** Where and when a consumer group applied an event, as its inbox row records it. */
+export interface InboxEntry {
+  topic: string;
+  partition: number;
+  /** Decimal string. */
+  offset: string;
+  processedAt: Date;
+}
+
+/**
+ * The inbox row of (group, event id), read after the claim found it taken, to tell a redelivery of
+ * the message that was applied (same topic, partition and offset) from another message with the
+ * same event id. Runs only for duplicates, in their transaction; a statement of its own, so that
+ * under READ COMMITTED it sees a row a concurrent delivery committed while the claim waited on it
+ * (the claim's own snapshot does not).
+ *
+ * @param schemaSql - the quoted schema name (`quoteSchema()`).
+ * @returns the row, or null when it cannot be seen (deleted meanwhile, or a REPEATABLE READ
+ *   snapshot taken before it committed).
+ */
+export async function readInboxEntry(
+  q: Queryable,
+  schemaSql: string,
+  groupId: string,
+  eventId: string,
+): Promise<InboxEntry | null> {
+  // The time as epoch ms: drizzle's node-postgres driver returns timestamps as text.
+  const { rows } = await q.query<{ topic: string; partition: number; offset: string; processed_ms: number }>(
+    `SELECT topic, partition, "offset"::text AS "offset",
+            (extract(epoch FROM processed_at) * 1000)::float8 AS processed_ms
+       FROM ${schemaSql}.inbox WHERE consumer_group = $1 AND event_id = $2`,
+    [groupId, eventId],
+  );
+  const row = rows[0];
+  if (row === undefined) return null;
+  return { topic: row.topic, partition: row.partition, offset: row.offset, processedAt: new Date(row.processed_ms) };
+}
+
 /** A UUID as `readEventId()` returns it (lower case); anything else never reaches inlined SQL. */
 export const UUID_TEXT = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 /** A Kafka offset as kafkajs gives it: the decimal text of a non-negative int64. */

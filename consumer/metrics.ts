@@ -27,6 +27,9 @@ function counter(registry: client.Registry, name: string, help: string): client.
  *
  * - `outboxkit_consumer_applied_total`: events whose handler ran and committed.
  * - `outboxkit_consumer_duplicates_total`: events skipped because the group had applied them.
+ * - `outboxkit_consumer_duplicates_elsewhere_total`: of those, the ones whose event id the group
+ *   applied from another message (topic, partition or offset): a relay republish, or a different
+ *   event reusing the id, which the group never applies (see `consumer:duplicate`). Alert on it.
  * - `outboxkit_consumer_progress_skipped_total`: redelivered records skipped without a
  *   transaction because the partition's progress proves them handled (`recordProgress`).
  * - `outboxkit_consumer_retries_total`: failed handler runs that will run again.
@@ -50,6 +53,12 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
     registry,
     'outboxkit_consumer_duplicates_total',
     'Events skipped because the inbox shows the consumer group already applied them.',
+  );
+  const duplicatesElsewhere = counter(
+    registry,
+    'outboxkit_consumer_duplicates_elsewhere_total',
+    'Duplicates whose event id the group applied from another message (topic, partition or offset): ' +
+      'a relay republish, or a different event reusing the id, which the group never applies.',
   );
   const progressSkipped = counter(
     registry,
@@ -84,7 +93,9 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
 
   const group = consumer.groupId;
   for (const topic of consumer.topics) {
-    for (const c of [applied, duplicates, progressSkipped, retries, deadLettered, errors]) c.inc({ group, topic }, 0);
+    for (const c of [applied, duplicates, duplicatesElsewhere, progressSkipped, retries, deadLettered, errors]) {
+      c.inc({ group, topic }, 0);
+    }
     duration.zero({ group, topic });
   }
   const off = [
@@ -92,7 +103,10 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
       applied.inc({ group, topic: event.topic });
       duration.observe({ group, topic: event.topic }, durationMs / 1_000);
     }),
-    consumer.on('consumer:duplicate', ({ event }) => duplicates.inc({ group, topic: event.topic })),
+    consumer.on('consumer:duplicate', ({ event, elsewhere }) => {
+      duplicates.inc({ group, topic: event.topic });
+      if (elsewhere) duplicatesElsewhere.inc({ group, topic: event.topic });
+    }),
     consumer.on('consumer:progress-skipped', ({ topic }) => progressSkipped.inc({ group, topic })),
     consumer.on('consumer:retry', ({ event }) => retries.inc({ group, topic: event.topic })),
     consumer.on('consumer:dead-lettered', ({ topic }) => deadLettered.inc({ group, topic })),

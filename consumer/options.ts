@@ -11,6 +11,7 @@ import { noopLogger, type Logger } from '../src/logger.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
+import { DEAD_LETTER_TOPIC_SUFFIX } from './dead-letter.js';
 import type { ConsumedEvent, EventDecoder } from './consumed-event.js';
 import { DEFAULT_INBOX_RETENTION_MS } from './inbox-cleanup.js';
 
@@ -65,7 +66,8 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   schema?: string;
   /**
    * Names the dead-letter topic of a source topic. Must return a legal topic name that is not one
-   * of the consumed topics. @defaultValue (topic) => `${topic}.dlq`
+   * of the consumed topics. `outboxkit dlq replay` derives the source topic from the default
+   * name; with another naming it needs `--to <topic>`. @defaultValue (topic) => `${topic}.dlq`
    */
   deadLetterTopic?: (topic: string) => string;
   /**
@@ -184,7 +186,7 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
 /** Default values of {@link DedupConsumerOptions}. */
 export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   schema: DEFAULT_SCHEMA,
-  deadLetterTopic: (topic: string): string => `${topic}.dlq`,
+  deadLetterTopic: (topic: string): string => `${topic}${DEAD_LETTER_TOPIC_SUFFIX}`,
   maxAttempts: 5,
   retryInitialMs: 100,
   retryMaxMs: 5_000,

@@ -5,5 +5,12 @@ export { createKafkajsProducer, SAFE_PRODUCER_CONFIG } from './producer.js';
 export type { RelayProducer, OutboundRecord, KafkajsProducerOptions } from './producer.js';
 export { releaseOwner, laneOwners, backlog } from './sql.js';
 // Metrics and health endpoints, for a relay embedded in an application process.
-export { relayMetrics, relayReadiness, serveMetrics, PUBLISH_DURATION_BUCKETS } from './metrics.js';
-export type { RelayReadiness } from './metrics.js';
+export {
+  relayMetrics,
+  relayReadiness,
+  serveMetrics,
+  PUBLISH_DURATION_BUCKETS,
+  RELAY_METRICS_REFRESH_MS,
+  DEFAULT_METRICS_HOST,
+} from './metrics.js';
+export type { RelayReadiness, RelayMetricsOptions, ServeMetricsOptions } from './metrics.js';

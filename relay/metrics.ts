@@ -2,17 +2,72 @@
  * Prometheus metrics and health endpoints of the relay daemon (prom-client).
  */
 import { createServer, type Server } from 'node:http';
+import { isIP } from 'node:net';
 import client from 'prom-client';
 import type pg from 'pg';
 import type { Relay } from './relay.js';
 import { backlog, laneOwners } from './sql.js';
 import { quoteSchema } from '../src/schema-name.js';
-import { refuseUnknownOptions } from '../src/errors.js';
+import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
 
 /** Bucket bounds of the send latency histogram, in seconds (1 ms to 30 s). */
 export const PUBLISH_DURATION_BUCKETS = Object.freeze([
   0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 ]);
+
+/**
+ * How old, at most, the database figures of `/metrics` and `/readyz` may be, in ms: a scrape or a
+ * probe within this long of the last read reuses it, so a flood of requests costs one round of
+ * queries per interval (never one per request, never two at once) and cannot starve the relay's
+ * small pool. Prometheus scrapes every 15 s or more by default.
+ */
+export const RELAY_METRICS_REFRESH_MS = 5_000;
+
+/**
+ * `load`, run at most once per `refreshMs`: a caller within `refreshMs` of the end of the last run
+ * gets its outcome (value or error), a caller during a run shares it. Only the first caller after
+ * the interval starts a new run.
+ */
+function refreshedAtMostEvery<T>(refreshMs: number, load: () => Promise<T>): () => Promise<T> {
+  let current: Promise<T> | undefined;
+  let running = false;
+  let settledAt = 0;
+  return () => {
+    if (current !== undefined && (running || performance.now() - settledAt < refreshMs)) return current;
+    running = true;
+    current = load().finally(() => {
+      running = false;
+      settledAt = performance.now();
+    });
+    current.catch(() => undefined); // each caller handles the rejection it gets
+    return current;
+  };
+}
+
+/** Checks `refreshMs` (an integer of 0 or more, in ms) and returns it, or the default. */
+function refreshMsOf(value: number | undefined, what: string): number {
+  const refreshMs = value ?? RELAY_METRICS_REFRESH_MS;
+  if (!Number.isSafeInteger(refreshMs) || refreshMs < 0) {
+    throw new InvalidOptionsError(`${what}: refreshMs must be an integer of 0 or more (ms), got ${String(value)}.`);
+  }
+  return refreshMs;
+}
+
+/** Options of {@link relayMetrics}. */
+export interface RelayMetricsOptions {
+  /**
+   * Longest age of the database gauges (backlog, oldest pending age, parked, unowned lanes), in
+   * ms: they are read by one round of two queries at most once per interval, whatever the scrape
+   * rate. 0 reads them at every scrape (still one round at a time).
+   * @defaultValue 5_000 ({@link RELAY_METRICS_REFRESH_MS})
+   */
+  refreshMs?: number;
+}
+
+/** Every option name of {@link relayMetrics}. */
+const METRICS_OPTION_NAMES: readonly string[] = Object.keys({
+  refreshMs: true,
+} satisfies Record<keyof RelayMetricsOptions, true>);
 
 /**
  * Metrics of one relay, registered on `registry`:
@@ -23,13 +78,22 @@ export const PUBLISH_DURATION_BUCKETS = Object.freeze([
  *   acknowledgement (acks=all), for acknowledged sends.
  * - `outboxkit_relay_lanes_held`: lanes this instance holds.
  * - `outboxkit_relay_producer_connected`: 1 while the relay has a connected Kafka producer.
- * - At scrape time, from the database (all lanes, all relays): `outboxkit_relay_backlog`,
- *   `outboxkit_relay_oldest_pending_seconds`, `outboxkit_relay_parked`,
+ * - From the database (all lanes, all relays), read at most once per `options.refreshMs`:
+ *   `outboxkit_relay_backlog`, `outboxkit_relay_oldest_pending_seconds`, `outboxkit_relay_parked`,
  *   `outboxkit_relay_lanes_unowned` (lanes with no live lease: their events wait).
  *
  * ops/grafana/outboxkit.json and ops/prometheus/alerts.yml use these names.
+ *
+ * @throws {@link InvalidOptionsError} on an unknown option name or a bad `refreshMs`.
  */
-export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Registry): void {
+export function relayMetrics(
+  relay: Relay,
+  pool: pg.Pool,
+  registry: client.Registry,
+  options: RelayMetricsOptions = {},
+): void {
+  refuseUnknownOptions(options ?? {}, METRICS_OPTION_NAMES, 'relayMetrics');
+  const refreshMs = refreshMsOf(options?.refreshMs, 'relayMetrics');
   const schema = quoteSchema(relay.options.schema);
   const published = new client.Counter({
     name: 'outboxkit_relay_published_total',
@@ -67,20 +131,21 @@ export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Regis
   relay.on('relay:error', () => failures.inc());
   relay.on('relay:lanes', ({ held }) => lanes.set(held.length));
 
-  // Backlog figures are read from the database when Prometheus scrapes, not on the hot path.
+  // The database gauges come from one snapshot, read off the hot path and at most once per
+  // refreshMs: the two queries run one after the other, on one connection at a time.
   const q = { query: async <R>(text: string) => ({ rows: (await pool.query(text)).rows as R[], rowCount: 0 }) };
-  // One query serves the three backlog gauges of a scrape.
-  let pending: ReturnType<typeof backlog> | undefined;
-  const figures = () => {
-    pending ??= backlog(q, schema).finally(() => setImmediate(() => (pending = undefined)));
-    return pending;
-  };
+  const snapshot = refreshedAtMostEvery(refreshMs, async () => {
+    const figures = await backlog(q, schema);
+    const owners = await laneOwners(q, schema);
+    const unowned = owners.filter((o) => o.owner_id === null || !o.live).reduce((n, o) => n + o.lanes, 0);
+    return { ...figures, unowned };
+  });
   new client.Gauge({
     name: 'outboxkit_relay_backlog',
     help: 'Outbox events waiting to be published (all lanes).',
     registers: [registry],
     async collect() {
-      this.set((await figures()).pending);
+      this.set((await snapshot()).pending);
     },
   });
   new client.Gauge({
@@ -88,7 +153,7 @@ export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Regis
     help: 'Age of the oldest pending outbox event, in seconds.',
     registers: [registry],
     async collect() {
-      this.set((await figures()).oldestPendingMs / 1000);
+      this.set((await snapshot()).oldestPendingMs / 1000);
     },
   });
   new client.Gauge({
@@ -96,7 +161,7 @@ export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Regis
     help: 'Outbox events parked after repeated publish failures.',
     registers: [registry],
     async collect() {
-      this.set((await figures()).parked);
+      this.set((await snapshot()).parked);
     },
   });
   new client.Gauge({
@@ -104,8 +169,7 @@ export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Regis
     help: 'Lanes without a live lease (free, or held by a relay whose lease expired): their events wait.',
     registers: [registry],
     async collect() {
-      const owners = await laneOwners(q, schema);
-      this.set(owners.filter((o) => o.owner_id === null || !o.live).reduce((n, o) => n + o.lanes, 0));
+      this.set((await snapshot()).unowned);
     },
   });
 }
@@ -114,7 +178,7 @@ export function relayMetrics(relay: Relay, pool: pg.Pool, registry: client.Regis
 export interface RelayReadiness {
   /** Both checks below passed. */
   ready: boolean;
-  /** PostgreSQL answered `SELECT 1` within the timeout. */
+  /** PostgreSQL answered `SELECT 1` within the timeout (at the last check, at most `refreshMs` ago). */
   database: boolean;
   /** The relay holds a connected Kafka producer ({@link Relay.producerConnected}). */
   kafka: boolean;
@@ -123,29 +187,35 @@ export interface RelayReadiness {
 /** Every option name of {@link relayReadiness}. */
 const READINESS_OPTION_NAMES: readonly string[] = Object.keys({
   timeoutMs: true,
+  refreshMs: true,
 } satisfies Record<keyof NonNullable<Parameters<typeof relayReadiness>[2]>, true>);
 
 /**
  * The relay daemon's readiness check: ready only when PostgreSQL answers (`SELECT 1` on `pool`
- * within `timeoutMs`) and the relay holds a connected Kafka producer. The producer is dropped on a
- * failed connect, send or idle probe, or one Kafka did not answer within the relay's
- * `brokerTimeoutMs`, and replaced once the broker answers again, so an unreachable broker or
- * rejected credentials show here (about 5 s into an outage with the defaults; 8 s for an idle relay,
- * which probes every third of a lease).
+ * within `timeoutMs`) and the relay holds a connected Kafka producer. The producer state is the
+ * relay's own, read at each call; the database check runs at most once per `refreshMs` and calls
+ * in between get its last answer, so probes (or a flood of requests) never cost a query each.
+ * The producer is dropped on a failed connect, send or idle probe, or one Kafka did not answer
+ * within the relay's `brokerTimeoutMs`, and replaced once the broker answers again, so an
+ * unreachable broker or rejected credentials show here (about 5 s into an outage with the
+ * defaults; 8 s for an idle relay, which probes every third of a lease). An unreachable database
+ * shows within `refreshMs` + `timeoutMs`.
  *
  * @param options.timeoutMs - longest wait for PostgreSQL, in ms. @defaultValue 2_000
- * @throws {@link InvalidOptionsError} naming an unknown option name.
+ * @param options.refreshMs - longest age of the database answer, in ms (0: ask at every call,
+ *   one check at a time). @defaultValue 5_000 ({@link RELAY_METRICS_REFRESH_MS})
+ * @throws {@link InvalidOptionsError} naming an unknown option name, or on a bad `refreshMs`.
  */
 export function relayReadiness(
   relay: Relay,
   pool: pg.Pool,
-  options: { timeoutMs?: number } = {},
+  options: { timeoutMs?: number; refreshMs?: number } = {},
 ): () => Promise<RelayReadiness> {
   refuseUnknownOptions(options ?? {}, READINESS_OPTION_NAMES, 'relayReadiness');
   const timeoutMs = options.timeoutMs ?? 2_000;
-  return async () => {
+  const databaseAnswers = refreshedAtMostEvery(refreshMsOf(options.refreshMs, 'relayReadiness'), async () => {
     let timer: NodeJS.Timeout | undefined;
-    const database = await Promise.race([
+    const answered = await Promise.race([
       pool.query('SELECT 1').then(
         () => true,
         () => false,
@@ -153,23 +223,58 @@ export function relayReadiness(
       new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), timeoutMs))),
     ]);
     clearTimeout(timer);
+    return answered;
+  });
+  return async () => {
+    const database = await databaseAnswers();
     const kafka = relay.producerConnected;
     return { ready: database && kafka, database, kafka };
   };
 }
 
+/** The address {@link serveMetrics} listens on unless told otherwise: this host only. */
+export const DEFAULT_METRICS_HOST = '127.0.0.1';
+
+/** Options of {@link serveMetrics}. */
+export interface ServeMetricsOptions {
+  /**
+   * The IP address to listen on (IPv4 or IPv6). The default keeps the endpoints on this host;
+   * `0.0.0.0` (or `::`) exposes them on every interface, as a Prometheus on another host or a
+   * container's port mapping needs.
+   * @defaultValue '127.0.0.1' ({@link DEFAULT_METRICS_HOST})
+   */
+  host?: string;
+}
+
+/** Every option name of {@link serveMetrics}. */
+const SERVE_OPTION_NAMES: readonly string[] = Object.keys({
+  host: true,
+} satisfies Record<keyof ServeMetricsOptions, true>);
+
 /**
  * Serves `/metrics` (Prometheus text format), `/healthz` (the process answers) and `/readyz`
  * (200 `ready`, or 503 naming what is missing; see {@link relayReadiness}).
  *
- * @param port - TCP port on 0.0.0.0; 0 picks a free one.
+ * @param port - TCP port; 0 picks a free one.
  * @param ready - the readiness check; a boolean or a {@link RelayReadiness}. A throw counts as not ready.
+ * @param options.host - the IP address to listen on. @defaultValue '127.0.0.1'
+ * @throws {@link InvalidOptionsError} on an unknown option name or a host that is not an IP address;
+ *   the listen error (`EADDRINUSE`, `EADDRNOTAVAIL`) when the port is taken or the address is not
+ *   this host's.
  */
 export async function serveMetrics(
   registry: client.Registry,
   port: number,
   ready: () => Promise<boolean | RelayReadiness>,
+  options: ServeMetricsOptions = {},
 ): Promise<Server> {
+  refuseUnknownOptions(options ?? {}, SERVE_OPTION_NAMES, 'serveMetrics');
+  const host = options?.host ?? DEFAULT_METRICS_HOST;
+  if (typeof host !== 'string' || isIP(host) === 0) {
+    throw new InvalidOptionsError(
+      `serveMetrics: host must be an IP address such as 127.0.0.1, 0.0.0.0 or ::, got ${JSON.stringify(host)}.`,
+    );
+  }
   const server = createServer((req, res) => {
     void (async () => {
       try {
@@ -200,7 +305,7 @@ export async function serveMetrics(
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(port, resolve);
+    server.listen(port, host, resolve);
   });
   server.unref();
   return server;

@@ -102,7 +102,11 @@ export interface RelayOptions {
    * retried later). Events of other keys flow either way. @defaultValue true
    */
   holdKeyBehindFailure?: boolean;
-  /** How long published rows are kept before deletion, in ms. @defaultValue 86_400_000 (24 h) */
+  /**
+   * How long published rows are kept before deletion, in ms. Never less than 65 min in effect
+   * (`EVENT_ID_REUSE_WINDOW_MS`): a published row refuses a reused explicit event id for as long
+   * as the writer would accept that id (docs/events.md, Event ids). @defaultValue 86_400_000 (24 h)
+   */
   publishedRetentionMs?: number;
   /** Interval of the retention cleanup, in ms (run by the holder of lane 0). @defaultValue 60_000 */
   cleanupIntervalMs?: number;

@@ -6,7 +6,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Queryable, QueryResult } from '../src/database.js';
-import { OUTBOX_LANES } from '../src/constants.js';
+import { EVENT_ID_REUSE_WINDOW_MS, OUTBOX_LANES } from '../src/constants.js';
 import { schemaMissingOr } from '../src/errors.js';
 
 const statementNames = new Map<string, string>();
@@ -382,6 +382,12 @@ export async function skipParked(db: Queryable, schema: string, eventIds: readon
 /**
  * Deletes published rows older than the retention, at most `batchSize` per call (bounded lock
  * time and WAL per statement). @returns how many were deleted.
+ *
+ * A row is kept at least {@link EVENT_ID_REUSE_WINDOW_MS} (65 min) after it was published, whatever
+ * `retentionMs` says: the writer accepts an explicit event id only within that window of the id's
+ * own timestamp (src/outbox/event.ts), and the row was published after the id was made, so a
+ * second event with the same id meets this row's unique constraint instead of being published and
+ * skipped as a duplicate by every consumer that applied the first.
  */
 export async function deletePublished(
   db: Queryable,
@@ -389,6 +395,7 @@ export async function deletePublished(
   retentionMs: number,
   batchSize: number,
 ): Promise<number> {
+  const keepMs = Math.max(retentionMs, EVENT_ID_REUSE_WINDOW_MS);
   const { rowCount } = await run(
     db,
     schema,
@@ -397,7 +404,7 @@ export async function deletePublished(
         WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1::double precision / 1000)
         ORDER BY published_at LIMIT $2
         FOR UPDATE SKIP LOCKED)`,
-    [retentionMs, batchSize],
+    [keepMs, batchSize],
   );
   return rowCount;
 }

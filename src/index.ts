@@ -8,6 +8,7 @@
 export { enqueue, createOutbox, notifyChannel, OUTBOX_DEFAULTS } from './outbox/enqueue.js';
 export type { Outbox, OutboxOptions, EnqueuedEvent } from './outbox/enqueue.js';
 export { HEADER_EVENT_ID, HEADER_EVENT_TYPE, laneOf } from './outbox/event.js';
+export { EVENT_ID_MAX_AGE_MS, EVENT_ID_MAX_SKEW_MS, EVENT_ID_REUSE_WINDOW_MS } from './constants.js';
 export type { OutboxEventInput } from './outbox/event.js';
 export type { EncodeContext, EncoderResult, PayloadEncoder } from './outbox/encoding.js';
 export {

@@ -2,6 +2,7 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import { readDeadLetters, replayDeadLetters } from '../../consumer/dead-letter-replay.js';
 import type { DeadLetterSummary } from '../../consumer/dead-letter.js';
 import { addKafkaOptions, eventIdList, int, kafkaFromOptions } from '../shared.js';
+import { printJson, printLines } from '../printable.js';
 
 function cliKafka(opts: Record<string, unknown>) {
   return kafkaFromOptions(opts, { clientId: 'outboxkit-cli' }).kafka;
@@ -17,15 +18,20 @@ const timeoutOption = () =>
 /** Reasons are bounded (1,000 characters) by the consumer; the table shows their start. */
 const MAX_LISTED_REASON = 160;
 
-function line(s: DeadLetterSummary): string {
+/**
+ * The two lines of one dead letter. Every field but the position comes from the record's headers,
+ * which anyone who may write to the topic chooses: printLines() escapes their control characters.
+ */
+function lines(s: DeadLetterSummary): [string, string] {
   const reason = s.reason ?? '-';
   const shown = reason.length > MAX_LISTED_REASON ? `${reason.slice(0, MAX_LISTED_REASON - 1)}…` : reason;
-  return (
+  return [
     `${s.dlq.partition}/${s.dlq.offset}  event=${eventOf(s)}  from=${s.originalTopic ?? '-'}/${s.originalPartition ?? '-'}@${s.originalOffset ?? '-'}` +
-    `  attempts=${s.attempts ?? '-'}  failed-at=${s.failedAt ?? '-'}  group=${s.consumerGroup ?? '-'}` +
-    `  type=${s.eventType ?? '-'}  key=${s.key === null ? '-' : JSON.stringify(s.key)}  ` +
-    `${s.omitted === null ? `${s.valueBytes ?? 0} B` : 'value omitted (too large for this topic)'}\n    ${shown}`
-  );
+      `  attempts=${s.attempts ?? '-'}  failed-at=${s.failedAt ?? '-'}  group=${s.consumerGroup ?? '-'}` +
+      `  type=${s.eventType ?? '-'}  key=${s.key === null ? '-' : JSON.stringify(s.key)}  ` +
+      `${s.omitted === null ? `${s.valueBytes ?? 0} B` : 'value omitted (too large for this topic)'}`,
+    `    ${shown}`,
+  ];
 }
 
 /** The event id, or what the header held when it is not a usable one. */
@@ -55,24 +61,28 @@ export function registerDlq(program: Command): void {
           timeoutMs: opts.timeoutMs,
         });
         const summaries = records.map((r) => r.summary);
-        if (opts.json) return console.log(JSON.stringify(summaries, null, 2));
-        if (summaries.length === 0) return console.log(`no dead letters in ${topic}`);
-        for (const s of summaries) console.log(line(s));
-        if (!complete) console.log(`(timed out before the end of ${topic}; listed what was read)`);
-        else if (summaries.length === opts.limit) console.log(`(first ${opts.limit}; use --limit for more)`);
+        if (opts.json) return printJson(summaries, 2);
+        if (summaries.length === 0) return printLines(`no dead letters in ${topic}`);
+        for (const s of summaries) printLines(...lines(s));
+        if (!complete) printLines(`(timed out before the end of ${topic}; listed what was read)`);
+        else if (summaries.length === opts.limit) printLines(`(first ${opts.limit}; use --limit for more)`);
       },
     );
   const replay = dlq
     .command('replay')
     .description(
-      'produce dead letters again to their original topic (or --to) with their key, value and headers minus dlq-*; ' +
-        'the dedup consumer applies each event at most once, however often it is replayed',
+      'produce dead letters again to the topic the dead-letter topic belongs to (orders.dlq -> orders; or --to) ' +
+        'with their key, value and headers minus dlq-*; the dedup consumer applies each event at most once, ' +
+        'however often it is replayed',
     )
     .argument('<dlq-topic>', 'the dead-letter topic');
   addKafkaOptions(replay)
     .option('--event-id <ids...>', 'event ids (UUIDs) to replay', eventIdList)
     .option('--all', 'every dead letter that has a usable event id')
-    .option('--to <topic>', 'produce to this topic instead of the original one')
+    .option(
+      '--to <topic>',
+      'produce to this topic instead of the one the dead-letter topic belongs to (required unless it is named <topic>.dlq)',
+    )
     .option('--json', 'print JSON')
     .addOption(eventIdHeaderOption())
     .addOption(timeoutOption())
@@ -97,12 +107,12 @@ export function registerDlq(program: Command): void {
           eventIdHeader: opts.eventIdHeader,
           timeoutMs: opts.timeoutMs,
         });
-        if (opts.json) return console.log(JSON.stringify(result, null, 2));
-        for (const r of result.replayed) console.log(`replayed ${r.eventId} -> ${r.topic}`);
+        if (opts.json) return printJson(result, 2);
+        for (const r of result.replayed) printLines(`replayed ${r.eventId} -> ${r.topic}`);
         for (const s of result.skipped)
-          console.log(`skipped ${s.dlqPartition}/${s.dlqOffset} (${s.eventId ?? '-'}): ${s.why}`);
-        for (const id of result.notFound) console.log(`not found: ${id}`);
-        console.log(`replayed ${result.replayed.length} events`);
+          printLines(`skipped ${s.dlqPartition}/${s.dlqOffset} (${s.eventId ?? '-'}): ${s.why}`);
+        for (const id of result.notFound) printLines(`not found: ${id}`);
+        printLines(`replayed ${result.replayed.length} events`);
         if (result.notFound.length > 0) process.exitCode = 1;
       },
     );

@@ -2,6 +2,7 @@ import { Option, type Command } from 'commander';
 import { CLEANUP_INBOX_DEFAULTS, cleanupInbox } from '../../consumer/inbox-cleanup.js';
 import { resetConsumerProgress } from '../../consumer/progress.js';
 import { databaseOption, int, schemaOption, withPool } from '../shared.js';
+import { printJson, printLines } from '../printable.js';
 
 /** `outboxkit inbox cleanup` and `outboxkit inbox progress-reset`. */
 export function registerInbox(program: Command): void {
@@ -42,11 +43,8 @@ export function registerInbox(program: Command): void {
             maxBatches: opts.maxBatches,
             consumerGroup: opts.group,
           });
-          console.log(
-            opts.json
-              ? JSON.stringify({ deleted, more })
-              : `deleted ${deleted} inbox rows${more ? ' (more remain; run again)' : ''}`,
-          );
+          if (opts.json) printJson({ deleted, more });
+          else printLines(`deleted ${deleted} inbox rows${more ? ' (more remain; run again)' : ''}`);
         });
       },
     );
@@ -68,7 +66,8 @@ export function registerInbox(program: Command): void {
           consumerGroup: opts.group,
           topic: opts.topic,
         });
-        console.log(opts.json ? JSON.stringify({ deleted }) : `deleted ${deleted} progress rows`);
+        if (opts.json) printJson({ deleted });
+        else printLines(`deleted ${deleted} progress rows`);
       });
     });
 }

@@ -6,6 +6,7 @@ import { idempotencyTable, listKeys, type KeyListing } from '../../src/idempoten
 import { IDEMPOTENCY_STATES, type IdempotencyState } from '../../src/schema.js';
 import { quoteSchema } from '../../src/schema-name.js';
 import { databaseOption, int, q, schemaOption, withPool } from '../shared.js';
+import { printJson, printLines } from '../printable.js';
 
 function state(value: string): IdempotencyState {
   if (!(IDEMPOTENCY_STATES as readonly string[]).includes(value)) {
@@ -67,12 +68,13 @@ export function registerKeys(program: Command): void {
             key: redactKey(fullKey),
             operationId: operationIdOf(fullKey),
           }));
-          if (opts.json) return console.log(JSON.stringify(listed, null, 2));
-          if (listed.length === 0) return console.log(`no ${opts.state} records`);
+          if (opts.json) return printJson(listed, 2);
+          if (listed.length === 0) return printLines(`no ${opts.state} records`);
+          // Tenants and operations come from requests: printLines() escapes their control characters.
           for (const r of listed) {
             const lease = r.leaseExpiresAt ? `  lease until ${r.leaseExpiresAt.toISOString()}` : '';
             const status = r.responseStatus === null ? '' : `  status ${r.responseStatus}`;
-            console.log(
+            printLines(
               `${r.tenant}  ${r.operation}  key=${r.key}  op=${r.operationId.slice(0, 16)}  ${r.state}  gen=${r.generation}  age ${Math.round(r.ageSeconds)} s${status}${lease}`,
             );
           }
@@ -95,7 +97,8 @@ export function registerKeys(program: Command): void {
             batchSize: opts.batchSize,
             maxBatches: opts.maxBatches,
           });
-          console.log(opts.json ? JSON.stringify({ deleted }) : `deleted ${deleted} expired idempotency records`);
+          if (opts.json) printJson({ deleted });
+          else printLines(`deleted ${deleted} expired idempotency records`);
         });
       },
     );

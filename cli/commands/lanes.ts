@@ -3,6 +3,7 @@ import type { Queryable } from '../../src/database.js';
 import { quoteSchema } from '../../src/schema-name.js';
 import { laneOwners, releaseOwner } from '../../relay/sql.js';
 import { databaseOption, q, schemaOption, withPool } from '../shared.js';
+import { printError, printJson, printLines } from '../printable.js';
 
 /** `outboxkit lanes release`. */
 export function registerLanes(program: Command): void {
@@ -25,10 +26,10 @@ export function registerLanes(program: Command): void {
         // id that is not parked (the reason on stderr, or the usual JSON with `released: 0`).
         if (n === 0) {
           process.exitCode = 1;
-          if (!opts.json) console.error(`outboxkit: ${await holdsNoLanes(q(pool), opts.schema, relayId)}`);
+          if (!opts.json) printError(`outboxkit: ${await holdsNoLanes(q(pool), opts.schema, relayId)}`);
         }
-        if (opts.json) console.log(JSON.stringify({ relayId, released: n }));
-        else if (n > 0) console.log(`released ${n} lanes of ${relayId}`);
+        if (opts.json) printJson({ relayId, released: n });
+        else if (n > 0) printLines(`released ${n} lanes of ${relayId}`);
       });
     });
 }

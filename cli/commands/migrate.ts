@@ -3,6 +3,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { migrate } from '../../src/migrate.js';
 import { applicationName, databaseOption, schemaOption } from '../shared.js';
+import { printJson, printableJson } from '../printable.js';
 
 /** `outboxkit migrate`. */
 export function registerMigrate(program: Command): void {
@@ -13,7 +14,7 @@ export function registerMigrate(program: Command): void {
     .addOption(schemaOption())
     .option('--json', 'print JSON on stdout: { "applied": [migration names] } (no log lines)')
     .action(async (opts: { databaseUrl: string; schema: string; json?: boolean }) => {
-      const logger = pino({ name: 'outboxkit', enabled: !opts.json });
+      const logger = pino({ name: 'outboxkit', enabled: !opts.json, hooks: { streamWrite: printableJson } });
       // The CLI's own client, to name it in pg_stat_activity; migrate() reports a lost connection
       // at its next statement.
       const client = new pg.Client({
@@ -28,7 +29,7 @@ export function registerMigrate(program: Command): void {
       } finally {
         await client.end().catch(() => undefined);
       }
-      if (opts.json) console.log(JSON.stringify({ applied }));
+      if (opts.json) printJson({ applied });
       else logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
     });
 }

@@ -2,6 +2,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { quoteSchema } from '../../src/schema-name.js';
 import { listParked, retryParked, skipParked } from '../../relay/sql.js';
 import { databaseOption, eventIdList, positiveInt, q, schemaOption, withPool } from '../shared.js';
+import { printError, printJson, printLines } from '../printable.js';
 
 /** `outboxkit parked list|retry|skip`. */
 export function registerParked(program: Command): void {
@@ -16,11 +17,13 @@ export function registerParked(program: Command): void {
     .action(async (opts: { databaseUrl: string; schema: string; limit: number; json?: boolean }) => {
       await withPool(opts.databaseUrl, 'parked', opts.schema, async (pool) => {
         const rows = await listParked(q(pool), quoteSchema(opts.schema), opts.limit);
-        if (opts.json) return console.log(JSON.stringify(rows, null, 2));
-        if (rows.length === 0) return console.log('no parked events');
+        if (opts.json) return printJson(rows, 2);
+        if (rows.length === 0) return printLines('no parked events');
+        // The type, key and error come from writers and from Kafka: printLines() escapes their control characters.
         for (const r of rows) {
-          console.log(
-            `${r.event_id}  ${r.topic}  key=${r.key === null ? '-' : JSON.stringify(r.key)}  ${r.type}  ${r.bytes} B (headers ${r.header_bytes} B)  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}\n    ${r.last_error ?? ''}`,
+          printLines(
+            `${r.event_id}  ${r.topic}  key=${r.key === null ? '-' : JSON.stringify(r.key)}  ${r.type}  ${r.bytes} B (headers ${r.header_bytes} B)  attempts=${r.attempts}  parked ${r.parked_at.toISOString()}`,
+            `    ${r.last_error ?? ''}`,
           );
         }
       });
@@ -39,8 +42,8 @@ export function registerParked(program: Command): void {
       await withPool(opts.databaseUrl, 'parked', opts.schema, async (pool) => {
         const n = await retryParked(q(pool), quoteSchema(opts.schema), opts.all ? 'all' : ids);
         const notParked = notAllFound(opts.all ? n : new Set(ids.map((id) => id.toLowerCase())).size, n, opts.json);
-        if (opts.json) console.log(JSON.stringify({ requeued: n, notParked }));
-        else console.log(`requeued ${n} events`);
+        if (opts.json) printJson({ requeued: n, notParked });
+        else printLines(`requeued ${n} events`);
       });
     });
   parked
@@ -54,8 +57,8 @@ export function registerParked(program: Command): void {
       await withPool(opts.databaseUrl, 'parked', opts.schema, async (pool) => {
         const n = await skipParked(q(pool), quoteSchema(opts.schema), ids);
         const notParked = notAllFound(new Set(ids.map((id) => id.toLowerCase())).size, n, opts.json);
-        if (opts.json) console.log(JSON.stringify({ skipped: n, notParked }));
-        else console.log(`skipped ${n} events`);
+        if (opts.json) printJson({ skipped: n, notParked });
+        else printLines(`skipped ${n} events`);
       });
     });
 }
@@ -68,8 +71,7 @@ export function registerParked(program: Command): void {
 function notAllFound(given: number, changed: number, json = false): number {
   const missing = Math.max(0, given - changed);
   if (missing > 0) {
-    if (!json)
-      console.error(`outboxkit: ${missing} of ${given} ids are not parked events (unknown, or already handled)`);
+    if (!json) printError(`outboxkit: ${missing} of ${given} ids are not parked events (unknown, or already handled)`);
     process.exitCode = 1;
   }
   return missing;

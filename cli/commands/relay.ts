@@ -5,7 +5,7 @@ import { pino } from 'pino';
 import client from 'prom-client';
 import { InvalidOptionsError } from '../../src/errors.js';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
-import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
+import { DEFAULT_METRICS_HOST, relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
 import {
   addKafkaOptions,
   applicationName,
@@ -13,9 +13,11 @@ import {
   databaseOption,
   int,
   kafkaFromOptions,
+  listenAddress,
   listenPort,
   schemaOption,
 } from '../shared.js';
+import { printableJson } from '../printable.js';
 
 /**
  * A SIGTERM/SIGINT within this many ms of the first is a repeat of it (a wrapper such as npm
@@ -108,6 +110,15 @@ export function registerRelay(program: Command): void {
         .default(9464),
     )
     .addOption(
+      new Option(
+        '--metrics-host <address>',
+        'IP address of /metrics, /healthz, /readyz (0.0.0.0 or :: for every interface, as in a container)',
+      )
+        .env('OUTBOXKIT_METRICS_HOST')
+        .argParser(listenAddress)
+        .default(DEFAULT_METRICS_HOST),
+    )
+    .addOption(
       // pino's levels: any other value would make pino() throw at start-up instead of a usage error.
       new Option('--log-level <level>', 'pino log level')
         .choices(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
@@ -115,7 +126,13 @@ export function registerRelay(program: Command): void {
         .default('info'),
     )
     .action(async (opts: Record<string, string | number | boolean | undefined>) => {
-      const logger = pino({ name: 'outboxkit-relay', level: String(opts.logLevel) });
+      // Log lines carry text from outside (Kafka errors, topics, event types): JSON escapes the C0
+      // controls, printableJson the rest a terminal would act on.
+      const logger = pino({
+        name: 'outboxkit-relay',
+        level: String(opts.logLevel),
+        hooks: { streamWrite: printableJson },
+      });
       // Resolved (and validated) before anything connects; warnings and the redacted settings are logged.
       const { kafka, resolved } = kafkaFromOptions(opts, {
         clientId: 'outboxkit-relay',
@@ -157,10 +174,12 @@ export function registerRelay(program: Command): void {
       relayMetrics(relay, pool, registry);
       const port = Number(opts.metricsPort);
       if (port >= 0) {
-        const server = await serveMetrics(registry, port, relayReadiness(relay, pool));
+        const server = await serveMetrics(registry, port, relayReadiness(relay, pool), {
+          host: String(opts.metricsHost),
+        });
         const address = server.address();
         logger.info(
-          { port: typeof address === 'object' && address ? address.port : port },
+          typeof address === 'object' && address ? { host: address.address, port: address.port } : { port },
           'metrics and health endpoints listening',
         );
       }

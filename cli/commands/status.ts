@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { quoteSchema } from '../../src/schema-name.js';
 import { backlog, laneOwners } from '../../relay/sql.js';
 import { databaseOption, q, schemaOption, withPool } from '../shared.js';
+import { printJson, printLines } from '../printable.js';
 
 /** `outboxkit status`. */
 export function registerStatus(program: Command): void {
@@ -16,13 +17,13 @@ export function registerStatus(program: Command): void {
         const schema = quoteSchema(opts.schema);
         const status = { backlog: await backlog(q(pool), schema), lanes: await laneOwners(q(pool), schema) };
         if (opts.json) {
-          console.log(JSON.stringify(status, null, 2));
+          printJson(status, 2);
         } else {
-          console.log(
+          printLines(
             `pending: ${status.backlog.pending}  parked: ${status.backlog.parked}  oldest pending: ${Math.round(status.backlog.oldestPendingMs)} ms`,
           );
           for (const l of status.lanes)
-            console.log(
+            printLines(
               `  ${l.owner_id ?? '(free)'}: ${l.lanes} lanes${l.owner_id && !l.live ? ' (lease expired)' : ''}`,
             );
         }

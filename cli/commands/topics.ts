@@ -1,6 +1,7 @@
 import { Option, type Command } from 'commander';
 import type { Kafka } from 'kafkajs';
 import { addKafkaOptions, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
+import { printError, printJson, printLines } from '../printable.js';
 import { ensureTopics } from '../../src/kafka-topics.js';
 
 /** `outboxkit topics ensure`. */
@@ -27,10 +28,10 @@ export function registerTopics(program: Command): void {
       // (per-key order and the consumers' parallelism depend on it; Kafka never shrinks a topic).
       const partitions = await partitionCounts(kafka, [...created, ...existing]);
       const differ = existing.filter((t) => partitions[t] !== undefined && partitions[t] !== opts.partitions);
-      if (opts.json) console.log(JSON.stringify({ created, existing, partitions }));
-      else console.log(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
+      if (opts.json) printJson({ created, existing, partitions });
+      else printLines(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
       for (const topic of differ) {
-        console.error(
+        printError(
           `outboxkit: ${topic} exists with ${partitions[topic]} partitions, not ${opts.partitions}: left as it is ` +
             '(--partitions applies to new topics only).',
         );

@@ -282,7 +282,25 @@ export const MAX_JSON_MEMBER_NAMES = 1_000;
 interface Container {
   object: boolean;
   expectKey: boolean;
-  keys: Set<string> | undefined;
+  /** The object's member names so far: an array while small (cheaper than a Set), then a Set. */
+  keys: string[] | Set<string> | undefined;
+}
+
+/** Member names of one object kept in an array (searched linearly) before a Set takes over. */
+const SMALL_OBJECT_MEMBERS = 8;
+
+/** Adds `name` to an object's member names; false when it was there already. */
+function addMember(container: Container, name: string): boolean {
+  const keys = container.keys!;
+  if (keys instanceof Set) {
+    if (keys.has(name)) return false;
+    keys.add(name);
+  } else {
+    if (keys.includes(name)) return false;
+    keys.push(name);
+    if (keys.length > SMALL_OBJECT_MEMBERS) container.keys = new Set(keys);
+  }
+  return true;
 }
 
 /**
@@ -305,7 +323,7 @@ function scanJson(text: string): string | undefined {
     const c = text.charCodeAt(i);
     if (c === 0x7b /* { */ || c === 0x5b /* [ */) {
       const object = c === 0x7b;
-      stack.push({ object, expectKey: object, keys: object ? new Set() : undefined });
+      stack.push({ object, expectKey: object, keys: object ? [] : undefined });
       if (stack.length > MAX_JSON_DEPTH) {
         throw new BodyInvalidError(
           `The request body nests arrays and objects more than ${MAX_JSON_DEPTH} levels deep; send a flatter body.`,
@@ -338,10 +356,9 @@ function scanJson(text: string): string | undefined {
       if (top?.object && top.expectKey && top.keys) {
         const name = escaped ? unescapeName(text.slice(i, j + 1)) : text.slice(i + 1, j);
         if (name !== undefined) {
-          if (top.keys.has(name)) {
+          if (!addMember(top, name)) {
             violation ??= `The request body has the member ${JSON.stringify(shorten(name))} twice in one object; I-JSON (RFC 7493) forbids duplicate names.`;
           }
-          top.keys.add(name);
           names.add(name);
           if (names.size > MAX_JSON_MEMBER_NAMES) {
             throw new BodyInvalidError(

@@ -1,9 +1,9 @@
 /**
  * The outbox event envelope and its validation: pure logic, no I/O.
  */
-import { v7 as uuidv7, validate as uuidValidate } from 'uuid';
+import { v7 as uuidv7, validate as uuidValidate, version as uuidVersion } from 'uuid';
 import { InvalidEventError } from '../errors.js';
-import { OUTBOX_LANES } from '../constants.js';
+import { EVENT_ID_MAX_AGE_MS, EVENT_ID_MAX_SKEW_MS, OUTBOX_LANES } from '../constants.js';
 import { stringifyWithoutLoss } from '../json-text.js';
 import {
   addCloudEventHeaders,
@@ -42,7 +42,13 @@ export interface OutboxEventInput {
   aggregateType?: string;
   /** Aggregate id. */
   aggregateId?: string;
-  /** The durable event id (UUID). @defaultValue a new UUIDv7 (RFC 9562) */
+  /**
+   * The durable event id: a UUIDv7 (RFC 9562 §5.7) made at most 1 h before this call
+   * ({@link EVENT_ID_MAX_AGE_MS}) and at most 5 min after it ({@link EVENT_ID_MAX_SKEW_MS}), so that
+   * no id is ever enqueued twice: within that window the outbox still holds the first event (the
+   * relay keeps published rows at least that long), after it the id is refused for its age.
+   * @defaultValue a new UUIDv7
+   */
   eventId?: string;
 }
 
@@ -182,6 +188,32 @@ function optionalText(value: unknown, name: string, max: number): string | null 
 }
 
 /**
+ * Refuses an explicit event id that is not a UUIDv7 of the reuse window: one made more than
+ * {@link EVENT_ID_MAX_AGE_MS} ago or more than {@link EVENT_ID_MAX_SKEW_MS} ahead (the writer's
+ * clock). The relay keeps a published row at least as long as that window
+ * (`EVENT_ID_REUSE_WINDOW_MS`), so an id the window accepts meets the outbox's unique constraint
+ * if it was used before, and an id the window refuses cannot come back at all: a consumer's inbox,
+ * which remembers applied ids for days, never sees one id on two events. The timestamp of a UUIDv7
+ * is its first 48 bits, Unix time in ms (RFC 9562 §5.7).
+ */
+function checkExplicitEventId(eventId: string, now = Date.now()): void {
+  const madeAt = uuidVersion(eventId) === 7 ? parseInt(eventId.replace(/-/g, '').slice(0, 12), 16) : undefined;
+  if (madeAt !== undefined && madeAt >= now - EVENT_ID_MAX_AGE_MS && madeAt <= now + EVENT_ID_MAX_SKEW_MS) return;
+  const why =
+    madeAt === undefined
+      ? 'is not a UUIDv7'
+      : madeAt < now
+        ? `was made ${Math.round((now - madeAt) / 60_000)} min ago`
+        : `is dated ${Math.round((madeAt - now) / 60_000)} min ahead of this clock`;
+  throw new InvalidEventError(
+    `Event id ${JSON.stringify(eventId)} ${why}: an explicit eventId must be a UUIDv7 (RFC 9562) made at most ` +
+      `${EVENT_ID_MAX_AGE_MS / 60_000} min before enqueue() and at most ${EVENT_ID_MAX_SKEW_MS / 60_000} min after it, ` +
+      'so that an id is never used by two events (docs/events.md, Event ids). Omit eventId for a new one, ' +
+      'or make it with uuid v7() just before the transaction.',
+  );
+}
+
+/**
  * The fields of {@link OutboxEventInput} (the compiler keeps this list and the interface in step):
  * any other is refused, since a typo must not pass silently.
  */
@@ -252,6 +284,7 @@ export function prepareEnvelope(event: OutboxEventInput): EventEnvelope {
       `Event id ${JSON.stringify(eventId)} is not a usable UUID (the nil and max UUIDs are reserved).`,
     );
   }
+  if (event.eventId !== undefined) checkExplicitEventId(eventId);
   return {
     eventId: eventId.toLowerCase(),
     topic: event.topic,

@@ -114,7 +114,9 @@ describe('C13 · one poison message', () => {
       [HEADER_EVENT_ID]: poisonId,
       [HEADER_EVENT_TYPE]: 'test.event',
       traceparent: '00-abc-def-01',
-      'dlq-reason': 'Error: poison pill',
+      // The handler threw 'poison pill'; 'poison' is the payload's note, and a reason never
+      // carries words of the value (reasonOf, docs/runbooks.md "Dead letters").
+      'dlq-reason': 'Error: … pill',
       'dlq-original-topic': topic,
       'dlq-original-partition': '0',
       'dlq-original-offset': '1',

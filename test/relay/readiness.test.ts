@@ -106,7 +106,8 @@ describe('relay metrics', () => {
     const registry = new client.Registry();
     const relay = await startRelay(db.url);
     try {
-      relayMetrics(relay, pool, registry);
+      // refreshMs 0: every scrape reads the database, so the stop below shows at the next one.
+      relayMetrics(relay, pool, registry, { refreshMs: 0 });
       // relayMetrics subscribed after start: publish once more so a send is observed.
       const c2 = await db.pool.connect();
       await c2.query('BEGIN');

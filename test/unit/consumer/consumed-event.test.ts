@@ -79,4 +79,18 @@ describe('toConsumedEvent', () => {
       expect(isOutboxkitError(caught, 'OUTBOXKIT_INVALID_MESSAGE')).toBe(true);
     }
   });
+
+  it("never quotes the value in json()'s error (it becomes the dead letter's reason)", () => {
+    const secret = 'card-4111111111111111';
+    const event = toConsumedEvent('t', 0, message(Buffer.from(`{"a": "${secret}", oops}`)), id, {});
+    let caught: Error | undefined;
+    try {
+      event.json();
+    } catch (err) {
+      caught = err as Error;
+    }
+    expect(caught?.message).toMatch(/is not valid JSON at character \d+; its bytes are not shown\.$/);
+    expect(caught?.message).not.toContain(secret);
+    expect(caught?.cause).toBeUndefined();
+  });
 });

@@ -51,6 +51,34 @@ describe('deadLetterMessage', () => {
 });
 
 describe('reasonOf', () => {
+  const CARD = '4111111111111111';
+  it('never carries bytes of the message value', () => {
+    const json = Buffer.from(JSON.stringify({ card: CARD, holder: 'Ada Lovelace', amount: 4200, note: 'ok' }));
+    let syntaxError: unknown;
+    try {
+      JSON.parse(`card ${CARD}`);
+    } catch (err) {
+      syntaxError = err;
+    }
+    // V8 quotes the text JSON.parse failed on: the whole message is withheld, its position kept.
+    expect((syntaxError as Error).message).toContain('"card 41111"');
+    expect(reasonOf(syntaxError, json)).toMatch(/^SyntaxError: message withheld \(it may quote the message value\)/);
+    expect(reasonOf(syntaxError, json)).not.toContain('41111');
+    // Words found in the value's strings and numbers go; the field names and other words stay.
+    expect(reasonOf(new Error(`card ${CARD} of Ada Lovelace declined (amount 4200)`), json)).toBe(
+      'Error: card … of … … declined (amount …)',
+    );
+    expect(reasonOf(new Error(`card="${CARD}",`), json)).toBe('Error: …",');
+    expect(reasonOf(new Error(`invalid input syntax for type integer: "${CARD}"`), json)).toBe(
+      'Error: invalid input syntax for type integer: "…"',
+    );
+    // A value that is not JSON: words found in its text.
+    expect(reasonOf(new Error('token s3cr3t-t0ken refused'), Buffer.from('auth=s3cr3t-t0ken'))).toBe(
+      'Error: token … refused',
+    );
+    expect(reasonOf('s3cr3t-t0ken', Buffer.from('s3cr3t-t0ken'))).toBe('non-error thrown: …');
+  });
+
   it('names the error and cuts long messages', () => {
     expect(reasonOf(new TypeError('bad'))).toBe('TypeError: bad');
     expect(reasonOf('a string')).toBe('non-error thrown: a string');

@@ -2,6 +2,7 @@
  * CloudEvents binary-mode headers against the spec's required attributes (CloudEvents 1.0.2
  * "Context Attributes"; Kafka Protocol Binding 1.0.2 §3.2).
  */
+import { v7 as uuidv7 } from 'uuid';
 import { describe, expect, it } from 'vitest';
 import { CE_HEADERS, readCloudEventAttributes, resolveCloudEventsOptions } from '../../../src/outbox/cloud-events.js';
 import { prepareEvent } from '../../../src/outbox/event.js';
@@ -9,7 +10,7 @@ import { isOutboxkitError } from '../../../src/errors.js';
 
 // RFC 3339 date-time (§5.6), as JavaScript's toISOString writes it or with an offset.
 const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
-const ID = '0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b';
+const ID = uuidv7();
 const base = { topic: 'orders', key: 'order-1', type: 'order.created', payload: { a: 1 }, eventId: ID };
 const cloudEvents = { source: '/orders' };
 

@@ -1,4 +1,6 @@
+import { v4 as uuidv4, v7 as uuidv7 } from 'uuid';
 import { describe, expect, it } from 'vitest';
+import { EVENT_ID_MAX_AGE_MS, EVENT_ID_MAX_SKEW_MS } from '../../../src/constants.js';
 import { laneOf, prepareEvent } from '../../../src/outbox/event.js';
 import { OUTBOX_LANES } from '../../../src/schema.js';
 import { isOutboxkitError } from '../../../src/errors.js';
@@ -39,8 +41,31 @@ describe('prepareEvent', () => {
   it('assigns a UUIDv7 event id, or keeps a given one (lower-cased)', () => {
     const e = prepareEvent(base, 100);
     expect(e.eventId).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
-    const id = '0190F1E2-0000-7000-8000-000000000001';
+    const id = uuidv7().toUpperCase();
     expect(prepareEvent({ ...base, eventId: id }, 100).eventId).toBe(id.toLowerCase());
+  });
+
+  it('takes an explicit event id only as a UUIDv7 made within the last hour (5 min ahead at most)', () => {
+    const at = (ms: number) => uuidv7({ msecs: Date.now() + ms });
+    const error = (eventId: string) => {
+      try {
+        prepareEvent({ ...base, eventId }, 100);
+      } catch (err) {
+        expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_EVENT')).toBe(true);
+        return (err as Error).message;
+      }
+      return undefined;
+    };
+    expect(error(at(-EVENT_ID_MAX_AGE_MS + 60_000))).toBeUndefined();
+    expect(error(at(EVENT_ID_MAX_SKEW_MS - 60_000))).toBeUndefined();
+    // An id from a day ago: its event may have been published, cleaned up, and remembered by
+    // every consumer's inbox, which would skip the new event as a duplicate.
+    expect(error(at(-86_400_000))).toMatch(/made 1440 min ago: an explicit eventId must be a UUIDv7/);
+    expect(error(at(-EVENT_ID_MAX_AGE_MS - 60_000))).toMatch(/made 61 min ago/);
+    expect(error(at(EVENT_ID_MAX_SKEW_MS + 60_000))).toMatch(/dated 6 min ahead of this clock/);
+    // No timestamp to bound: a UUIDv4, or a UUIDv7 of 2024.
+    expect(error(uuidv4())).toMatch(/is not a UUIDv7/);
+    expect(error('0190f1e2-0000-7000-8000-000000000001')).toMatch(/min ago/);
   });
 
   it('puts a null key in the lane of its event id', () => {
