@@ -38,6 +38,7 @@ import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import { isProblemError, toProblem } from './problem.js';
 import {
+  abortOnClose,
   operationRoute,
   resolveLeaseRoute,
   resolveRoute,
@@ -107,7 +108,8 @@ export type ExpressLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * response is stored fenced by that token. The key is always required. Policies:
  * - `reject` (default): 409 with `Retry-After` (the seconds left on the lease);
  * - `wait`: the duplicate waits, woken through LISTEN/NOTIFY with a bounded poll, at most
- *   `waitTimeoutMs` and never past `deadline(req)`, then replays (or takes over an expired lease);
+ *   `waitTimeoutMs`, never past `deadline(req)`, and no longer than the client stays connected,
+ *   then replays (or takes over an expired lease);
  * - `async`: 202 with `Location: operationLocation(operationId)`; serve it with
  *   {@link operationHandler}.
  * With `renewEveryMs`, the lease is renewed while the handler runs; `ctx.signal` aborts when the
@@ -129,11 +131,15 @@ export function leasedHandler<D extends DatabaseHandle>(
 
   return async function leasedRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
     let response: IdempotentResponse;
+    const client = abortOnClose(res);
     try {
-      response = (await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx))).response;
+      const parts = { ...partsOf(req), signal: client.signal };
+      response = (await runLeaseRoute(route, req, parts, (ctx) => handler(req, ctx))).response;
     } catch (err) {
       if (!isProblemError(err)) return next(err);
       return sendProblem(res, err, opts);
+    } finally {
+      client.stop();
     }
     send(res, response);
   };

@@ -38,6 +38,7 @@ import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../i
 import { isProblemError, toProblem } from './problem.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
+  abortOnClose,
   operationRoute,
   resolveLeaseRoute,
   resolveRoute,
@@ -101,6 +102,7 @@ export type FastifyLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * responses as {@link idempotentHandler}; answers 202 (policy `async`, or an uncertain outcome)
  * with the operation's `Location`. Serve that location with {@link operationHandler}. With
  * `renewEveryMs`, the lease is renewed while the handler runs and `ctx.signal` aborts if it is lost.
+ * Under policy `wait`, a duplicate stops waiting when its client closes the connection.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -113,12 +115,16 @@ export function leasedHandler<D extends DatabaseHandle>(
 
   return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
     let response: IdempotentResponse;
+    const client = abortOnClose(reply.raw);
     try {
-      const result = await runLeaseRoute(route, req, partsOf(req), (ctx) => handler(req, ctx));
+      const parts = { ...partsOf(req), signal: client.signal };
+      const result = await runLeaseRoute(route, req, parts, (ctx) => handler(req, ctx));
       response = result.response;
     } catch (err) {
       if (!isProblemError(err)) throw err;
       return sendProblem(reply, err, opts);
+    } finally {
+      client.stop();
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };
