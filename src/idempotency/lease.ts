@@ -197,7 +197,7 @@ function deadlineOf(request: LeasedRequest): number | undefined {
   const { deadline } = request;
   if (deadline === undefined) return undefined;
   if (typeof deadline !== 'number' || !Number.isFinite(deadline)) {
-    const got = typeof deadline === 'number' ? String(deadline) : `a ${typeof deadline}`;
+    const got = typeof deadline === 'number' ? String(deadline) : `a value of type ${typeof deadline}`;
     throw new DeadlineInvalidError(
       `The request's deadline must be a finite time in ms since the epoch, got ${got}; send a valid timeout, or none.`,
     );
