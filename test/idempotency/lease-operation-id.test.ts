@@ -117,10 +117,8 @@ describe('the operation resource at 200,000 records of one tenant and operation'
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };
-    expect(await readRecordByOperationId(recording, table, 'tenant-a', OPERATION, id)).toMatchObject({
-      state: 'completed',
-      operationId: id,
-    });
+    const record = await readRecordByOperationId(recording, table, 'tenant-a', OPERATION, id);
+    expect(record?.state).toBe('completed');
     expect(statements).toHaveLength(1);
     const { text, values } = statements[0]!;
     const { rows } = await db.pool.query<{ 'QUERY PLAN': [{ Plan: Record<string, unknown> }] }>(
@@ -131,6 +129,7 @@ describe('the operation resource at 200,000 records of one tenant and operation'
     expect(nodes.map((n) => n['Node Type'])).not.toContain('Seq Scan');
     expect(nodes.map((n) => n['Index Name'])).toContain('idempotency_keys_operation_id_idx');
     expect(JSON.stringify(nodes)).not.toContain('sha256');
+    expect(record?.operationId).toBe(id);
 
     // A loose bound (a loaded 2-core machine): hashing 200,000 keys took 240-460 ms per lookup.
     const started = performance.now();

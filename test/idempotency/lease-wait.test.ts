@@ -16,6 +16,8 @@ import { countRecords, ORDERS_TABLE_SQL, post, postAndHangUp } from './harness.j
 import { closeLeaseApps, gate, OPERATION, pay, startLeaseApp } from './lease-harness.js';
 
 let db: TestDatabase;
+/** Handlers a test holds: let go after each test, also one that failed before it let them go. */
+const holding: { release(): void; done?: Promise<unknown> }[] = [];
 
 beforeAll(async () => {
   db = await createTestDatabase();
@@ -23,6 +25,9 @@ beforeAll(async () => {
 });
 
 afterEach(async () => {
+  const held = holding.splice(0);
+  for (const h of held) h.release();
+  await Promise.all(held.map((h) => h.done?.catch(() => {})));
   expect(await closeLeaseApps(), 'a test left an app open').toBe(0);
   await db.pool.query('TRUNCATE app_orders, outboxkit.idempotency_keys');
 });
@@ -84,6 +89,7 @@ async function heldOwner(key: string, inFencedTransaction = false) {
     }
     return created();
   });
+  holding.push({ release: hold.open, done });
   await inHandler.promise;
   return {
     async finish() {
@@ -116,6 +122,7 @@ describe('lease-mode wait: deadline, timeout, abort and poll rate', () => {
 
   it('a malformed Request-Timeout header (NaN deadline) gets 400 deadline-invalid at once instead of polling forever', async () => {
     const hold = gate();
+    holding.push({ release: hold.open });
     const inHandler = gate();
     const app = await startLeaseApp({
       pool: db.pool,
@@ -197,6 +204,7 @@ describe('lease-mode wait: deadline, timeout, abort and poll rate', () => {
 
   it('Fastify: a duplicate whose client disconnects stops waiting (not after waitTimeoutMs)', async () => {
     const hold = gate();
+    holding.push({ release: hold.open });
     const inHandler = gate();
     const outcomes: (IdempotencyOutcomeEvent & { at: number })[] = [];
     const app = await startLeaseApp({
