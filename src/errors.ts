@@ -47,6 +47,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_ENCODING_FAILED',
   /** The Kafka broker did not answer in time, or the relay has no connected producer. */
   'OUTBOXKIT_BROKER_UNAVAILABLE',
+  /** A request's deadline is not a finite time (ms since the epoch). */
+  'OUTBOXKIT_DEADLINE_INVALID',
 ] as const;
 
 /** Union of every error code outboxkit uses. */

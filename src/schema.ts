@@ -120,6 +120,14 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
       fingerprintVersion: smallint('fingerprint_version').notNull(),
       state: text('state').$type<IdempotencyState>().notNull(),
       ownerToken: uuid('owner_token'),
+      /**
+       * Lease mode: the record's public id (`operationId`: the operation resource's URL, NOTIFY
+       * payloads), written by the claim as HMAC-SHA256 under the application's
+       * `operationIdSecret` and never recomputed, so a record keeps its id through takeovers and
+       * secret rotations. Records claimed before this column existed hold the SHA-256 of their key
+       * (the id they were given then). NULL for one-transaction mode records (no operation resource).
+       */
+      operationId: text('operation_id'),
       generation: integer('generation').notNull().default(1),
       leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
       responseStatus: smallint('response_status'),
@@ -133,6 +141,11 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     (t) => [
       primaryKey({ columns: [t.tenant, t.operation, t.key] }),
       index('idempotency_keys_expires_idx').on(t.expiresAt),
+      // The operation resource's lookup (lease mode): one record by its public id within the
+      // caller's tenant and operation, whatever the number of records there.
+      index('idempotency_keys_operation_id_idx')
+        .on(t.tenant, t.operation, t.operationId)
+        .where(sql`${t.operationId} IS NOT NULL`),
       check('idempotency_keys_state_check', sql`${t.state} IN ('processing', 'completed', 'failed', 'uncertain')`),
     ],
   );

@@ -1,7 +1,6 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import { cleanupExpiredKeys } from '../../src/idempotency/cleanup.js';
 import { redactKey } from '../../src/idempotency/key.js';
-import { operationIdOf } from '../../src/idempotency/lease-store.js';
 import { idempotencyTable, listKeys, type KeyListing } from '../../src/idempotency/store.js';
 import { IDEMPOTENCY_STATES, type IdempotencyState } from '../../src/schema.js';
 import { quoteSchema } from '../../src/schema-name.js';
@@ -63,11 +62,7 @@ export function registerKeys(program: Command): void {
             operation: opts.operation,
             limit: opts.limit,
           });
-          const listed: KeyListing[] = rows.map(({ fullKey, ...r }) => ({
-            ...r,
-            key: redactKey(fullKey),
-            operationId: operationIdOf(fullKey),
-          }));
+          const listed: KeyListing[] = rows.map(({ fullKey, ...r }) => ({ ...r, key: redactKey(fullKey) }));
           if (opts.json) return printJson(listed, 2);
           if (listed.length === 0) return printLines(`no ${opts.state} records`);
           // Tenants and operations come from requests: printLines() escapes their control characters.
@@ -75,7 +70,7 @@ export function registerKeys(program: Command): void {
             const lease = r.leaseExpiresAt ? `  lease until ${r.leaseExpiresAt.toISOString()}` : '';
             const status = r.responseStatus === null ? '' : `  status ${r.responseStatus}`;
             printLines(
-              `${r.tenant}  ${r.operation}  key=${r.key}  op=${r.operationId.slice(0, 16)}  ${r.state}  gen=${r.generation}  age ${Math.round(r.ageSeconds)} s${status}${lease}`,
+              `${r.tenant}  ${r.operation}  key=${r.key}  op=${r.operationId?.slice(0, 16) ?? '-'}  ${r.state}  gen=${r.generation}  age ${Math.round(r.ageSeconds)} s${status}${lease}`,
             );
           }
         });

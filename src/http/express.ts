@@ -37,6 +37,7 @@ import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
 import type { ProblemResponse } from './problem.js';
 import {
+  abortOnClose,
   decodedBodyError,
   handlerErrors,
   operationRoute,
@@ -120,7 +121,8 @@ export type ExpressLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * response is stored fenced by that token. The key is always required. Policies:
  * - `reject` (default): 409 with `Retry-After` (the seconds left on the lease);
  * - `wait`: the duplicate waits, woken through LISTEN/NOTIFY with a bounded poll, at most
- *   `waitTimeoutMs` and never past `deadline(req)`, then replays (or takes over an expired lease);
+ *   `waitTimeoutMs`, never past `deadline(req)`, and no longer than the client stays connected,
+ *   then replays (or takes over an expired lease);
  * - `async`: 202 with `Location: operationLocation(operationId)`; serve it with
  *   {@link operationHandler}.
  * With `renewEveryMs`, the lease is renewed while the handler runs; `ctx.signal` aborts when the
@@ -144,18 +146,22 @@ export function leasedHandler<D extends DatabaseHandle>(
   return async function leasedRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
     const own = handlerErrors();
     let response: IdempotentResponse;
+    const client = abortOnClose(res);
     try {
+      const parts = { ...partsOf(req), signal: client.signal };
       response = (
         await runLeaseRoute(
           route,
           req,
-          partsOf(req),
+          parts,
           own.wrap((ctx) => handler(req, ctx)),
         )
       ).response;
     } catch (err) {
       const problem = problemForRouteError(err, own, route.failures);
       return problem === undefined ? next(err) : sendProblem(res, problem);
+    } finally {
+      client.stop();
     }
     send(res, response);
   };

@@ -37,6 +37,7 @@ import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../i
 import type { ProblemResponse } from './problem.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
+  abortOnClose,
   decodedBodyError,
   handlerErrors,
   operationRoute,
@@ -118,6 +119,7 @@ export type FastifyLeaseOptions<D extends DatabaseHandle> = RouteLeaseOptions<D,
  * `renewEveryMs`, the lease is renewed while the handler runs and `ctx.signal` aborts if it is lost.
  * Errors as {@link idempotentHandler}'s: one thrown by `resolveTenant`, `deadline` or
  * `operationLocation` is logged and answered with the generic 500 problem `internal`.
+ * Under policy `wait`, a duplicate stops waiting when its client closes the connection.
  *
  * @throws {@link InvalidOptionsError} at once on invalid options or an unknown option name.
  */
@@ -130,11 +132,13 @@ export function leasedHandler<D extends DatabaseHandle>(
   return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
     const own = handlerErrors();
     let response: IdempotentResponse;
+    const client = abortOnClose(reply.raw);
     try {
+      const parts = { ...partsOf(req), signal: client.signal };
       const result = await runLeaseRoute(
         route,
         req,
-        partsOf(req),
+        parts,
         own.wrap((ctx) => handler(req, ctx)),
       );
       response = result.response;
@@ -142,6 +146,8 @@ export function leasedHandler<D extends DatabaseHandle>(
       const problem = problemForRouteError(err, own, route.failures);
       if (problem === undefined) throw err;
       return sendProblem(reply, problem);
+    } finally {
+      client.stop();
     }
     return reply.code(response.status).headers(response.headers).send(response.body);
   };

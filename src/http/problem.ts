@@ -75,6 +75,12 @@ export const PROBLEM_KINDS: Readonly<Partial<Record<ErrorCode, ProblemKind>>> = 
     retryAfter: true,
   },
   OUTBOXKIT_LEASE_LOST: { status: 409, slug: 'lease-lost', title: 'Request taken over', retryAfter: true },
+  OUTBOXKIT_DEADLINE_INVALID: {
+    status: 400,
+    slug: 'deadline-invalid',
+    title: 'Request deadline invalid',
+    retryAfter: false,
+  },
   // An operator error (no `outboxkit migrate` yet): 500, not retriable (no Retry-After), with a
   // stable type so that clients and monitors can tell it from a bug; the handler never ran.
   OUTBOXKIT_SCHEMA_MISSING: {
@@ -109,6 +115,7 @@ export function isProblemError(err: unknown): boolean {
  * | OUTBOXKIT_KEY_IN_PROGRESS | 409 + Retry-After | key-in-progress |
  * | OUTBOXKIT_STORE_UNAVAILABLE | 503 + Retry-After | store-unavailable |
  * | OUTBOXKIT_LEASE_LOST | 409 + Retry-After | lease-lost |
+ * | OUTBOXKIT_DEADLINE_INVALID | 400 | deadline-invalid |
  * | OUTBOXKIT_SCHEMA_MISSING | 500, no Retry-After | schema-missing (fixed detail; the message naming the schema is for logs) |
  * | anything else | 500 | internal (the message is not disclosed) |
  *

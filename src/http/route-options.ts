@@ -2,6 +2,7 @@
  * What the framework adapters (Fastify, Express) share: the options of an idempotent route and
  * the request flows of both modes (one-transaction, lease) and of the operation resource.
  */
+import type { ServerResponse } from 'node:http';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { InvalidOptionsError, isOutboxkitError, refuseUnknownOptions } from '../errors.js';
 import { noopLogger, type Logger } from '../logger.js';
@@ -165,6 +166,25 @@ export interface RouteRequest {
   rawBody: Uint8Array | undefined;
   /** Replaces the request's body with the parsed JSON the fingerprint covered. */
   setBody(body: unknown): void;
+  /** Aborted when the client goes away before its response is sent (see {@link abortOnClose}). */
+  signal?: AbortSignal;
+}
+
+/**
+ * An AbortSignal aborted when `res` closes before its response was completely sent: the client
+ * closed the connection (Node.js emits `close` on the response then; see Fastify's guide
+ * "Detecting When Clients Abort"). `stop()` stops listening (call it once the response is
+ * decided).
+ */
+export function abortOnClose(res: ServerResponse): { signal: AbortSignal; stop(): void } {
+  const controller = new AbortController();
+  const onClose = () => {
+    if (!res.writableFinished)
+      controller.abort(new Error('The client closed the request before its response was sent.'));
+  };
+  if (res.destroyed) onClose();
+  else res.once('close', onClose);
+  return { signal: controller.signal, stop: () => res.off('close', onClose) };
 }
 
 const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
@@ -229,9 +249,14 @@ export async function runIdempotentRoute<D extends DatabaseHandle, Req>(
 export interface RouteLeaseOptions<D extends DatabaseHandle, Req>
   extends Omit<RouteIdempotencyOptions<D, Req>, 'policy' | 'required'>, LeaseOptions {
   /**
-   * The caller's deadline for this request, in ms since the epoch (bounds policy `wait`), for
-   * example from a `Request-Timeout` header. An error it throws is logged and answered with the
-   * generic 500 problem `internal`. @defaultValue none (only `waitTimeoutMs` bounds it)
+   * The caller's deadline for this request, in ms since the epoch (bounds policy `wait`, together
+   * with `waitTimeoutMs`: the earlier one ends the wait), for example from a `Request-Timeout`
+   * header. Return `undefined` when the request has none. A value that is not a finite number
+   * (`NaN` from a malformed header) gets 400 `deadline-invalid` (`DeadlineInvalidError`):
+   * parse headers strictly, for example
+   * `(req) => { const s = req.headers['request-timeout']; return s === undefined ? undefined : Date.now() + 1000 * Number(s); }`.
+   * An error it throws is logged and answered with the generic 500 problem `internal`.
+   * @defaultValue none (only `waitTimeoutMs` bounds it)
    */
   deadline?(req: Req): number | undefined;
 }
@@ -282,8 +307,9 @@ export function resolveLeaseRoute<D extends DatabaseHandle, Req>(
 
 /**
  * The lease-mode flow of both adapters: parse the key (always required), resolve the tenant,
- * fingerprint the raw body, then run `handler` through `executeLeased()`. Throws outboxkit's
- * problem errors for the adapter to answer.
+ * fingerprint the raw body, then run `handler` through `executeLeased()`, with the route's
+ * `deadline(req)` and the request's `signal` (a wait ends when the client goes away). Throws
+ * outboxkit's problem errors for the adapter to answer.
  */
 export async function runLeaseRoute<D extends DatabaseHandle, Req>(
   route: ResolvedLeaseRoute<D, Req>,
@@ -294,7 +320,16 @@ export async function runLeaseRoute<D extends DatabaseHandle, Req>(
   const key = parseIdempotencyKey(parts.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
   const request = await identify(route, req, parts, key);
   const deadline = route.deadline?.(req);
-  return executeLeased(route.db, deadline === undefined ? request : { ...request, deadline }, handler, route.opts);
+  return executeLeased(
+    route.db,
+    {
+      ...request,
+      ...(deadline === undefined ? {} : { deadline }),
+      ...(parts.signal === undefined ? {} : { signal: parts.signal }),
+    },
+    handler,
+    route.opts,
+  );
 }
 
 /** Options of an operation resource route (the `Location` of a 202 under policy `async`). */

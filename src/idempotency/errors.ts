@@ -112,6 +112,21 @@ export class StoreUnavailableError extends OutboxkitError {
 }
 
 /**
+ * The request's deadline (`executeLeased()`'s `request.deadline`, or what a lease route's
+ * `deadline(req)` returned) is not a finite number of milliseconds since the epoch: `NaN` (for
+ * example from a malformed `Request-Timeout` header), an infinity or not a number. Refused before
+ * anything is read or written. HTTP 400 `deadline-invalid`.
+ */
+export class DeadlineInvalidError extends OutboxkitError {
+  constructor(
+    message = "The request's deadline is not a valid time; send a valid timeout, or none.",
+    options?: OutboxkitErrorOptions,
+  ) {
+    super('OUTBOXKIT_DEADLINE_INVALID', message, options);
+  }
+}
+
+/**
  * The record is no longer owned by this execution (its owner token changed): the completion
  * updated zero rows and the result was not stored. Cannot happen in one-transaction mode unless
  * the record was changed outside outboxkit; in lease mode it fences a stale owner.

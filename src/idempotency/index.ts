@@ -6,6 +6,7 @@
 export {
   BodyInvalidError,
   BodyTooLargeError,
+  DeadlineInvalidError,
   KeyInProgressError,
   KeyInvalidError,
   KeyMismatchError,
@@ -45,15 +46,24 @@ export {
   type ResponseOutcome,
 } from './state-machine.js';
 export { executeIdempotent, type ExecutionContext, type IdempotentRequest } from './execute.js';
-export { executeLeased, type LeaseContext, type LeasedResult, type UncertainOutcome } from './lease.js';
+export {
+  executeLeased,
+  type LeaseContext,
+  type LeasedRequest,
+  type LeasedResult,
+  type UncertainOutcome,
+} from './lease.js';
 export {
   LEASE_DEFAULTS,
+  MIN_OPERATION_ID_SECRET_BYTES,
+  MIN_WAIT_PAUSE_MS,
+  UNKEYED_OPERATION_ID_WARNING,
   resolveLeaseOptions,
   type LeaseOptions,
   type LeasePolicy,
   type ResolvedLeaseOptions,
 } from './lease-options.js';
-export { leaseChannel, operationIdOf, type UncertainRecord } from './lease-store.js';
+export { leaseChannel, operationIdFor, operationIdOf, type UncertainRecord } from './lease-store.js';
 export {
   reconcileUncertain,
   serveOperation,

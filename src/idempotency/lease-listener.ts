@@ -52,8 +52,11 @@ async function open(pool: pg.Pool, channel: string, logger: Logger): Promise<Lis
 
 /** A subscription to the notifications of one record. */
 export interface Subscription {
-  /** Resolves at the next notification of the record, or after `timeoutMs`, whichever first. */
-  next(timeoutMs: number): Promise<void>;
+  /**
+   * Resolves at the next notification of the record, after `timeoutMs`, or when `signal` aborts,
+   * whichever first (at once when it is already aborted).
+   */
+  next(timeoutMs: number, signal?: AbortSignal): Promise<void>;
   /** Ends the subscription (closes the shared connection after the last one). */
   close(): Promise<void>;
 }
@@ -95,15 +98,18 @@ export async function subscribe(
     set.add(onNotify);
   }
   return {
-    next(timeoutMs: number): Promise<void> {
+    next(timeoutMs: number, signal?: AbortSignal): Promise<void> {
       if (notified) {
         notified = false;
         return Promise.resolve();
       }
+      if (signal?.aborted) return Promise.resolve();
       return new Promise<void>((resolve) => {
         const timer = setTimeout(done, Math.max(0, timeoutMs));
+        signal?.addEventListener('abort', done, { once: true });
         function done() {
           clearTimeout(timer);
+          signal?.removeEventListener('abort', done);
           wake = undefined;
           resolve();
         }

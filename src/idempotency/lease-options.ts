@@ -2,7 +2,8 @@
  * Options of lease mode ({@link executeLeased}), their defaults and their validation.
  */
 import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
-import { leaseChannel } from './lease-store.js';
+import { leaseChannel, operationIdFor } from './lease-store.js';
+import type { KeyScope } from './store.js';
 import {
   IDEMPOTENCY_OPTION_KEYS,
   resolveCheckedIdempotencyOptions,
@@ -18,8 +19,10 @@ export interface LeaseOptions extends Omit<IdempotencyOptions, 'policy'> {
   /**
    * - `reject`: 409 with `Retry-After` (the seconds left on the lease, at least `retryAfterSeconds`);
    * - `wait`: wait for the owner to finish, woken through LISTEN/NOTIFY on `<schema>_idempotency`
-   *   with a poll every `pollIntervalMs` as the fallback, at most `waitTimeoutMs` and never past
-   *   the request's `deadline`; then replay, or take over an expired lease, or 409;
+   *   with a poll as the fallback (after 25 ms, then twice as long each time up to
+   *   `pollIntervalMs`), at most `waitTimeoutMs` and never past the request's `deadline`, and no
+   *   longer than the request's `signal` stays unaborted; then replay, or take over an expired
+   *   lease, or 409;
    * - `async`: 202 Accepted with `Location: operationLocation(operationId)` and `Retry-After`;
    *   the caller polls that resource (see `serveOperation()`).
    * @defaultValue 'reject'
@@ -32,7 +35,12 @@ export interface LeaseOptions extends Omit<IdempotencyOptions, 'policy'> {
    * @defaultValue 30_000
    */
   leaseMs?: number;
-  /** Under `wait`: the bounded poll interval between notifications, in milliseconds. @defaultValue 500 */
+  /**
+   * Under `wait`: the longest pause between two looks at the record when no notification comes, in
+   * milliseconds. The pauses start at {@link MIN_WAIT_PAUSE_MS} (25 ms) and double up to it: a
+   * waiter looks at most 40 times a second, then once per `pollIntervalMs`, plus once per
+   * notification of its record. From 25 to 60,000. @defaultValue 500
+   */
   pollIntervalMs?: number;
   /**
    * Automatic renewal (opt-in): while the handler runs, the lease is extended by `leaseMs` every
@@ -52,6 +60,21 @@ export interface LeaseOptions extends Omit<IdempotencyOptions, 'policy'> {
    * `(id) => '/operations/create-order/' + id`.
    */
   operationLocation?: (operationId: string) => string;
+  /**
+   * The key of the HMAC-SHA256 that derives each new record's public `operationId` from its
+   * tenant, operation and idempotency key (see `operationIdFor()`): 32 bytes or more (a string
+   * counts its UTF-8 bytes), the same on every instance of the application, kept secret like a
+   * session-signing key (for example `openssl rand -base64 32` in a secret store). The id is
+   * stored with the record when it is claimed, so changing the secret (rotation) changes the ids
+   * of new records only: ids already handed out keep working. See docs/runbooks.md, "Rotating
+   * operationIdSecret".
+   * @defaultValue none: an unkeyed hash (HMAC with an empty key), and a process warning
+   *   `OUTBOXKIT_OPERATION_ID_UNKEYED` once per process; anyone who sees an operation id (a
+   *   `Location` header, a 202 body) and knows the tenant and operation can then test guesses of a
+   *   short or predictable key against it. Set it whenever `operationLocation` is, or a 202 body
+   *   may reach a client.
+   */
+  operationIdSecret?: string | Uint8Array;
 }
 
 /**
@@ -65,6 +88,7 @@ export const LEASE_OPTION_KEYS = Object.freeze({
   pollIntervalMs: true,
   renewEveryMs: true,
   operationLocation: true,
+  operationIdSecret: true,
 } satisfies Record<keyof LeaseOptions, true>);
 
 const LEASE_OPTION_NAMES: readonly string[] = Object.keys(LEASE_OPTION_KEYS);
@@ -78,11 +102,59 @@ export interface ResolvedLeaseOptions {
   /** Automatic renewal interval in ms, or `undefined` (off). */
   readonly renewEveryMs: number | undefined;
   readonly operationLocation: ((operationId: string) => string) | undefined;
+  /** The public id a new record of `scope` gets (HMAC-SHA256 under `operationIdSecret`). */
+  readonly operationIdOf: (scope: KeyScope) => string;
   readonly channel: string;
 }
 
 /** Default lease options (the others are {@link IDEMPOTENCY_DEFAULTS}). */
 export const LEASE_DEFAULTS = Object.freeze({ policy: 'reject' as LeasePolicy, leaseMs: 30_000, pollIntervalMs: 500 });
+
+/**
+ * Under `wait`, the shortest pause between two looks at a busy record (the first pause), in
+ * milliseconds: however the wait is bounded, a waiter makes at most 40 claim attempts a second,
+ * and fewer as its pauses double.
+ */
+export const MIN_WAIT_PAUSE_MS = 25;
+
+/** Fewest bytes of `operationIdSecret`: the output size of SHA-256 (RFC 2104 §3 advises at least that). */
+export const MIN_OPERATION_ID_SECRET_BYTES = 32;
+
+/** The code of the process warning that lease mode runs without `operationIdSecret`. */
+export const UNKEYED_OPERATION_ID_WARNING = 'OUTBOXKIT_OPERATION_ID_UNKEYED';
+
+let warnedUnkeyed = false;
+
+/** The secret as bytes (a copy: later changes by the caller do not change the ids), validated. */
+function operationIdKey(secret: unknown): Buffer {
+  if (secret === undefined) {
+    if (!warnedUnkeyed) {
+      warnedUnkeyed = true;
+      process.emitWarning(
+        'outboxkit lease mode runs without operationIdSecret: operation ids (Location URLs, 202 bodies, NOTIFY payloads) ' +
+          'are an unkeyed hash of the tenant, operation and idempotency key, so a short or predictable key can be ' +
+          'recovered from one. Set operationIdSecret to 32 random bytes or more (docs/configuration.md, "Lease mode").',
+        { type: 'SecurityWarning', code: UNKEYED_OPERATION_ID_WARNING },
+      );
+    }
+    return Buffer.alloc(0);
+  }
+  const bytes =
+    typeof secret === 'string'
+      ? Buffer.from(secret, 'utf8')
+      : secret instanceof Uint8Array
+        ? Buffer.from(secret)
+        : undefined;
+  if (bytes === undefined || bytes.length < MIN_OPERATION_ID_SECRET_BYTES) {
+    // Never the value: it is a secret.
+    throw new InvalidOptionsError(
+      `operationIdSecret must be a string or bytes of at least ${MIN_OPERATION_ID_SECRET_BYTES} bytes, got ` +
+        (bytes === undefined ? typeof secret : `${bytes.length} bytes`) +
+        '; generate one with `openssl rand -base64 32` and keep it in your secret store.',
+    );
+  }
+  return bytes;
+}
 
 const resolved = new WeakSet<object>();
 
@@ -98,7 +170,8 @@ function ms(name: string, value: unknown, min: number, max: number): number {
  * as it is.
  * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
  *   ones), an unknown policy, a duration out of range, `async` without `operationLocation`, a lease
- *   not shorter than the retention, or a `renewEveryMs` not shorter than the lease.
+ *   not shorter than the retention, a `renewEveryMs` not shorter than the lease, or an
+ *   `operationIdSecret` shorter than 32 bytes.
  */
 export function resolveLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions = {}): ResolvedLeaseOptions {
   return resolveLeaseOptionsFor(options, 'resolveLeaseOptions');
@@ -137,19 +210,27 @@ export function resolveCheckedLeaseOptions(options: LeaseOptions | ResolvedLease
     throw new InvalidOptionsError(`leaseMs (${leaseMs}) must be shorter than retentionMs (${base.retentionMs}).`);
   }
   const renewEveryMs = o.renewEveryMs === undefined ? undefined : ms('renewEveryMs', o.renewEveryMs, 10, leaseMs - 1);
+  const pollIntervalMs = ms(
+    'pollIntervalMs',
+    o.pollIntervalMs ?? LEASE_DEFAULTS.pollIntervalMs,
+    MIN_WAIT_PAUSE_MS,
+    60_000,
+  );
   if (o.operationLocation !== undefined && typeof o.operationLocation !== 'function') {
     throw new InvalidOptionsError('operationLocation must be a function (operationId) => URL.');
   }
   if (policy === 'async' && o.operationLocation === undefined) {
     throw new InvalidOptionsError("policy 'async' needs operationLocation(operationId): the URL a 202 points to.");
   }
+  const idKey = operationIdKey(o.operationIdSecret);
   const result: ResolvedLeaseOptions = Object.freeze({
     base,
     policy,
     leaseMs,
-    pollIntervalMs: ms('pollIntervalMs', o.pollIntervalMs ?? LEASE_DEFAULTS.pollIntervalMs, 10, 60_000),
+    pollIntervalMs,
     renewEveryMs,
     operationLocation: o.operationLocation,
+    operationIdOf: (scope: KeyScope) => operationIdFor(scope, idKey),
     channel: leaseChannel(base.schema),
   });
   resolved.add(result);

@@ -6,9 +6,9 @@
  *
  * Every state change that a waiting duplicate cares about (completed, failed, uncertain,
  * released, reconciled) sends `NOTIFY` on the schema's channel ({@link leaseChannel}) with the
- * record's {@link operationIdOf}, delivered at commit.
+ * record's stored `operation_id` (see {@link operationIdFor}), delivered at commit.
  */
-import { createHash } from 'node:crypto';
+import { createHash, createHmac } from 'node:crypto';
 import type { Queryable } from '../database.js';
 import type { IdempotencyState } from '../schema.js';
 import type { Fingerprint } from './fingerprint.js';
@@ -21,18 +21,52 @@ export function leaseChannel(schema: string): string {
 }
 
 /**
- * The public, opaque id of a record: hex SHA-256 of the key. It names the operation resource
- * (policy `async`) and the NOTIFY payload without revealing the key; the tenant and the operation
- * are part of every lookup, so another tenant can never read the record through it.
+ * The id that records claimed before outboxkit stored operation ids were given: the hex SHA-256 of
+ * the key alone, the same for every tenant and operation. Migration `0003_operation_id_backfill`
+ * stored it in those records' `operation_id`, so their Location URLs keep working.
+ *
+ * @deprecated Not the id of new records: they get {@link operationIdFor} (a keyed hash), stored
+ *   by the claim. Read a record's id from where outboxkit reports it (`ctx.operationId`, the 202's
+ *   body and `Location`, `UncertainRecord.operationId`, `outboxkit keys list`).
  */
 export function operationIdOf(key: string): string {
   return createHash('sha256').update(key, 'utf8').digest('hex');
+}
+
+/** Domain separation of {@link operationIdFor}'s input: a new format gets a new label. */
+const OPERATION_ID_LABEL = Buffer.from('outboxkit:operation-id:v1', 'utf8');
+
+/**
+ * The public, opaque id of a new lease-mode record (`operationId`): the lower-case hex
+ * HMAC-SHA256 (RFC 2104), keyed with `secret`, of the label `outboxkit:operation-id:v1` followed
+ * by the tenant, the operation and the key, each as a 4-byte big-endian UTF-8 byte length and its
+ * UTF-8 bytes. It names the operation resource (policy `async`) and the NOTIFY payload without
+ * revealing the key; it differs between tenants and operations; without the secret, nobody can
+ * test a guess of the key against it. The claim stores it in the record (`operation_id`), and
+ * every later use reads it from there: a record keeps its id when the secret changes.
+ *
+ * @param secret - the application's `operationIdSecret` (32 bytes or more). Empty: an unkeyed
+ *   hash, which anyone who knows the tenant and operation can test key guesses against (what
+ *   lease mode uses, with a process warning, when `operationIdSecret` is not set).
+ * @returns 64 lower-case hex digits.
+ */
+export function operationIdFor(scope: KeyScope, secret: Uint8Array): string {
+  const hmac = createHmac('sha256', secret).update(OPERATION_ID_LABEL);
+  for (const field of [scope.tenant, scope.operation, scope.key]) {
+    const bytes = Buffer.from(field, 'utf8');
+    const length = Buffer.alloc(4);
+    length.writeUInt32BE(bytes.length);
+    hmac.update(length).update(bytes);
+  }
+  return hmac.digest('hex');
 }
 
 /** A lease claimed (or taken over) by this execution. */
 export interface LeaseClaim {
   ownerToken: string;
   generation: number;
+  /** The record's stored public id (kept through a takeover; see {@link operationIdFor}). */
+  operationId: string;
   /** `processing` when an expired lease was taken over, a terminal state when an expired record was reused. */
   previousState: IdempotencyState | null;
 }
@@ -51,6 +85,9 @@ export interface LeaseClaim {
  *   transaction mode): elapsed time alone never hands an execution to someone else unless the
  *   record was leased, and never deletes it.
  * - `prev` reads the state before the statement, for the caller's `takeover`/`expired` metric only.
+ * - `operation_id`: a new record, or a new execution of an expired one, stores `operationId`; a
+ *   takeover keeps the id the record has, which the first execution's callers may already hold
+ *   (a Location URL), even if it was computed under another secret.
  */
 export async function claimLease(
   db: Queryable,
@@ -58,16 +95,21 @@ export async function claimLease(
   scope: KeyScope,
   fingerprint: Fingerprint,
   ownerToken: string,
+  operationId: string,
   leaseMs: number,
   retentionMs: number,
 ): Promise<LeaseClaim | undefined> {
-  const { rows } = await db.query<{ generation: number; previous_state: IdempotencyState | null }>(
+  const { rows } = await db.query<{
+    generation: number;
+    operation_id: string;
+    previous_state: IdempotencyState | null;
+  }>(
     `WITH prev AS (SELECT state FROM ${table} WHERE tenant = $1 AND operation = $2 AND key = $3),
      claim AS (
        INSERT INTO ${table} AS k
-              (tenant, operation, key, fingerprint, fingerprint_version, state, owner_token, generation,
-               lease_expires_at, expires_at)
-       VALUES ($1, $2, $3, $4::bytea, $5::smallint, 'processing', $6::uuid, 1,
+              (tenant, operation, key, fingerprint, fingerprint_version, state, owner_token, operation_id,
+               generation, lease_expires_at, expires_at)
+       VALUES ($1, $2, $3, $4::bytea, $5::smallint, 'processing', $6::uuid, $9, 1,
                clock_timestamp() + $7::bigint * interval '1 millisecond',
                clock_timestamp() + $8::bigint * interval '1 millisecond')
        ON CONFLICT (tenant, operation, key) DO UPDATE
@@ -75,6 +117,8 @@ export async function claimLease(
               fingerprint_version = EXCLUDED.fingerprint_version,
               state = 'processing',
               owner_token = EXCLUDED.owner_token,
+              operation_id = CASE WHEN k.state = 'processing' THEN COALESCE(k.operation_id, EXCLUDED.operation_id)
+                                  ELSE EXCLUDED.operation_id END,
               generation = k.generation + 1,
               lease_expires_at = EXCLUDED.lease_expires_at,
               response_status = NULL,
@@ -87,8 +131,8 @@ export async function claimLease(
         WHERE (k.state IN ('completed', 'failed') AND k.expires_at <= clock_timestamp())
            OR (k.state = 'processing' AND k.lease_expires_at <= clock_timestamp()
                AND k.fingerprint = EXCLUDED.fingerprint AND k.fingerprint_version = EXCLUDED.fingerprint_version)
-       RETURNING k.generation)
-     SELECT claim.generation, (SELECT state FROM prev) AS previous_state FROM claim`,
+       RETURNING k.generation, k.operation_id)
+     SELECT claim.generation, claim.operation_id, (SELECT state FROM prev) AS previous_state FROM claim`,
     [
       scope.tenant,
       scope.operation,
@@ -98,10 +142,13 @@ export async function claimLease(
       ownerToken,
       leaseMs,
       retentionMs,
+      operationId,
     ],
   );
   const row = rows[0];
-  return row === undefined ? undefined : { ownerToken, generation: row.generation, previousState: row.previous_state };
+  return row === undefined
+    ? undefined
+    : { ownerToken, generation: row.generation, operationId: row.operation_id, previousState: row.previous_state };
 }
 
 /** A record as lease mode reads it: the stored response plus its lease. */
@@ -112,6 +159,8 @@ export interface LeasedRecord extends StoredRecord {
   leaseRemainingMs: number;
   /** Age of the record (since its claim), in milliseconds. */
   ageMs: number;
+  /** The stored public id; `null` for a record of one-transaction mode. */
+  operationId: string | null;
 }
 
 interface LeasedRow {
@@ -125,12 +174,13 @@ interface LeasedRow {
   owner_token: string | null;
   lease_remaining_ms: number;
   age_ms: number;
+  operation_id: string | null;
 }
 
 const LEASED_COLUMNS = `state, fingerprint, fingerprint_version, response_status, response_headers, response_body,
        generation, owner_token::text AS owner_token,
        COALESCE(GREATEST(0, extract(epoch FROM lease_expires_at - clock_timestamp()) * 1000), 0)::float8 AS lease_remaining_ms,
-       (extract(epoch FROM clock_timestamp() - created_at) * 1000)::float8 AS age_ms`;
+       (extract(epoch FROM clock_timestamp() - created_at) * 1000)::float8 AS age_ms, operation_id`;
 
 function toLeased(r: LeasedRow): LeasedRecord {
   return {
@@ -144,6 +194,7 @@ function toLeased(r: LeasedRow): LeasedRecord {
     ownerToken: r.owner_token,
     leaseRemainingMs: r.lease_remaining_ms,
     ageMs: r.age_ms,
+    operationId: r.operation_id,
   };
 }
 
@@ -161,9 +212,9 @@ export async function readLeasedRecord(
 }
 
 /**
- * Reads a record by its public {@link operationIdOf}, within one tenant and operation (the
- * operation resource of policy `async`). The primary key's (tenant, operation) prefix bounds the
- * scan to that caller's records of that operation.
+ * Reads a record by its stored public id, within one tenant and operation (the operation resource
+ * of policy `async`). One probe of `idempotency_keys_operation_id_idx` (tenant, operation,
+ * operation_id), whatever the number of records of that tenant and operation.
  */
 export async function readRecordByOperationId(
   db: Queryable,
@@ -173,8 +224,7 @@ export async function readRecordByOperationId(
   operationId: string,
 ): Promise<LeasedRecord | undefined> {
   const { rows } = await db.query<LeasedRow>(
-    `SELECT ${LEASED_COLUMNS} FROM ${table}
-      WHERE tenant = $1 AND operation = $2 AND encode(sha256(convert_to(key, 'UTF8')), 'hex') = $3`,
+    `SELECT ${LEASED_COLUMNS} FROM ${table} WHERE tenant = $1 AND operation = $2 AND operation_id = $3`,
     [tenant, operation, operationId],
   );
   return rows[0] === undefined ? undefined : toLeased(rows[0]);
@@ -255,9 +305,9 @@ async function storeFencedResult(
           SET state = $5, response_status = $6::smallint, response_headers = $7::jsonb, response_body = $8::bytea,
               lease_expires_at = NULL, completed_at = clock_timestamp(), updated_at = clock_timestamp(),
               expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
-        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = $12 AND owner_token = $4::uuid
-        RETURNING 1)
-     SELECT pg_notify($10, $11) FROM done`,
+        WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = $11 AND owner_token = $4::uuid
+        RETURNING operation_id)
+     SELECT pg_notify($10, operation_id) FROM done`,
     [
       scope.tenant,
       scope.operation,
@@ -269,7 +319,6 @@ async function storeFencedResult(
       completion.body,
       retentionMs,
       channel,
-      operationIdOf(scope.key),
       from,
     ],
   );
@@ -295,9 +344,9 @@ export async function markUncertain(
           SET state = 'uncertain', lease_expires_at = NULL, response_status = NULL, response_headers = NULL,
               response_body = convert_to($5, 'UTF8'), updated_at = clock_timestamp()
         WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
-        RETURNING 1)
-     SELECT pg_notify($6, $7) FROM done`,
-    [scope.tenant, scope.operation, scope.key, ownerToken, reason, channel, operationIdOf(scope.key)],
+        RETURNING operation_id)
+     SELECT pg_notify($6, operation_id) FROM done`,
+    [scope.tenant, scope.operation, scope.key, ownerToken, reason, channel],
   );
   return rowCount === 1;
 }
@@ -318,9 +367,9 @@ export async function releaseLease(
     `WITH gone AS (
        DELETE FROM ${table}
         WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
-        RETURNING 1)
-     SELECT pg_notify($5, $6) FROM gone`,
-    [scope.tenant, scope.operation, scope.key, ownerToken, channel, operationIdOf(scope.key)],
+        RETURNING operation_id)
+     SELECT pg_notify($5, operation_id) FROM gone`,
+    [scope.tenant, scope.operation, scope.key, ownerToken, channel],
   );
   return rowCount === 1;
 }
@@ -331,6 +380,7 @@ export interface UncertainRecord {
   operation: string;
   /** The idempotency key (for the hook's lookup downstream; never log it in full). */
   key: string;
+  /** The record's stored public id (what its callers got in `Location` and 202 bodies). */
   operationId: string;
   /** The owner token of the execution whose outcome is unknown (what it may have sent downstream). */
   ownerToken: string;
@@ -355,13 +405,17 @@ export async function listUncertain(
     tenant: string;
     operation: string;
     key: string;
+    operation_id: string;
     owner_token: string;
     generation: number;
     reason: string | null;
     created_at: Date;
     updated_at: Date;
   }>(
+    // A record claimed by a version that stored no id (during a rolling upgrade) has the id that
+    // version gave it: the SHA-256 of its key.
     `SELECT tenant, operation, key, owner_token::text AS owner_token, generation,
+            COALESCE(operation_id, encode(sha256(convert_to(key, 'UTF8')), 'hex')) AS operation_id,
             convert_from(response_body, 'UTF8') AS reason, created_at, updated_at
        FROM ${table}
       WHERE operation = $1 AND state = 'uncertain'
@@ -373,7 +427,7 @@ export async function listUncertain(
     tenant: r.tenant,
     operation: r.operation,
     key: r.key,
-    operationId: operationIdOf(r.key),
+    operationId: r.operation_id,
     ownerToken: r.owner_token,
     generation: r.generation,
     reason: r.reason ?? '',

@@ -25,8 +25,15 @@ import {
   type TransactionHandle,
   type TransactionOf,
 } from '../database.js';
-import { isOutboxkitError } from '../errors.js';
-import { KeyInProgressError, KeyMismatchError, LeaseLostError, StoreUnavailableError } from './errors.js';
+import { exponentialBackoffMs } from '../backoff.js';
+import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
+import {
+  DeadlineInvalidError,
+  KeyInProgressError,
+  KeyMismatchError,
+  LeaseLostError,
+  StoreUnavailableError,
+} from './errors.js';
 import { checkRequest, type IdempotentRequest } from './execute.js';
 import { redactKey } from './key.js';
 import {
@@ -34,7 +41,6 @@ import {
   fenceLease,
   finishLease,
   markUncertain,
-  operationIdOf,
   readLeasedRecord,
   releaseLease,
   renewLease,
@@ -42,7 +48,12 @@ import {
   type LeasedRecord,
 } from './lease-store.js';
 import { subscribe, type Subscription } from './lease-listener.js';
-import { resolveLeaseOptionsFor, type LeaseOptions, type ResolvedLeaseOptions } from './lease-options.js';
+import {
+  MIN_WAIT_PAUSE_MS,
+  resolveLeaseOptionsFor,
+  type LeaseOptions,
+  type ResolvedLeaseOptions,
+} from './lease-options.js';
 import { emitOutcome } from './metrics.js';
 import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
 import { storableText } from './text.js';
@@ -56,13 +67,31 @@ import {
   type IdempotentResponse,
   type IdempotentResult,
 } from './state-machine.js';
-import { isPgPool, readFirst } from './read-first.js';
+import { autocommitQueryable, isPgPool, readFirst } from './read-first.js';
 import { claimBeginSql, idempotencyTable, setClaimLockTimeout, type KeyScope } from './store.js';
 
 const UNCERTAIN = Symbol.for('outboxkit.uncertain');
 
-/** Under `wait`, how long to wait before claiming again after the claim met a busy row lock. */
-const LOCK_RETRY_MS = 20;
+/** What {@link executeLeased} takes: the key's scope and fingerprint, and what bounds a wait. */
+export interface LeasedRequest extends IdempotentRequest {
+  /**
+   * The caller's deadline, in milliseconds since the epoch (the clock of `Date.now()`): a wait
+   * (policy `wait`) ends at it, or after `waitTimeoutMs`, whichever comes first. A time already
+   * past means no wait. It must be a finite number: anything else (`NaN` from a malformed
+   * `Request-Timeout` header, an infinity, a string) is refused with {@link DeadlineInvalidError}
+   * before anything is read or written.
+   * @defaultValue none (`waitTimeoutMs` alone bounds a wait)
+   */
+  deadline?: number;
+  /**
+   * Ends a wait (policy `wait`) as soon as it is aborted, with {@link KeyInProgressError} (its
+   * `cause` is the signal's reason): abort it when the caller is gone. The HTTP adapters abort it
+   * when the client's connection closes before the response is sent. It never stops an execution
+   * this request has claimed: that one runs to its end and stores its result for the retries.
+   * @defaultValue none
+   */
+  signal?: AbortSignal;
+}
 
 /** The marker `ctx.uncertain(reason)` returns: the handler returns it as its response. */
 export interface UncertainOutcome extends HandlerResponse {
@@ -82,7 +111,10 @@ export interface LeaseContext<D extends DatabaseHandle> {
   readonly signal: AbortSignal;
   /** 1 for the first execution, + 1 per takeover. */
   readonly generation: number;
-  /** The record's public id (operation resource, NOTIFY payload); never the key. */
+  /**
+   * The record's public id (operation resource, NOTIFY payload): the HMAC that the claim stored
+   * (see `LeaseOptions.operationIdSecret`), kept through takeovers; never the key.
+   */
   readonly operationId: string;
   /**
    * Extends the lease by `leaseMs` from now (database clock). With `renewEveryMs` this happens on
@@ -149,6 +181,63 @@ function retryAfterOf(record: LeasedRecord, opts: ResolvedLeaseOptions): number 
   return Math.max(opts.base.retryAfterSeconds, Math.ceil(record.leaseRemainingMs / 1000));
 }
 
+/** A wait ended because its request's `signal` was aborted (the caller went away). */
+function abortedWait(opts: ResolvedLeaseOptions, signal: AbortSignal): KeyInProgressError {
+  return new KeyInProgressError(
+    'The wait for the request with this idempotency key ended because the request was aborted; retry the identical request after the Retry-After delay.',
+    { retryAfterSeconds: opts.base.retryAfterSeconds, cause: signal.reason },
+  );
+}
+
+/**
+ * The request's deadline, validated before any query.
+ * @throws {@link DeadlineInvalidError} when it is not a finite number.
+ */
+function deadlineOf(request: LeasedRequest): number | undefined {
+  const { deadline } = request;
+  if (deadline === undefined) return undefined;
+  if (typeof deadline !== 'number' || !Number.isFinite(deadline)) {
+    const got = typeof deadline === 'number' ? String(deadline) : `a value of type ${typeof deadline}`;
+    throw new DeadlineInvalidError(
+      `The request's deadline must be a finite time in ms since the epoch, got ${got}; send a valid timeout, or none.`,
+    );
+  }
+  return deadline;
+}
+
+/** The request's abort signal, checked structurally (an AbortSignal of another realm passes). */
+function signalOf(request: LeasedRequest): AbortSignal | undefined {
+  const { signal } = request;
+  if (signal === undefined) return undefined;
+  const s = signal as Partial<AbortSignal> | null;
+  if (
+    typeof s !== 'object' ||
+    s === null ||
+    typeof s.aborted !== 'boolean' ||
+    typeof s.addEventListener !== 'function'
+  ) {
+    throw new InvalidOptionsError('executeLeased(): request.signal must be an AbortSignal.');
+  }
+  return signal;
+}
+
+/**
+ * The stored id of the key's record, read without a lock (a row lock held by a claim or a fenced
+ * transaction does not block a plain read), or `computed` when no record is visible (a concurrent
+ * claim not yet committed, which stores the id computed the same way) or the read fails.
+ */
+async function visibleOperationId(
+  db: DatabaseHandle,
+  table: string,
+  scope: KeyScope,
+  computed: string,
+): Promise<string> {
+  const q = autocommitQueryable(db);
+  if (q === undefined) return computed;
+  const record = await readLeasedRecord(q, table, scope).catch(() => undefined);
+  return record?.operationId ?? computed;
+}
+
 function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause?: unknown): KeyInProgressError {
   const message =
     record.state === 'uncertain'
@@ -173,7 +262,9 @@ function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause
  *    expired (new owner token, generation + 1). It commits before the handler runs.
  * 2. Otherwise the committed record decides: a different fingerprint → 422; completed/failed →
  *    replay; `processing` (live lease) or `uncertain` → the policy (`reject` 409, `wait`, `async`
- *    202).
+ *    202). A wait looks again at each notification of the record and after pauses that start at
+ *    25 ms and double up to `pollIntervalMs`, until `waitTimeoutMs`, the request's `deadline` or
+ *    its `signal`, whichever ends it first.
  * 3. `handler(ctx)` runs outside any transaction; its local writes go through the fenced
  *    `ctx.transaction()`; it may `ctx.renew()` the lease, or let `renewEveryMs` renew it while it
  *    runs (`ctx.signal` aborts if a renewal finds the lease lost).
@@ -185,7 +276,9 @@ function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause
  * @param db - a `pg.Pool` or a drizzle database (LISTEN/NOTIFY wake-ups need a pg pool behind it;
  *   otherwise `wait` polls).
  * @param request - tenant, operation, key, fingerprint, and optionally the caller's `deadline`
- *   (ms since the epoch) that bounds `wait`.
+ *   (ms since the epoch) and `signal` that end a wait (see {@link LeasedRequest}).
+ * @throws {@link DeadlineInvalidError} (400) when `request.deadline` is not a finite number, before
+ *   any query.
  * @throws {@link KeyMismatchError} (422), {@link KeyInProgressError} (409 + Retry-After),
  *   {@link StoreUnavailableError} (503), {@link LeaseLostError} (a stale owner), and the handler's
  *   own error when it failed before any effect (after the release).
@@ -194,17 +287,42 @@ function inProgressError(record: LeasedRecord, opts: ResolvedLeaseOptions, cause
  */
 export async function executeLeased<D extends DatabaseHandle>(
   db: D,
-  request: IdempotentRequest & { deadline?: number },
+  request: LeasedRequest,
   handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
   options?: LeaseOptions | ResolvedLeaseOptions,
 ): Promise<LeasedResult> {
   const opts = resolveLeaseOptionsFor(options, 'executeLeased');
   const base = opts.base;
   const scope = checkRequest(request, 'executeLeased()');
+  const deadline = deadlineOf(request);
+  const signal = signalOf(request);
   const table = idempotencyTable(base.quotedSchema);
-  const operationId = operationIdOf(scope.key);
+  // The id a new record gets; a record that exists already keeps the one it has.
+  const operationId = opts.operationIdOf(scope);
   const log = { operation: scope.operation, key: redactKey(scope.key) };
-  const waitUntil = Math.min(Date.now() + base.waitTimeoutMs, request.deadline ?? Number.POSITIVE_INFINITY);
+  // Finite: `deadline` was checked, and `waitTimeoutMs` is at most an hour.
+  const waitUntil = Math.min(Date.now() + base.waitTimeoutMs, deadline ?? Number.POSITIVE_INFINITY);
+  let pauses = 0;
+  // The next pause of a wait: from MIN_WAIT_PAUSE_MS, doubling up to pollIntervalMs, shortened to
+  // wake at `wakeMs` (a lease's expiry) but never below MIN_WAIT_PAUSE_MS, and never past the end
+  // of the wait. However the wait is bounded, it never polls faster than that.
+  const pauseMs = (wakeMs: number): number =>
+    Math.min(
+      waitUntil - Date.now(),
+      Math.max(
+        MIN_WAIT_PAUSE_MS,
+        Math.min(wakeMs, exponentialBackoffMs(++pauses, MIN_WAIT_PAUSE_MS, opts.pollIntervalMs)),
+      ),
+    );
+  // Waits for a notification of the record or the next pause, then ends the wait if the request
+  // was aborted meanwhile.
+  const pause = async (notifications: Subscription, wakeMs: number): Promise<void> => {
+    await notifications.next(pauseMs(wakeMs), signal);
+    if (signal?.aborted) {
+      emitOutcome(base, scope.operation, 'in_progress');
+      throw abortedWait(opts, signal);
+    }
+  };
   let subscription: Subscription | undefined;
   let first = true;
   try {
@@ -220,6 +338,7 @@ export async function executeLeased<D extends DatabaseHandle>(
           scope,
           request.fingerprint,
           ownerToken,
+          operationId,
           opts.leaseMs,
           base.retentionMs,
         );
@@ -251,20 +370,31 @@ export async function executeLeased<D extends DatabaseHandle>(
       } catch (err) {
         const translated = translate(err, opts, log, 'new');
         if (!isOutboxkitError(translated, 'OUTBOXKIT_KEY_IN_PROGRESS')) throw translated;
-        // The claim timed out on the row lock of a concurrent claim (another duplicate's short
-        // claim transaction): the key is busy, as with a live lease, and the policy applies.
-        emitOutcome(base, scope.operation, 'in_progress');
+        // The claim timed out on a row lock (another duplicate's short claim transaction, or the
+        // owner's fenced `ctx.transaction()`): the key is busy, as with a live lease, and the
+        // policy applies.
         if (opts.policy === 'async') {
+          emitOutcome(base, scope.operation, 'in_progress');
+          const id = await visibleOperationId(db, table, scope, operationId);
           return {
             replayed: false,
             outcome: 'accepted',
-            response: accepted(opts, operationId, 'processing', base.retryAfterSeconds),
+            response: accepted(opts, id, 'processing', base.retryAfterSeconds),
           };
         }
-        const remaining = waitUntil - Date.now();
-        if (opts.policy === 'reject' || remaining <= 0) throw translated;
-        subscription ??= await subscribe(db, opts.channel, operationId, base.logger);
-        await subscription.next(Math.max(1, Math.min(LOCK_RETRY_MS, remaining)));
+        if (opts.policy === 'reject' || waitUntil - Date.now() <= 0 || signal?.aborted) {
+          emitOutcome(base, scope.operation, 'in_progress');
+          throw signal?.aborted ? abortedWait(opts, signal) : translated;
+        }
+        // The record's notifications carry its stored id; a row locked by the owner's fenced
+        // transaction can be read for it.
+        subscription ??= await subscribe(
+          db,
+          opts.channel,
+          await visibleOperationId(db, table, scope, operationId),
+          base.logger,
+        );
+        await pause(subscription, Number.POSITIVE_INFINITY);
         continue;
       }
 
@@ -276,7 +406,7 @@ export async function executeLeased<D extends DatabaseHandle>(
         } else {
           emitOutcome(base, scope.operation, claim.previousState === null ? 'new' : 'expired');
         }
-        return await runOwned(db, scope, claim, operationId, handler, opts, log, table);
+        return await runOwned(db, scope, claim, handler, opts, log, table);
       }
 
       const record = attempt.record;
@@ -290,25 +420,25 @@ export async function executeLeased<D extends DatabaseHandle>(
         emitOutcome(base, scope.operation, 'replayed');
         return { replayed: true, outcome: 'replayed', response: decision.response };
       }
-      // processing (live lease) or uncertain
-      const remaining = waitUntil - Date.now();
+      // processing (live lease) or uncertain. Its stored id is the one its callers hold (a
+      // record without one was claimed by an older version, which used the computed one's place).
+      const recordId = record.operationId ?? operationId;
       if (opts.policy === 'async') {
         emitOutcome(base, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
         return {
           replayed: false,
           outcome: 'accepted',
-          response: accepted(opts, operationId, record.state, retryAfterOf(record, opts)),
+          response: accepted(opts, recordId, record.state, retryAfterOf(record, opts)),
         };
       }
-      if (opts.policy === 'reject' || remaining <= 0) {
+      if (opts.policy === 'reject' || waitUntil - Date.now() <= 0 || signal?.aborted) {
         emitOutcome(base, scope.operation, record.state === 'uncertain' ? 'uncertain' : 'in_progress');
-        throw inProgressError(record, opts);
+        throw signal?.aborted ? abortedWait(opts, signal) : inProgressError(record, opts);
       }
-      subscription ??= await subscribe(db, opts.channel, operationId, base.logger);
-      // Wake on a notification, at the latest at the next poll, at the lease's expiry (to take
-      // over), or at the deadline.
-      const leaseWake = record.state === 'processing' ? record.leaseRemainingMs + 5 : Number.POSITIVE_INFINITY;
-      await subscription.next(Math.max(1, Math.min(opts.pollIntervalMs, remaining, leaseWake)));
+      // Wake on a notification, at the latest after the next pause, at the lease's expiry (to
+      // take over), or at the end of the wait.
+      subscription ??= await subscribe(db, opts.channel, recordId, base.logger);
+      await pause(subscription, record.state === 'processing' ? record.leaseRemainingMs + 5 : Number.POSITIVE_INFINITY);
     }
   } finally {
     await subscription?.close();
@@ -319,14 +449,13 @@ async function runOwned<D extends DatabaseHandle>(
   db: D,
   scope: KeyScope,
   claim: LeaseClaim,
-  operationId: string,
   handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
   opts: ResolvedLeaseOptions,
   log: Record<string, unknown>,
   table: string,
 ): Promise<LeasedResult> {
   const base = opts.base;
-  const { ownerToken } = claim;
+  const { ownerToken, operationId } = claim;
   let effects = false;
   const inTx = <T>(fn: (q: ReturnType<typeof joinTransaction>) => Promise<T>): Promise<T> =>
     runTransaction(db, (tx) => fn(joinTransaction(tx as TransactionHandle, 'executeLeased()')));

@@ -396,8 +396,11 @@ export interface KeyListing {
   operation: string;
   /** The key redacted by `redactKey()`. */
   key: string;
-  /** The public `operationIdOf(key)`, to find the record again without the key. */
-  operationId: string;
+  /**
+   * The record's stored public id (lease mode), to find the record again without the key; `null`
+   * for a record of one-transaction mode.
+   */
+  operationId: string | null;
   state: IdempotencyState;
   generation: number;
   responseStatus: number | null;
@@ -425,7 +428,7 @@ export async function listKeys(
   db: Queryable,
   table: string,
   filter: KeyFilter,
-): Promise<(Omit<KeyListing, 'key' | 'operationId'> & { fullKey: string })[]> {
+): Promise<(Omit<KeyListing, 'key'> & { fullKey: string })[]> {
   // Filters come from operators (CLI flags): refused before any SQL when PostgreSQL text cannot
   // hold them (a NUL character) or they could not match anything stored.
   for (const [name, value, max] of [
@@ -440,6 +443,7 @@ export async function listKeys(
       tenant: string;
       operation: string;
       key: string;
+      operation_id: string | null;
       state: IdempotencyState;
       generation: number;
       response_status: number | null;
@@ -449,7 +453,7 @@ export async function listKeys(
       expires_at: Date;
       age_seconds: number;
     }>(
-      `SELECT tenant, operation, key, state, generation, response_status, created_at, updated_at, lease_expires_at,
+      `SELECT tenant, operation, key, operation_id, state, generation, response_status, created_at, updated_at, lease_expires_at,
             expires_at, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_seconds
        FROM ${table}
       WHERE state = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR operation = $3)
@@ -464,6 +468,7 @@ export async function listKeys(
     tenant: r.tenant,
     operation: r.operation,
     fullKey: r.key,
+    operationId: r.operation_id,
     state: r.state,
     generation: r.generation,
     responseStatus: r.response_status,

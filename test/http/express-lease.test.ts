@@ -13,10 +13,11 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { joinTransaction, type TransactionHandle } from '../../src/database.js';
 import { leasedHandler, operationHandler, type ExpressLeaseOptions } from '../../src/http/express.js';
 import type { LeaseContext } from '../../src/idempotency/lease.js';
+import type { IdempotencyOutcomeEvent } from '../../src/idempotency/metrics.js';
 import type { HandlerResponse } from '../../src/idempotency/state-machine.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { waitFor } from '../helpers/wait-for.js';
-import { countOrders, ORDERS_TABLE_SQL, post, type HttpResult } from '../idempotency/harness.js';
+import { countOrders, ORDERS_TABLE_SQL, post, postAndHangUp, type HttpResult } from '../idempotency/harness.js';
 import { gate, get, readLease } from '../idempotency/lease-harness.js';
 
 const OPERATION = 'create-payment';
@@ -80,6 +81,7 @@ async function startExpressLease(
     leasedHandler(
       {
         operationLocation: (id) => `/operations/payments/${id}`,
+        operationIdSecret: 'a test secret of 32 bytes or more, never a real one',
         ...lease,
         db: db.pool,
         operation: OPERATION,
@@ -218,6 +220,37 @@ describe('Express leasedHandler: lease mode over real HTTP', () => {
     expectProblem(dup, 409, 'OUTBOXKIT_KEY_IN_PROGRESS');
     expect(elapsed).toBeGreaterThanOrEqual(350);
     expect(elapsed).toBeLessThan(2_000);
+    h.hold.open();
+    expect((await first).status).toBe(201);
+    await app.close();
+  });
+
+  it('wait: a duplicate whose client disconnects stops waiting (not after waitTimeoutMs); a malformed deadline is 400', async () => {
+    const h = held();
+    const outcomes: (IdempotencyOutcomeEvent & { at: number })[] = [];
+    const app = await startExpressLease({
+      policy: 'wait',
+      waitTimeoutMs: 20_000,
+      deadline: (req) => {
+        const seconds = req.headers['request-timeout'];
+        return typeof seconds === 'string' ? Date.now() + 1_000 * Number(seconds) : undefined;
+      },
+      onOutcome: (e) => outcomes.push({ ...e, at: Date.now() }),
+      behaviour: h.behaviour,
+    });
+    const key = randomUUID();
+    const first = post(app, '/payments', { key, body });
+    await h.inHandler.promise;
+    const hungUpAt = await postAndHangUp(app.url, '/payments', { key, body }, 300).then(() => Date.now());
+    const ended = await waitFor(() => outcomes.find((o) => o.outcome === 'in_progress'), { timeoutMs: 5_000 });
+    expect(ended.at - hungUpAt).toBeLessThan(3_000);
+    const malformed = await post(app, '/payments', {
+      key,
+      body,
+      headers: { 'request-timeout': 'soon' },
+      signal: AbortSignal.timeout(5_000),
+    });
+    expectProblem(malformed, 400, 'OUTBOXKIT_DEADLINE_INVALID');
     h.hold.open();
     expect((await first).status).toBe(201);
     await app.close();

@@ -4,6 +4,7 @@
  * Every app a test starts is closed by {@link closeAll} (call it in afterEach/afterAll).
  */
 import { randomUUID } from 'node:crypto';
+import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Fastify, { type FastifyRequest } from 'fastify';
 import type pg from 'pg';
@@ -181,6 +182,8 @@ export interface PostOptions {
   tenant?: string | null;
   body?: string | Buffer;
   headers?: Record<string, string>;
+  /** Aborts the request (the client goes away). */
+  signal?: AbortSignal;
 }
 
 /** POSTs over real HTTP. `key: null` / `tenant: null` leave the header out. */
@@ -188,9 +191,47 @@ export async function post(app: TestApp, path: string, options: PostOptions = {}
   const headers: Record<string, string> = { 'content-type': 'application/json', ...options.headers };
   if (options.key !== null) headers['idempotency-key'] = options.key ?? randomUUID();
   if (options.tenant !== null) headers['x-tenant'] = options.tenant ?? 'tenant-a';
-  const res = await fetch(`${app.url}${path}`, { method: 'POST', headers, body: options.body ?? '{"amount":10}' });
+  const res = await fetch(`${app.url}${path}`, {
+    method: 'POST',
+    headers,
+    body: options.body ?? '{"amount":10}',
+    ...(options.signal ? { signal: options.signal } : {}),
+  });
   const bytes = Buffer.from(await res.arrayBuffer());
   return { status: res.status, headers: res.headers, bytes, json: () => JSON.parse(bytes.toString('utf8')) };
+}
+
+/**
+ * Sends a POST on a connection of its own and closes that connection after `hangUpAfterMs`
+ * without reading any answer: a client that goes away. Resolves once the connection is closed.
+ * (node:http, not fetch: an aborted fetch leaves undici's socket to the server for seconds.)
+ */
+export async function postAndHangUp(
+  url: string,
+  path: string,
+  options: { key: string; body: string; tenant?: string },
+  hangUpAfterMs: number,
+): Promise<void> {
+  const req = http.request(`${url}${path}`, {
+    method: 'POST',
+    headers: {
+      'content-type': 'application/json',
+      'idempotency-key': options.key,
+      'x-tenant': options.tenant ?? 'tenant-a',
+    },
+  });
+  const closed = new Promise<void>((resolve) => req.on('close', () => resolve()));
+  let answered = false;
+  req.on('error', () => {}); // ECONNRESET: the hang-up itself
+  req.on('response', (res) => {
+    answered = true;
+    res.resume();
+  });
+  req.end(options.body);
+  await new Promise((r) => setTimeout(r, hangUpAfterMs));
+  req.destroy();
+  await closed;
+  if (answered) throw new Error('postAndHangUp: the server answered before the client hung up.');
 }
 
 export async function countOrders(pool: pg.Pool): Promise<number> {

@@ -15,8 +15,10 @@ beforeAll(async () => {
   db = await createTestDatabase();
   const insert = (tenant: string, op: string, key: string, state: string, expired: boolean) =>
     db.pool.query(
-      `INSERT INTO outboxkit.idempotency_keys (tenant, operation, key, fingerprint, fingerprint_version, state, expires_at, response_body)
-       VALUES ($1, $2, $3, '\\x00'::bytea, 1, $4, now() + CASE WHEN $5 THEN interval '-1 hour' ELSE interval '1 hour' END, 'payment provider timeout')`,
+      // operation_id: the id a record claimed before ids were keyed holds (migration 0003).
+      `INSERT INTO outboxkit.idempotency_keys (tenant, operation, key, fingerprint, fingerprint_version, state, expires_at, response_body, operation_id)
+       VALUES ($1, $2, $3, '\\x00'::bytea, 1, $4, now() + CASE WHEN $5 THEN interval '-1 hour' ELSE interval '1 hour' END, 'payment provider timeout',
+               encode(sha256(convert_to($3, 'UTF8')), 'hex'))`,
       [tenant, op, key, state, expired],
     );
   await insert('t1', 'create-payment', keys.uncertain, 'uncertain', true);

@@ -61,6 +61,7 @@ export async function startLeaseApp(options: StartLeaseAppOptions): Promise<Test
       leasedHandler(
         {
           operationLocation: (id) => `/operations/payments/${id}`,
+          operationIdSecret: 'a test secret of 32 bytes or more, never a real one',
           ...lease,
           db: pool,
           operation: OPERATION,

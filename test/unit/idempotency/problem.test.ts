@@ -3,6 +3,7 @@ import { InvalidOptionsError } from '../../../src/errors.js';
 import {
   BodyInvalidError,
   BodyTooLargeError,
+  DeadlineInvalidError,
   KeyInProgressError,
   KeyInvalidError,
   KeyMismatchError,
@@ -22,6 +23,7 @@ describe('toProblem (RFC 9457)', () => {
     [new KeyMismatchError(), 422, 'key-mismatch', undefined],
     [new KeyInProgressError(undefined, { retryAfterSeconds: 2 }), 409, 'key-in-progress', '2'],
     [new StoreUnavailableError(), 503, 'store-unavailable', '1'],
+    [new DeadlineInvalidError(), 400, 'deadline-invalid', undefined],
   ])('%s → %i %s', (err, status, slug, retryAfter) => {
     const p = toProblem(err);
     expect(p.status).toBe(status);

@@ -1,0 +1,2 @@
+ALTER TABLE "outboxkit"."idempotency_keys" ADD COLUMN "operation_id" text;--> statement-breakpoint
+CREATE INDEX "idempotency_keys_operation_id_idx" ON "outboxkit"."idempotency_keys" USING btree ("tenant","operation","operation_id") WHERE "outboxkit"."idempotency_keys"."operation_id" IS NOT NULL;
