@@ -32,9 +32,24 @@ describe('relay daemon signals', () => {
       await waitFor(async () => ((await heldLanes()) === 64 ? true : undefined), {
         message: () => `the relay holds every lane (${relay.output.join('').slice(-2000)})`,
       });
-      relay.proc.kill(signal);
-      await new Promise((r) => setTimeout(r, 5));
-      relay.proc.kill(signal);
+      // The drain's release of the lanes waits behind this lock, so that the second signal comes
+      // while the relay is still draining, however fast this machine is (without it, a drain of a
+      // few ms could end before the second signal is handled).
+      const blocker = await db.pool.connect();
+      try {
+        await blocker.query('BEGIN');
+        await blocker.query('LOCK TABLE outboxkit.relay_lanes IN ACCESS EXCLUSIVE MODE');
+        relay.proc.kill(signal);
+        await new Promise((r) => setTimeout(r, 5));
+        relay.proc.kill(signal);
+        await waitFor(() => (relay.output.join('').includes('still draining') ? true : undefined), {
+          timeoutMs: 10_000,
+          message: () => `the repeated signal is seen while draining (${relay.output.join('').slice(-2000)})`,
+        });
+      } finally {
+        await blocker.query('ROLLBACK');
+        blocker.release();
+      }
       const exit = await relay.exited;
       const output = relay.output.join('');
       expect(exit, output.slice(-2000)).toEqual({ code: 0, signal: null });
