@@ -8,6 +8,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
+import { CONNECTION_SETTING_SQLSTATES, SQLSTATE } from '../src/postgres.js';
 import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 import { printableJson, printableLines, printError } from './printable.js';
 
@@ -73,16 +74,13 @@ async function buildProgram(args: string[]): Promise<Command> {
 /** Node.js socket error codes: a connection that could not be made. */
 const SOCKET_ERRORS = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
 
-/** SQLSTATEs of a connection string that names a missing database, or credentials refused. */
-const DATABASE_URL_ERRORS = new Set(['3D000', '28P01', '28000']);
-
 /** What to do about an error, by its code (appended to its message), or ''. */
 function hintFor(code: string): string {
-  if (code === '42P01') return " (outboxkit's tables are missing: run `outboxkit migrate`)";
+  if (code === SQLSTATE.UNDEFINED_TABLE) return " (outboxkit's tables are missing: run `outboxkit migrate`)";
   // kafkajs wraps its socket errors (KafkaJSConnectionError): a bare socket error code is pg's.
   if (SOCKET_ERRORS.has(code))
     return ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)';
-  if (DATABASE_URL_ERRORS.has(code)) return ' (check --database-url / DATABASE_URL)';
+  if (CONNECTION_SETTING_SQLSTATES.has(code)) return ' (check --database-url / DATABASE_URL)';
   if (code === 'EADDRINUSE') {
     return (
       ' (the metrics port is taken, for example by another relay on this host: give each instance its own ' +

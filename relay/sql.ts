@@ -4,31 +4,17 @@
  * `SchemaMissingError` (code `OUTBOXKIT_SCHEMA_MISSING`, naming the schema) when outboxkit's schema
  * or tables do not exist: run `outboxkit migrate --schema <schema>` (or `migrate()`) first.
  */
-import { createHash } from 'node:crypto';
 import type { Queryable, QueryResult } from '../src/database.js';
 import { EVENT_ID_REUSE_WINDOW_MS, OUTBOX_LANES } from '../src/constants.js';
 import { schemaMissingOr } from '../src/errors.js';
+import { statementName } from '../src/postgres.js';
 
-const statementNames = new Map<string, string>();
-
-/**
- * A stable name for a hot-path statement's text (the read and the mark of every pass):
- * node-postgres then prepares it once per connection, and PostgreSQL skips the parse and, once it
- * settles on a generic plan, the planning (about 0.5 ms of the server's CPU per read; the read's
- * round trip on an idle database went from 1.2-1.3 ms to 0.4-0.5 ms). The generic plan of the read
- * has the same shape as the custom one (the pending index in seq order, the blocked index), and
- * PostgreSQL keeps planning each execution when a generic plan would cost more (a large backlog).
- * The name is derived from the text, schema included: relays of different schemas sharing a pool
- * never give one name two texts.
- */
-function statementName(prefix: string, text: string): string {
-  let name = statementNames.get(text);
-  if (name === undefined) {
-    name = `outboxkit_relay_${prefix}_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
-    statementNames.set(text, name);
-  }
-  return name;
-}
+// The read and the mark of every pass are named prepared statements (statementName()): PostgreSQL
+// skips the parse and, once it settles on a generic plan, the planning (about 0.5 ms of the
+// server's CPU per read; the read's round trip on an idle database went from 1.2-1.3 ms to
+// 0.4-0.5 ms). The generic plan of the read has the same shape as the custom one (the pending
+// index in seq order, the blocked index), and PostgreSQL keeps planning each execution when a
+// generic plan would cost more (a large backlog).
 
 /**
  * Runs one of this file's statements on `schema` (quoted, from `quoteSchema()`). Every statement
@@ -257,7 +243,7 @@ export async function readPending(
   if (lanes.length === 0) return [];
   const text = readPendingSql(schema);
   const { rows } = await run<PendingRow>(db, schema, text, [lanes, maxRows, maxBytes, holdKeys, exclude], {
-    name: statementName('read', text),
+    name: statementName('relay_read', text),
   });
   return rows;
 }
@@ -431,7 +417,7 @@ export async function markPublished(
       WHERE e.seq = ANY($2::bigint[]) AND e.published_at IS NULL
         AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = h.token`;
   const { rowCount } = await run(db, schema, text, [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)], {
-    name: statementName('mark', text),
+    name: statementName('relay_mark', text),
   });
   return rowCount;
 }

@@ -20,6 +20,7 @@ import { PgTransaction } from 'drizzle-orm/pg-core';
 import { sql, type SQL } from 'drizzle-orm';
 import type pg from 'pg';
 import { NotInTransactionError, schemaMissingOr } from './errors.js';
+import { SQLSTATE } from './postgres.js';
 
 /** The result shape outboxkit needs from a query. */
 export interface QueryResult<R> {
@@ -70,18 +71,12 @@ function isPool(value: object): boolean {
   );
 }
 
-/** SQLSTATE 25P02 in_failed_sql_transaction: the transaction already failed and must be rolled back. */
-const IN_FAILED_SQL_TRANSACTION = '25P02';
-
 function abortedError(what: string, cause?: unknown): NotInTransactionError {
   return new NotInTransactionError(
     `${what} was given a transaction that has already failed (aborted); roll it back and retry the whole transaction.`,
     { cause },
   );
 }
-
-/** SQLSTATE 25P01 no_active_sql_transaction: a statement that needs a transaction block ran outside one. */
-const NO_ACTIVE_SQL_TRANSACTION = '25P01';
 
 /**
  * Runs a query, turning "transaction is aborted" and "no transaction block" into
@@ -93,8 +88,8 @@ async function guarded<T>(what: string, run: () => Promise<T>): Promise<T> {
   } catch (err) {
     // drizzle wraps the driver's error (DrizzleQueryError, the driver's as its cause).
     const code = (err as { code?: unknown }).code ?? (err as { cause?: { code?: unknown } }).cause?.code;
-    if (code === IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
-    if (code === NO_ACTIVE_SQL_TRANSACTION) {
+    if (code === SQLSTATE.IN_FAILED_SQL_TRANSACTION) throw abortedError(what, err);
+    if (code === SQLSTATE.NO_ACTIVE_SQL_TRANSACTION) {
       throw new NotInTransactionError(
         `${what} ran outside a transaction block: call it with the client that holds your transaction, ` +
           'after BEGIN and before COMMIT (or with a drizzle `tx`).',

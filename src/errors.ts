@@ -4,6 +4,7 @@
  * `instanceof`: applications often load two copies of a library (a bundled one and a hoisted one),
  * and `instanceof` fails across copies.
  */
+import { MISSING_RELATION_SQLSTATES } from './postgres.js';
 
 /** Every error code outboxkit uses. New codes are only ever appended. */
 export const ERROR_CODES = [
@@ -191,9 +192,6 @@ export class BrokerUnavailableError extends OutboxkitError {
     super('OUTBOXKIT_BROKER_UNAVAILABLE', message, { retriable: true, ...options });
   }
 }
-
-/** SQLSTATEs of a missing table or schema. */
-const MISSING_RELATION_SQLSTATES = new Set(['42P01', '3F000']);
 
 /**
  * Turns a PostgreSQL "table/schema does not exist" error into {@link SchemaMissingError}; returns

@@ -3,26 +3,9 @@
  * and Node.js system error codes, never by message text. Pure logic.
  */
 import { schemaMissingOr } from '../errors.js';
+import { errorChain, MISSING_RELATION_SQLSTATES, SQLSTATE, sqlStateOf } from '../postgres.js';
 
-/** SQLSTATE values the idempotency layer reacts to. */
-export const SQLSTATE = Object.freeze({
-  /** `lock_not_available`: `lock_timeout` expired while waiting for a lock. */
-  LOCK_NOT_AVAILABLE: '55P03',
-  /** `serialization_failure`: under REPEATABLE READ/SERIALIZABLE, a concurrent claim won. */
-  SERIALIZATION_FAILURE: '40001',
-  /** `query_canceled`: `statement_timeout` (or a cancel request). */
-  QUERY_CANCELED: '57014',
-  /** `admin_shutdown`: the server is shutting down or the backend was terminated. */
-  ADMIN_SHUTDOWN: '57P01',
-  /** `crash_shutdown`. */
-  CRASH_SHUTDOWN: '57P02',
-  /** `cannot_connect_now`: the server is starting up or in recovery. */
-  CANNOT_CONNECT_NOW: '57P03',
-  /** `too_many_connections`. */
-  TOO_MANY_CONNECTIONS: '53300',
-  /** `read_only_sql_transaction`: connected to a standby (after a failover, for example). */
-  READ_ONLY_SQL_TRANSACTION: '25006',
-});
+export { SQLSTATE, sqlStateOf };
 
 /**
  * SQLSTATE classes meaning "the store cannot serve now": 08 connection exception, 53 insufficient
@@ -52,28 +35,6 @@ const NETWORK_CODES: ReadonlySet<string> = new Set([
   'ENETUNREACH',
   'ENETDOWN',
 ]);
-
-const SQLSTATE_PATTERN = /^[0-9A-Z]{5}$/;
-
-/** Errors, their causes and (for AggregateError) their members, up to a small depth. */
-function* errorChain(err: unknown, depth = 0): Generator<Record<string, unknown>> {
-  if (depth > 5 || typeof err !== 'object' || err === null) return;
-  const e = err as Record<string, unknown>;
-  yield e;
-  if ('cause' in e) yield* errorChain(e.cause, depth + 1);
-  if (Array.isArray(e.errors)) for (const inner of e.errors) yield* errorChain(inner, depth + 1);
-}
-
-/**
- * The SQLSTATE of a PostgreSQL error, looking through wrappers (drizzle's `DrizzleQueryError`
- * keeps the driver error as `cause`).
- */
-export function sqlStateOf(err: unknown): string | undefined {
-  for (const e of errorChain(err)) {
-    if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) return e.code;
-  }
-  return undefined;
-}
 
 function networkCodeOf(err: unknown): string | undefined {
   for (const e of errorChain(err)) {
@@ -125,9 +86,6 @@ export function classifyStoreError(err: unknown): StoreErrorKind {
   return err instanceof Error ? 'unavailable' : 'other';
 }
 
-/** SQLSTATEs of a missing relation (42P01 undefined_table) or schema (3F000 invalid_schema_name). */
-const SCHEMA_MISSING_STATES: ReadonlySet<string> = new Set(['42P01', '3F000']);
-
 /**
  * Turns "outboxkit's table or schema does not exist" (SQLSTATE 42P01 or 3F000, also when wrapped,
  * as drizzle's `DrizzleQueryError` wraps the driver error) into `SchemaMissingError` through
@@ -135,11 +93,9 @@ const SCHEMA_MISSING_STATES: ReadonlySet<string> = new Set(['42P01', '3F000']);
  * statements: a handler's error (its own missing table) is never converted.
  */
 export function toSchemaMissing(err: unknown, schema: string): unknown {
-  for (const e of errorChain(err)) {
-    if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) {
-      return SCHEMA_MISSING_STATES.has(e.code) ? schemaMissingOr(e, schema) : err;
-    }
-  }
+  const state = sqlStateOf(err);
+  if (state === undefined || !MISSING_RELATION_SQLSTATES.has(state)) return err;
+  for (const e of errorChain(err)) if (e.code === state) return schemaMissingOr(e, schema);
   return err;
 }
 

@@ -1,7 +1,6 @@
 /**
  * The outbox writer: inserts events in the application's own transaction.
  */
-import { createHash } from 'node:crypto';
 import { joinTransaction, type TransactionHandle } from '../database.js';
 import { InvalidEventError, InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
@@ -9,6 +8,7 @@ import { notifyChannel, quoteSchema } from '../schema-name.js';
 import { activeContextHeaders } from '../tracing.js';
 import { resolveCloudEventsOptions, type CloudEventsOptions } from './cloud-events.js';
 import { encodeWith, type PayloadEncoder } from './encoding.js';
+import { deleteEventsSql, insertEventsSql, MAX_EVENTS_PER_INSERT, verifyInTransactionSql } from './sql.js';
 import {
   completeEvent,
   encodeDefault,
@@ -148,66 +148,11 @@ export const OUTBOX_DEFAULTS = Object.freeze({
 
 export { notifyChannel };
 
-// 9 parameters per row; PostgreSQL allows 65,535 per statement.
-const COLUMNS = 9;
-const MAX_ROWS_PER_STATEMENT = Math.floor(65_535 / COLUMNS);
-
-const statementNames = new Map<string, string>();
-
-/** A stable statement name for `text` (node-postgres keys prepared statements by name). */
-function statementName(text: string): string {
-  let name = statementNames.get(text);
-  if (name === undefined) {
-    name = `outboxkit_enqueue_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
-    statementNames.set(text, name);
-  }
-  return name;
-}
-
-function insertSql(table: string, rows: number, channel: string | null): string {
-  const values: string[] = [];
-  for (let r = 0; r < rows; r++) {
-    const b = r * COLUMNS;
-    values.push(
-      `($${b + 1}::uuid, $${b + 2}::text, $${b + 3}::text, $${b + 4}::smallint, $${b + 5}::text, $${b + 6}::bytea, $${b + 7}::jsonb, $${b + 8}::text, $${b + 9}::text)`,
-    );
-  }
-  // The advisory lock sits in the WHERE clause of the SELECT that feeds the INSERT, so for each
-  // row it is taken before the identity default (seq) of that row is evaluated. A second writer
-  // of the same key blocks here until the first commits, and so draws a larger seq: seq order is
-  // commit order per key. A NULL key has no order to keep and takes no lock.
-  const insert = `INSERT INTO ${table} (event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
-    SELECT v.* FROM (VALUES ${values.join(', ')}) AS v(event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
-    WHERE v.key IS NULL OR pg_advisory_xact_lock(hashtextextended(v.key, 7)) IS NOT NULL
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING event_id, seq::text AS seq`;
-  if (channel === null) return insert;
-  return `WITH ins AS (${insert}), wake AS (SELECT pg_notify('${channel}', '')) SELECT ins.event_id, ins.seq FROM ins, wake`;
-}
-
 /** Orders keys by UTF-16 code units (a total order every writer shares); null keys first. */
 function compareKeys(a: string | null, b: string | null): number {
   const x = a ?? '';
   const y = b ?? '';
   return x < y ? -1 : x > y ? 1 : 0;
-}
-
-function params(rows: readonly PreparedEvent[]): unknown[] {
-  const out: unknown[] = [];
-  for (const e of rows) {
-    out.push(
-      e.eventId,
-      e.topic,
-      e.key,
-      e.lane,
-      e.type,
-      e.payload,
-      JSON.stringify(e.headers),
-      e.aggregateType,
-      e.aggregateId,
-    );
-  }
-  return out;
 }
 
 /**
@@ -239,10 +184,7 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
   }
   const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
-  // For a handle that cannot tell its transaction status (node-postgres before 8.21, drizzle over
-  // postgres-js): refused outside a transaction block; inside, the very lock the INSERT takes next
-  // (ROW EXCLUSIVE: no other conflict, and no privilege beyond the INSERT's).
-  const verifyInTransaction = `LOCK TABLE ${table} IN ROW EXCLUSIVE MODE`;
+  const verifyInTransaction = verifyInTransactionSql(table);
   const { maxPayloadBytes, maxHeaderBytes } = resolved;
   const traceContext = resolved.traceContext;
 
@@ -288,13 +230,13 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       // Lock keys in one global order (stable sort keeps the given order within a key).
       const ordered = [...prepared].sort((a, b) => compareKeys(a.key, b.key));
       const seqById = new Map<string, string>();
-      for (let i = 0; i < ordered.length; i += MAX_ROWS_PER_STATEMENT) {
-        const chunk = ordered.slice(i, i + MAX_ROWS_PER_STATEMENT);
-        const last = i + MAX_ROWS_PER_STATEMENT >= ordered.length;
-        const text = insertSql(table, chunk.length, resolved.notify && last ? channel : null);
-        // Small calls (the common case) use a prepared statement per connection.
-        const name = chunk.length <= 8 ? statementName(text) : undefined;
-        const { rows } = await db.query<{ event_id: string; seq: string }>(text, params(chunk), { name });
+      for (let i = 0; i < ordered.length; i += MAX_EVENTS_PER_INSERT) {
+        const chunk = ordered.slice(i, i + MAX_EVENTS_PER_INSERT);
+        const last = i + MAX_EVENTS_PER_INSERT >= ordered.length;
+        const insert = insertEventsSql(table, chunk, resolved.notify && last ? channel : null);
+        const { rows } = await db.query<{ event_id: string; seq: string }>(insert.text, insert.values, {
+          name: insert.name,
+        });
         for (const r of rows) seqById.set(r.event_id, r.seq);
       }
       // An event id that already exists was skipped by ON CONFLICT (the caller's transaction stays
@@ -302,8 +244,10 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       // only, are deleted again before the error.
       const skipped = prepared.filter((e) => !seqById.has(e.eventId)).map((e) => e.eventId);
       if (skipped.length > 0) {
-        if (seqById.size > 0)
-          await db.query(`DELETE FROM ${table} WHERE seq = ANY($1::bigint[])`, [[...seqById.values()]]);
+        if (seqById.size > 0) {
+          const undo = deleteEventsSql(table, [...seqById.values()]);
+          await db.query(undo.text, undo.values);
+        }
         throw new InvalidEventError(
           `Event id ${skipped.join(', ')} already exists in the outbox; give each event a new id (or omit eventId). ` +
             'Nothing of this call was written.',

@@ -1,0 +1,102 @@
+/**
+ * What outboxkit's SQL shares: the SQLSTATE codes it reacts to (PostgreSQL documentation,
+ * Appendix A "PostgreSQL Error Codes"), reading them through wrappers, the names of its prepared
+ * statements, and the shape of a built statement. Pure logic, no dependencies.
+ */
+import { createHash } from 'node:crypto';
+
+/** A statement built by one of outboxkit's SQL builders: its text, its values, and its name when prepared. */
+export interface SqlStatement {
+  text: string;
+  values: unknown[];
+  /** The prepared statement's name (see {@link statementName}); absent for a one-off statement. */
+  name?: string;
+}
+
+/** SQLSTATE values outboxkit reacts to. */
+export const SQLSTATE = Object.freeze({
+  /** `read_only_sql_transaction`: connected to a standby (after a failover, for example). */
+  READ_ONLY_SQL_TRANSACTION: '25006',
+  /** `no_active_sql_transaction`: a statement that needs a transaction block ran outside one. */
+  NO_ACTIVE_SQL_TRANSACTION: '25P01',
+  /** `in_failed_sql_transaction`: the transaction already failed and must be rolled back. */
+  IN_FAILED_SQL_TRANSACTION: '25P02',
+  /** `invalid_authorization_specification`: the role may not log in (or pg_hba.conf refuses it). */
+  INVALID_AUTHORIZATION_SPECIFICATION: '28000',
+  /** `invalid_password`. */
+  INVALID_PASSWORD: '28P01',
+  /** `invalid_catalog_name`: the database does not exist. */
+  INVALID_CATALOG_NAME: '3D000',
+  /** `invalid_schema_name`: the schema does not exist. */
+  INVALID_SCHEMA_NAME: '3F000',
+  /** `serialization_failure`: under REPEATABLE READ/SERIALIZABLE, a concurrent transaction won. */
+  SERIALIZATION_FAILURE: '40001',
+  /** `undefined_table`: the table does not exist. */
+  UNDEFINED_TABLE: '42P01',
+  /** `too_many_connections`. */
+  TOO_MANY_CONNECTIONS: '53300',
+  /** `lock_not_available`: `lock_timeout` expired while waiting for a lock. */
+  LOCK_NOT_AVAILABLE: '55P03',
+  /** `query_canceled`: `statement_timeout` (or a cancel request). */
+  QUERY_CANCELED: '57014',
+  /** `admin_shutdown`: the server is shutting down or the backend was terminated. */
+  ADMIN_SHUTDOWN: '57P01',
+  /** `crash_shutdown`. */
+  CRASH_SHUTDOWN: '57P02',
+  /** `cannot_connect_now`: the server is starting up or in recovery. */
+  CANNOT_CONNECT_NOW: '57P03',
+});
+
+/** A table or schema of outboxkit's does not exist: `outboxkit migrate` was not run (or another schema was given). */
+export const MISSING_RELATION_SQLSTATES: ReadonlySet<string> = new Set([
+  SQLSTATE.UNDEFINED_TABLE,
+  SQLSTATE.INVALID_SCHEMA_NAME,
+]);
+
+/** The connection string names a database or a role the server refuses. */
+export const CONNECTION_SETTING_SQLSTATES: ReadonlySet<string> = new Set([
+  SQLSTATE.INVALID_CATALOG_NAME,
+  SQLSTATE.INVALID_PASSWORD,
+  SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
+]);
+
+const SQLSTATE_PATTERN = /^[0-9A-Z]{5}$/;
+
+/** Errors, their causes and (for AggregateError) their members, up to a small depth. */
+export function* errorChain(err: unknown, depth = 0): Generator<Record<string, unknown>> {
+  if (depth > 5 || typeof err !== 'object' || err === null) return;
+  const e = err as Record<string, unknown>;
+  yield e;
+  if ('cause' in e) yield* errorChain(e.cause, depth + 1);
+  if (Array.isArray(e.errors)) for (const inner of e.errors) yield* errorChain(inner, depth + 1);
+}
+
+/**
+ * The SQLSTATE of a PostgreSQL error, looking through wrappers (drizzle's `DrizzleQueryError`
+ * keeps the driver's error as `cause`), or undefined.
+ */
+export function sqlStateOf(err: unknown): string | undefined {
+  for (const e of errorChain(err)) {
+    if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) return e.code;
+  }
+  return undefined;
+}
+
+const statementNames = new Map<string, string>();
+
+/**
+ * A stable name for a hot-path statement's text (`outboxkit_<prefix>_<16 hex digits of its SHA-1>`):
+ * node-postgres then prepares it once per connection, and PostgreSQL skips the parse and, once it
+ * settles on a generic plan, the planning. The name is derived from the text, schema included, so
+ * that components of different schemas sharing a pool never give one name two texts. Behind
+ * PgBouncer in transaction mode, prepared statements need PgBouncer 1.21 or later with
+ * `max_prepared_statements` set.
+ */
+export function statementName(prefix: string, text: string): string {
+  let name = statementNames.get(text);
+  if (name === undefined) {
+    name = `outboxkit_${prefix}_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
+    statementNames.set(text, name);
+  }
+  return name;
+}
