@@ -50,6 +50,10 @@ export const ERROR_CODES = [
   'OUTBOXKIT_BROKER_UNAVAILABLE',
   /** A request's deadline is not a finite time (ms since the epoch). */
   'OUTBOXKIT_DEADLINE_INVALID',
+  /** The idempotent client: the server answered with a status the client never retries (400, 413, 422, 404, ...). */
+  'OUTBOXKIT_CLIENT_REJECTED',
+  /** The idempotent client stopped retrying (attempts or deadline exhausted); the outcome is unknown. */
+  'OUTBOXKIT_CLIENT_GAVE_UP',
 ] as const;
 
 /** Union of every error code outboxkit uses. */

@@ -1,20 +1,14 @@
 /**
- * Errors of the idempotent HTTP client. Recognise them with `isClientError(err, code)` rather than
- * `instanceof` (an application may load two copies of outboxkit).
- *
- * They have a base of their own because the client runs in callers' processes and its codes are
- * not (yet) in `ERROR_CODES` of src/errors.ts; invalid options still throw the library's
- * `InvalidOptionsError`.
+ * Errors of the idempotent HTTP client: {@link OutboxkitError}s with codes of their own in
+ * `ERROR_CODES` (`OUTBOXKIT_CLIENT_REJECTED`, `OUTBOXKIT_CLIENT_GAVE_UP`), so `isOutboxkitError()`
+ * recognises them as it does every error of outboxkit; `isClientError(err, code)` narrows to the
+ * client's. Invalid options throw the library's `InvalidOptionsError`.
  */
+import { OutboxkitError } from '../errors.js';
 import type { ProblemDetails } from '../http/problem.js';
 
-/** Every error code of the client. New codes are only ever appended. */
-export const CLIENT_ERROR_CODES = [
-  /** The server answered with a status the client never retries (400, 413, 422, 404, ...). */
-  'OUTBOXKIT_CLIENT_REJECTED',
-  /** The client stopped retrying (attempts or deadline exhausted); the outcome is unknown. */
-  'OUTBOXKIT_CLIENT_GAVE_UP',
-] as const;
+/** Every error code of the client (a part of `ERROR_CODES`). */
+export const CLIENT_ERROR_CODES = ['OUTBOXKIT_CLIENT_REJECTED', 'OUTBOXKIT_CLIENT_GAVE_UP'] as const;
 
 /** Union of the client's error codes. */
 export type ClientErrorCode = (typeof CLIENT_ERROR_CODES)[number];
@@ -35,11 +29,13 @@ export interface ClientErrorDetails {
   elapsedMs: number;
 }
 
-/** Base class of the client's errors: a stable `code`, `retriable`, `cause`, and the operation's details. */
-export class IdempotentClientError extends Error implements ClientErrorDetails {
-  readonly code: ClientErrorCode;
-  /** Whether sending the same operation again later (same key) may succeed. */
-  readonly retriable: boolean;
+/**
+ * Base class of the client's errors: an {@link OutboxkitError} (a stable `code`, `retriable`:
+ * whether sending the same operation again later with the same key may succeed, `cause`) with the
+ * operation's details.
+ */
+export class IdempotentClientError extends OutboxkitError implements ClientErrorDetails {
+  declare readonly code: ClientErrorCode;
   readonly method: string;
   readonly path: string;
   readonly idempotencyKey: string;
@@ -53,10 +49,7 @@ export class IdempotentClientError extends Error implements ClientErrorDetails {
     details: ClientErrorDetails,
     options: { retriable: boolean; cause?: unknown },
   ) {
-    super(message, options.cause === undefined ? undefined : { cause: options.cause });
-    this.name = new.target.name;
-    this.code = code;
-    this.retriable = options.retriable;
+    super(code, message, options);
     this.method = details.method;
     this.path = details.path;
     this.idempotencyKey = details.idempotencyKey;
