@@ -9,7 +9,7 @@ import pg from 'pg';
 import { validate as uuidValidate } from 'uuid';
 import type { Queryable } from '../src/database.js';
 import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/errors.js';
-import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
+import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka/config.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { printError } from './printable.js';

@@ -19,7 +19,7 @@
 import { randomBytes } from 'node:crypto';
 import { Partitioners, type Kafka, type KafkaMessage, type Message } from 'kafkajs';
 import { InvalidOptionsError, TopicMissingError } from '../src/errors.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE, KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { decodeHeaders, readEventId } from './consumed-event.js';
 import {

@@ -59,7 +59,7 @@ import { crashPoint } from '../src/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
-import { isTooLargeError } from '../src/kafka-errors.js';
+import { isTooLargeError } from '../src/kafka/kafkajs/errors.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { InboxUnavailableError } from './errors.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
@@ -91,7 +91,7 @@ import {
   type StoredProgress,
 } from './progress.js';
 import { runHandler } from './tracing.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
 import {
   resolveDedupConsumerOptions,
   type DedupConsumerOptions,

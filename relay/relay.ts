@@ -32,19 +32,19 @@ import { quoteSchema } from '../src/schema-name.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { notifyChannel } from '../src/schema-name.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
-import { isRecordError, kafkaErrorType } from '../src/kafka-errors.js';
+import { isRecordError, kafkaErrorType } from '../src/kafka/kafkajs/errors.js';
 import { crashPoint } from '../src/crash-point.js';
-import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
+import { readTopicLimits, splitByTopicLimit } from '../src/kafka/topic-limits.js';
 import {
   createKafkajsProducer,
   KAFKAJS_PRODUCER_OPTION_NAMES,
   type KafkajsProducerOptions,
   type OutboundRecord,
   type RelayProducer,
-} from './producer.js';
+} from '../src/kafka/kafkajs/producer.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
 import * as sql from './sql.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
 
 /** Options of {@link Relay}. */
 export interface RelayOptions {

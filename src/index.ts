@@ -25,10 +25,10 @@ export type { MigrateOptions, MigrateResult } from './migrate.js';
 export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
 export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
 export { DEFAULT_SCHEMA, OUTBOX_LANES } from './schema.js';
-export { ensureTopics, isRetriableKafkaError } from './kafka-topics.js';
-export { applyKafkajsRequestQueueFix } from './kafkajs-fix.js';
-export type { KafkajsFixOutcome } from './kafkajs-fix.js';
-export type { EnsureTopicsOptions, EnsureTopicsResult } from './kafka-topics.js';
+export { ensureTopics, isRetriableKafkaError } from './kafka/topics.js';
+export { applyKafkajsRequestQueueFix } from './kafka/kafkajs/fix.js';
+export type { KafkajsFixOutcome } from './kafka/kafkajs/fix.js';
+export type { EnsureTopicsOptions, EnsureTopicsResult } from './kafka/topics.js';
 export type { Logger } from './logger.js';
 export { fullJitterBackoffMs } from './backoff.js';
 export {
@@ -54,7 +54,7 @@ export {
   KAFKA_CONFIG_DEFAULTS,
   KAFKA_SASL_MECHANISMS,
   KAFKA_COMPRESSIONS,
-} from './kafka-config.js';
+} from './kafka/config.js';
 export type {
   ResolvedKafkaConfig,
   ResolveKafkaConfigOptions,
@@ -65,7 +65,7 @@ export type {
   KafkaConsumerSettings,
   KafkaSaslMechanism,
   KafkaCompression,
-} from './kafka-config.js';
+} from './kafka/config.js';
 
 // Idempotency keys: the one-transaction mode, HTTP problem responses.
 export * from './idempotency/index.js';

@@ -2,7 +2,7 @@ import { Option, type Command } from 'commander';
 import type { Kafka } from 'kafkajs';
 import { addKafkaOptions, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
 import { printError, printJson, printLines } from '../printable.js';
-import { ensureTopics } from '../../src/kafka-topics.js';
+import { ensureTopics } from '../../src/kafka/topics.js';
 
 /** `outboxkit topics ensure`. */
 export function registerTopics(program: Command): void {

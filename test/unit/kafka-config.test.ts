@@ -8,7 +8,7 @@ import type { DedupConsumerOptions } from '../../consumer/options.js';
 import type { RelayOptions } from '../../relay/relay.js';
 import { describe, expect, it } from 'vitest';
 import { isOutboxkitError, type InvalidKafkaConfigError } from '../../src/errors.js';
-import { kafkaConfigFromEnv, resolveKafkaConfig, type ResolveKafkaConfigOptions } from '../../src/kafka-config.js';
+import { kafkaConfigFromEnv, resolveKafkaConfig, type ResolveKafkaConfigOptions } from '../../src/kafka/config.js';
 
 const SECRET = 'S3cr3t-pa55word-never-shown';
 const dir = mkdtempSync(path.join(tmpdir(), 'outboxkit-kafka-config-'));

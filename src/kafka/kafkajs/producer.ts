@@ -3,7 +3,7 @@
  * (for example @confluentinc/kafka-javascript) can be added later without touching the relay.
  */
 import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
-import { refuseUnknownOptions } from '../src/errors.js';
+import { refuseUnknownOptions } from '../../errors.js';
 
 /** One record to publish. */
 export interface OutboundRecord {

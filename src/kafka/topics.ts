@@ -9,9 +9,9 @@
  */
 import type { ITopicConfig, Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
-import { InvalidOptionsError } from './errors.js';
-import { applyKafkajsRequestQueueFix } from './kafkajs-fix.js';
-import { KAFKA_TOPIC_NAME } from './outbox/event.js';
+import { InvalidOptionsError } from '../errors.js';
+import { applyKafkajsRequestQueueFix } from './kafkajs/fix.js';
+import { KAFKA_TOPIC_NAME } from '../outbox/event.js';
 
 /**
  * Whether a kafkajs error may pass on a later attempt: its `retriable` flag (kafkajs sets it from

@@ -20,7 +20,7 @@ import { readFileSync } from 'node:fs';
 import { inspect } from 'node:util';
 import { CompressionTypes, type KafkaConfig, type SASLOptions } from 'kafkajs';
 import { z } from 'zod';
-import { InvalidKafkaConfigError } from './errors.js';
+import { InvalidKafkaConfigError } from '../errors.js';
 
 /** SASL mechanisms outboxkit configures (kafkajs names, lower case). */
 export const KAFKA_SASL_MECHANISMS = ['plain', 'scram-sha-256', 'scram-sha-512'] as const;

@@ -5,7 +5,7 @@
  * that no send carries more than a safe share of it for one topic; a split never reorders a key.
  */
 import type { Admin } from 'kafkajs';
-import type { OutboundRecord } from './producer.js';
+import type { OutboundRecord } from './kafkajs/producer.js';
 
 /** Kafka's default `message.max.bytes` (broker) and `max.message.bytes` (topic): 1,048,588 bytes. */
 export const KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588;
