@@ -4,7 +4,7 @@
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { is } from 'drizzle-orm';
 import { PgTransaction } from 'drizzle-orm/pg-core';
-import type { Kafka } from 'kafkajs';
+import type { Kafka } from '../src/kafka/kafkajs/client.js';
 import type { DatabaseHandle, TransactionOf } from '../src/database.js';
 import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
