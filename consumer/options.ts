@@ -52,7 +52,11 @@ export interface DedupConsumerHooks {
 
 /** Options of {@link createDedupConsumer}. */
 export interface DedupConsumerOptions<D extends DatabaseHandle> {
-  /** The kafkajs client (`new Kafka({ clientId, brokers })`). The consumer creates its own consumer, producer and admin from it. */
+  /**
+   * The kafkajs client (`new Kafka({ clientId, brokers })`). The consumer creates its own consumer,
+   * producer and admin from it, through `createKafkajsClient` (outboxkit/kafka), which applies the
+   * kafkajs timer fix (docs/kafka.md).
+   */
   kafka: Kafka;
   /** The Kafka consumer group; also the inbox's `consumer_group` (dedup is per group). 1-255 characters. */
   groupId: string;

@@ -19,7 +19,7 @@ export function registerTopics(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (names: string[], opts: { partitions: number; replicationFactor: number; json?: boolean }) => {
       const { client } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
-      // Retries the errors a cluster answers while it starts or elects leaders (src/kafka-topics.ts).
+      // Retries the errors a cluster answers while it starts or elects leaders (src/kafka/topics.ts).
       const { created, existing } = await ensureTopics(
         client,
         names.map((topic) => ({ topic, numPartitions: opts.partitions, replicationFactor: opts.replicationFactor })),

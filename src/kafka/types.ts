@@ -290,9 +290,9 @@ export interface GroupConsumerRun {
   autoCommitIntervalMs?: number;
   /**
    * Processes one partition's batch. What it throws ends the batch: the client commits what is
-   * marked, and restarts the consumer (kafkajs retries its own errors; on others it crashes,
-   * see {@link GroupConsumerEvents.crash}). @platformatic/kafka delivers one stream of records
-   * for every partition: its adapter groups them by partition into batches.
+   * marked, then rejoins on a rebalance error, restarts the consumer on a retriable error, and
+   * crashes on any other (see {@link GroupConsumerEvents.crash}). @platformatic/kafka delivers one
+   * stream of records for every partition: its adapter groups them by partition into batches.
    */
   eachBatch(batch: InboundBatch): Promise<void>;
 }
