@@ -2,7 +2,7 @@
  * The kafkajs {@link KafkaAdmin}: a kafkajs admin client in outboxkit's shapes. Errors are
  * kafkajs's, as they come.
  */
-import type { ConfigResourceTypes, ITopicConfig, Kafka } from 'kafkajs';
+import type { ConfigResourceTypes, Kafka } from 'kafkajs';
 import type { KafkaAdmin } from '../types.js';
 
 /**
@@ -45,7 +45,7 @@ export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
     async createTopic(spec) {
       // One topic per request: kafkajs resolves false when the topic exists, but fails the whole
       // request when only some of its topics exist.
-      const created = await admin.createTopics({ waitForLeaders: true, topics: [spec as ITopicConfig] });
+      const created = await admin.createTopics({ waitForLeaders: true, topics: [spec] });
       return created ? 'created' : 'exists';
     },
     async partitionOffsets(topic) {
