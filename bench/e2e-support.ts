@@ -24,7 +24,7 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { ensureDemoSchema } from '../examples/orders/db.js';
 import { benchDatabase, type BenchDatabase } from './support.js';
-import { ensureTopics } from '../src/kafka-topics.js';
+import { ensureTopics } from '../src/kafka/topics.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const root = path.resolve(here, '..');

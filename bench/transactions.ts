@@ -24,7 +24,8 @@ import { randomUUID } from 'node:crypto';
 import { Kafka, logLevel, Partitioners, type Producer } from 'kafkajs';
 import { laneOf } from '../src/outbox/event.js';
 import { OUTBOX_LANES } from '../src/schema.js';
-import { createKafkajsProducer, type OutboundRecord } from '../relay/producer.js';
+import { createKafkajsProducer } from '../src/kafka/kafkajs/producer.js';
+import type { OutboundRecord } from '../src/kafka/types.js';
 import { compare, formatComparisons, throughput, type Comparison } from './lib.js';
 
 const BROKERS = (process.env.KAFKA_BROKERS ?? '127.0.0.1:9092').split(',');

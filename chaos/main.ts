@@ -52,7 +52,7 @@ import {
 import { seededRandom } from './random.js';
 import { formatReport, type RunFacts } from './report.js';
 import { findFaketimeLibrary, Supervisor } from './supervisor.js';
-import { ensureTopics } from '../src/kafka-topics.js';
+import { ensureTopics } from '../src/kafka/topics.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

@@ -8,8 +8,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
+import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
 import { CONNECTION_SETTING_SQLSTATES, SQLSTATE } from '../src/postgres.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 import { printableJson, printableLines, printError } from './printable.js';
 
 /** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */

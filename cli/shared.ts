@@ -4,12 +4,13 @@
  */
 import { isIP } from 'node:net';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { Kafka, logLevel as kafkaLogLevel, type logCreator } from 'kafkajs';
 import pg from 'pg';
 import { validate as uuidValidate } from 'uuid';
 import type { Queryable } from '../src/database.js';
 import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/errors.js';
-import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka-config.js';
+import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka/config.js';
+import { createKafkajsClient, type KafkajsLogLevel } from '../src/kafka/kafkajs/client.js';
+import type { KafkaClient } from '../src/kafka/types.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { printError } from './printable.js';
@@ -193,41 +194,17 @@ export function addKafkaOptions(cmd: Command, options: { producer?: boolean; cli
 }
 
 /**
- * kafkajs's warning for every idempotent producer created with finite retries, which the relay
- * does on purpose and again after each failed send (docs/kafka.md, Known warnings): said once per
- * process at warn, then at debug, so that a run of parked events does not flood the log.
- */
-const FINITE_RETRIES_WARNING = 'Limiting retries for the idempotent producer may invalidate EoS guarantees';
-
-/** kafkajs log entries through a pino-style logger (the CLI's), at `level` and above. */
-export function kafkajsLogCreator(logger: Logger): logCreator {
-  let finiteRetriesWarned = false;
-  return () =>
-    ({ level, log }) => {
-      const { message, timestamp: _t, logger: _l, ...fields } = log as Record<string, unknown>;
-      const text = `kafkajs: ${String(message)}`;
-      if (level === kafkaLogLevel.WARN && message === FINITE_RETRIES_WARNING) {
-        if (finiteRetriesWarned) return logger.debug(fields, text);
-        finiteRetriesWarned = true;
-      }
-      if (level <= kafkaLogLevel.ERROR) logger.error(fields, text);
-      else if (level === kafkaLogLevel.WARN) logger.warn(fields, text);
-      else if (level === kafkaLogLevel.INFO) logger.info(fields, text);
-      else logger.debug(fields, text);
-    };
-}
-
-/**
- * A kafkajs client from the options {@link addKafkaOptions} added, resolved by
- * `resolveKafkaConfig()` (flag > env > file > default). Warnings (password given as a flag, PLAIN
- * without TLS, verification off) go to `logger`, or to stderr.
+ * A Kafka client (kafkajs, through `createKafkajsClient()`) from the options
+ * {@link addKafkaOptions} added, resolved by `resolveKafkaConfig()` (flag > env > file > default).
+ * Warnings (password given as a flag, PLAIN without TLS, verification off) go to `logger`, or to
+ * stderr; so do kafkajs's own log entries at `logLevel` and above, with a `logger`.
  *
  * @throws InvalidKafkaConfigError naming the flag, variable or file key at fault.
  */
 export function kafkaFromOptions(
   opts: Record<string, unknown>,
-  options: { clientId: string; logger?: Logger; logLevel?: kafkaLogLevel },
-): { kafka: Kafka; resolved: ResolvedKafkaConfig } {
+  options: { clientId: string; logger?: Logger; logLevel?: KafkajsLogLevel },
+): { client: KafkaClient; resolved: ResolvedKafkaConfig } {
   const resolved = resolveKafkaConfig({
     flags: opts as Record<string, string | boolean | undefined>,
     defaults: { clientId: options.clientId },
@@ -236,12 +213,11 @@ export function kafkaFromOptions(
     if (options.logger) options.logger.warn({}, warning);
     else printError(`outboxkit: warning: ${warning}`);
   }
-  const kafka = new Kafka({
-    ...resolved.kafkaConfig,
-    logLevel: options.logLevel ?? kafkaLogLevel.NOTHING,
-    ...(options.logger ? { logCreator: kafkajsLogCreator(options.logger) } : {}),
+  const client = createKafkajsClient(resolved.kafkaConfig, {
+    logLevel: options.logLevel ?? 'nothing',
+    ...(options.logger ? { logger: options.logger } : {}),
   });
-  return { kafka, resolved };
+  return { client, resolved };
 }
 
 /**

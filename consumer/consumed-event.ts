@@ -1,7 +1,7 @@
 /**
  * The event a dedup handler receives, decoded from a Kafka message: pure logic, no I/O.
  */
-import type { IHeaders, KafkaMessage } from 'kafkajs';
+import type { InboundMessage, RecordHeaders } from '../src/kafka/types.js';
 import { validate as uuidValidate } from 'uuid';
 import { readCloudEventAttributes, type CloudEventAttributes } from '../src/outbox/cloud-events.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
@@ -64,7 +64,7 @@ export interface ConsumedEvent {
   readonly offset: string;
 }
 
-type HeaderValue = IHeaders[string];
+type HeaderValue = RecordHeaders[string];
 
 /**
  * Errors this module makes whose messages hold no byte of the value (they name the event and its
@@ -91,8 +91,8 @@ function lastHeaderValue(value: HeaderValue): Buffer | string | undefined {
   return Array.isArray(value) ? value[value.length - 1] : value;
 }
 
-/** Decodes kafkajs headers (Buffers, strings or arrays of them) to strings; last value wins. */
-export function decodeHeaders(headers: IHeaders | undefined): Record<string, string> {
+/** Decodes raw headers (Buffers, strings or arrays of them) to strings; last value wins. */
+export function decodeHeaders(headers: RecordHeaders | undefined): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, raw] of Object.entries(headers ?? {})) {
     const value = lastHeaderValue(raw);
@@ -134,7 +134,7 @@ class KafkaConsumedEvent implements ConsumedEvent {
   constructor(
     topic: string,
     partition: number,
-    message: KafkaMessage,
+    message: InboundMessage,
     id: string,
     headers: Readonly<Record<string, string>>,
     decoder: EventDecoder | undefined,
@@ -213,7 +213,7 @@ class KafkaConsumedEvent implements ConsumedEvent {
 export function toConsumedEvent(
   topic: string,
   partition: number,
-  message: KafkaMessage,
+  message: InboundMessage,
   id: string,
   headers: Readonly<Record<string, string>>,
   decoder?: EventDecoder,

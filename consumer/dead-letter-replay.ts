@@ -17,9 +17,10 @@
  * the event has been cleaned up applies it again.)
  */
 import { randomBytes } from 'node:crypto';
-import { Partitioners, type Kafka, type KafkaMessage, type Message } from 'kafkajs';
 import { InvalidOptionsError, TopicMissingError } from '../src/errors.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
+import { kafkaClientOf, type Kafka } from '../src/kafka/kafkajs/client.js';
+import { throwIfFailed } from '../src/kafka/outcomes.js';
+import type { InboundMessage, KafkaClient, ProducerMessage } from '../src/kafka/types.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE, KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { decodeHeaders, readEventId } from './consumed-event.js';
 import {
@@ -33,7 +34,7 @@ import {
 /** One record of a dead-letter topic: its summary and the raw message (for replay). */
 export interface DeadLetterRecord {
   summary: DeadLetterSummary;
-  message: KafkaMessage;
+  message: InboundMessage;
 }
 
 /** Options of {@link readDeadLetters}. */
@@ -61,8 +62,8 @@ function checkTopicName(what: string, topic: string): void {
   }
 }
 
-async function existingTopics(kafka: Kafka): Promise<Set<string>> {
-  const admin = kafka.admin();
+async function existingTopics(client: KafkaClient): Promise<Set<string>> {
+  const admin = client.admin();
   await admin.connect();
   try {
     return new Set(await admin.listTopics());
@@ -74,14 +75,16 @@ async function existingTopics(kafka: Kafka): Promise<Set<string>> {
 /**
  * Reads a dead-letter topic from the beginning up to its current log end.
  *
+ * @param kafka - a kafkajs `Kafka` instance (made into a client by `createKafkajsClient`), or a
+ *   `KafkaClient` of outboxkit/kafka.
  * @throws {@link TopicMissingError} when the topic does not exist.
  */
 export async function readDeadLetters(
-  kafka: Kafka,
+  kafka: Kafka | KafkaClient,
   topic: string,
   options: ReadDeadLettersOptions = {},
 ): Promise<DeadLetters> {
-  applyKafkajsRequestQueueFix();
+  const client = kafkaClientOf(kafka);
   checkTopicName('The dead-letter topic', topic);
   const limit = options.limit ?? Number.POSITIVE_INFINITY;
   if (!(limit === Number.POSITIVE_INFINITY || (Number.isInteger(limit) && limit >= 1))) {
@@ -90,7 +93,7 @@ export async function readDeadLetters(
   const timeoutMs = options.timeoutMs ?? 30_000;
   const eventIdHeader = options.eventIdHeader ?? HEADER_EVENT_ID;
 
-  const admin = kafka.admin();
+  const admin = client.admin();
   await admin.connect();
   let ends: Map<number, bigint>;
   try {
@@ -99,7 +102,7 @@ export async function readDeadLetters(
     }
     // The log end of each partition now: records dead-lettered while we read are left for later.
     ends = new Map(
-      (await admin.fetchTopicOffsets(topic))
+      (await admin.partitionOffsets(topic))
         .filter((p) => BigInt(p.high) > BigInt(p.low))
         .map((p) => [p.partition, BigInt(p.high)]),
     );
@@ -110,11 +113,11 @@ export async function readDeadLetters(
   if (ends.size === 0) return { records, complete: true };
 
   const groupId = `outboxkit-dlq-reader-${randomBytes(6).toString('hex')}`;
-  const consumer = kafka.consumer({ groupId, allowAutoTopicCreation: false, maxWaitTimeInMs: 500 });
+  const consumer = client.groupConsumer({ groupId, fetchMaxWaitMs: 500 });
   let complete = false;
   await consumer.connect();
   try {
-    await consumer.subscribe({ topics: [topic], fromBeginning: true });
+    await consumer.subscribe([topic], { fromBeginning: true });
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(resolve, timeoutMs);
       const finish = () => {
@@ -124,34 +127,39 @@ export async function readDeadLetters(
       };
       consumer
         .run({
-          autoCommit: false,
-          eachBatch: async ({ batch }) => {
-            const end = ends.get(batch.partition);
-            if (end === undefined) return;
-            for (const message of batch.messages) {
-              if (BigInt(message.offset) >= end || records.length >= limit) break;
-              const headers = decodeHeaders(message.headers);
-              const summary = summarizeDeadLetter(
-                message,
-                { topic, partition: batch.partition },
-                readEventId(headers, eventIdHeader),
-                headers[HEADER_EVENT_TYPE] ?? null,
-                eventIdHeader,
-              );
-              records.push({ summary, message });
-              if (BigInt(message.offset) + 1n >= end) ends.delete(batch.partition);
+          // No autoCommitIntervalMs: the throwaway group commits nothing.
+          eachBatch: async (batch) => {
+            // The whole batch is read (the next fetch starts after it), whatever is kept of it.
+            try {
+              const end = ends.get(batch.partition);
+              if (end === undefined) return;
+              for (const message of batch.messages) {
+                if (BigInt(message.offset) >= end || records.length >= limit) break;
+                const headers = decodeHeaders(message.headers);
+                const summary = summarizeDeadLetter(
+                  message,
+                  { topic, partition: batch.partition },
+                  readEventId(headers, eventIdHeader),
+                  headers[HEADER_EVENT_TYPE] ?? null,
+                  eventIdHeader,
+                );
+                records.push({ summary, message });
+                if (BigInt(message.offset) + 1n >= end) ends.delete(batch.partition);
+              }
+              // A partition whose last records were removed (compaction, transactions' markers)
+              // never shows its last offset: the batch's high watermark tells it is read through.
+              if (BigInt(batch.highWatermark) <= BigInt(batch.lastOffset) + 1n) ends.delete(batch.partition);
+              if (ends.size === 0 || records.length >= limit) finish();
+            } finally {
+              batch.markProcessed(batch.lastOffset);
             }
-            // A partition whose last records were removed (compaction, transactions' markers)
-            // never shows its last offset: the batch's high watermark tells it is read through.
-            if (BigInt(batch.highWatermark) <= BigInt(batch.lastOffset()) + 1n) ends.delete(batch.partition);
-            if (ends.size === 0 || records.length >= limit) finish();
           },
         })
         .catch(reject);
     });
   } finally {
     await consumer.disconnect();
-    await deleteGroup(kafka, groupId);
+    await deleteGroup(client, groupId);
   }
   // Partitions are read concurrently; list in a stable order.
   records.sort(
@@ -167,11 +175,11 @@ function compareOffsets(a: string, b: string): number {
 }
 
 /** Best effort: the throwaway group committed nothing, so the broker would expire it anyway. */
-async function deleteGroup(kafka: Kafka, groupId: string): Promise<void> {
-  const admin = kafka.admin();
+async function deleteGroup(client: KafkaClient, groupId: string): Promise<void> {
+  const admin = client.admin();
   try {
     await admin.connect();
-    await admin.deleteGroups([groupId]);
+    await admin.deleteGroup(groupId);
   } catch {
     // ignored
   } finally {
@@ -222,16 +230,18 @@ export interface ReplayResult {
  * A record with a key goes to the partition the default partitioner picks for that key (the
  * relay's choice too); one without a key goes back to its original partition.
  *
+ * @param kafka - a kafkajs `Kafka` instance (made into a client by `createKafkajsClient`), or a
+ *   `KafkaClient` of outboxkit/kafka.
  * @throws {@link InvalidOptionsError} when neither `eventIds` nor `all` is given, a name is invalid,
  *   or `to` is missing for a dead-letter topic not named `<topic>.dlq`.
  * @throws {@link TopicMissingError} when the dead-letter or a target topic does not exist.
  */
 export async function replayDeadLetters(
-  kafka: Kafka,
+  kafka: Kafka | KafkaClient,
   dlqTopic: string,
   options: ReplayDeadLettersOptions,
 ): Promise<ReplayResult> {
-  applyKafkajsRequestQueueFix();
+  const client = kafkaClientOf(kafka);
   const wanted = options.eventIds?.map((id) => id.toLowerCase());
   if (!options.all && (!wanted || wanted.length === 0)) {
     throw new InvalidOptionsError('replayDeadLetters: give the event ids to replay, or all: true.');
@@ -250,7 +260,7 @@ export async function replayDeadLetters(
     );
   }
 
-  const { records } = await readDeadLetters(kafka, dlqTopic, {
+  const { records } = await readDeadLetters(client, dlqTopic, {
     eventIdHeader: options.eventIdHeader,
     timeoutMs: options.timeoutMs,
   });
@@ -295,7 +305,7 @@ export async function replayDeadLetters(
   }
   if (wanted) result.notFound = [...new Set(wanted)].filter((id) => !latest.has(id));
 
-  const byTopic = new Map<string, { record: DeadLetterRecord; message: Message }[]>();
+  const byTopic = new Map<string, { record: DeadLetterRecord; message: ProducerMessage }[]>();
   for (const [eventId, record] of latest) {
     const { summary } = record;
     if (summary.omitted !== null) {
@@ -336,7 +346,7 @@ export async function replayDeadLetters(
   }
   if (byTopic.size === 0) return result;
 
-  const existing = await existingTopics(kafka);
+  const existing = await existingTopics(client);
   const missing = [...byTopic.keys()].filter((t) => !existing.has(t));
   if (missing.length > 0) {
     throw new TopicMissingError(
@@ -344,19 +354,13 @@ export async function replayDeadLetters(
         'do(es) not exist; nothing was replayed. Create them, or choose another with --to.',
     );
   }
-  // Idempotent, acks=all, one request in flight: the broker never duplicates or reorders a retried send.
-  const producer = kafka.producer({
-    // The relay's partitioner (Java-compatible murmur2): a replayed key lands where its events did.
-    createPartitioner: Partitioners.DefaultPartitioner,
-    idempotent: true,
-    maxInFlightRequests: 1,
-    allowAutoTopicCreation: false,
-    retry: { retries: 5 },
-  });
+  // Idempotent, acks=all, one request in flight: the broker never duplicates or reorders a retried
+  // send. The relay's partitioner (Java-compatible murmur2): a replayed key lands where its events did.
+  const producer = client.producer({ retries: 5 });
   await producer.connect();
   try {
     for (const [topic, items] of byTopic) {
-      await producer.send({ topic, acks: -1, messages: items.map((i) => i.message) });
+      throwIfFailed(await producer.send(items.map((i) => ({ ...i.message, topic }))));
       for (const { record } of items) {
         result.replayed.push({
           eventId: record.summary.eventId!,

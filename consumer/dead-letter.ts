@@ -2,7 +2,7 @@
  * The dead-letter record: what the consumer writes when it gives up on a message (DESIGN G5).
  * Pure logic, no I/O.
  */
-import type { IHeaders, KafkaMessage, Message } from 'kafkajs';
+import type { InboundMessage, ProducerMessage, RecordHeaders } from '../src/kafka/types.js';
 import { syntaxErrorPosition, VALUE_FREE_ERRORS } from './consumed-event.js';
 
 /** Why the message was dead-lettered: the fixed reason below, or the handler's error. */
@@ -165,8 +165,8 @@ function withholdValueWords(text: string, value: Buffer): string {
  * original headers (raw, repeated names kept), and the `dlq-*` headers, which replace any that the
  * original carried (a replayed message that fails again records its latest failure).
  */
-export function deadLetterMessage(message: KafkaMessage, info: DeadLetterInfo): Message {
-  const headers: IHeaders = { ...(message.headers ?? {}) };
+export function deadLetterMessage(message: InboundMessage, info: DeadLetterInfo): ProducerMessage {
+  const headers: RecordHeaders = { ...(message.headers ?? {}) };
   headers[HEADER_DLQ_REASON] = info.reason;
   headers[HEADER_DLQ_ORIGINAL_TOPIC] = info.topic;
   headers[HEADER_DLQ_ORIGINAL_PARTITION] = String(info.partition);
@@ -219,8 +219,8 @@ function byteLength(value: string | Buffer | (string | Buffer)[] | null | undefi
  * characters of ASCII), whatever the original's: the failure stays visible with its reason and position, and the
  * partition moves on (DESIGN G5).
  */
-export function reducedDeadLetter(letter: Message, keep: readonly string[]): Message {
-  const headers: IHeaders = {};
+export function reducedDeadLetter(letter: ProducerMessage, keep: readonly string[]): ProducerMessage {
+  const headers: RecordHeaders = {};
   let dropped = 0;
   for (const [name, value] of Object.entries(letter.headers ?? {})) {
     if (value === undefined) continue;
@@ -271,7 +271,7 @@ export interface DeadLetterSummary {
 /** Longest key (or invalid event id) shown in a summary, in characters. */
 const MAX_SUMMARY_KEY_LENGTH = 64;
 
-function headerText(headers: KafkaMessage['headers'], name: string): string | null {
+function headerText(headers: InboundMessage['headers'], name: string): string | null {
   const raw = headers?.[name];
   const value = Array.isArray(raw) ? raw[raw.length - 1] : raw;
   if (value === undefined) return null;
@@ -291,7 +291,7 @@ function intOrNull(text: string | null): number | null {
  * @param eventIdHeader - the header that carries the event id. @defaultValue 'event-id'
  */
 export function summarizeDeadLetter(
-  message: KafkaMessage,
+  message: InboundMessage,
   dlq: { topic: string; partition: number },
   eventId: string | null,
   eventType: string | null,
@@ -324,8 +324,8 @@ export function summarizeDeadLetter(
  * message as it first arrived. Its event id is unchanged: the dedup consumer applies it at most
  * once however often it is replayed.
  */
-export function replayMessage(message: KafkaMessage): Message {
-  const headers: IHeaders = {};
+export function replayMessage(message: InboundMessage): ProducerMessage {
+  const headers: RecordHeaders = {};
   for (const [name, value] of Object.entries(message.headers ?? {})) {
     if (!name.startsWith(DLQ_HEADER_PREFIX) && value !== undefined) headers[name] = value;
   }

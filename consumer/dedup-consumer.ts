@@ -1,6 +1,8 @@
 /**
- * The dedup consumer (DESIGN "Consumer dedup", guarantees G4-G6): a kafkajs consumer whose
- * handler's effects happen once per (consumer group, event id).
+ * The dedup consumer (DESIGN "Consumer dedup", guarantees G4-G6): a Kafka group consumer whose
+ * handler's effects happen once per (consumer group, event id). It talks to Kafka through
+ * outboxkit's interfaces (src/kafka/types.ts: `GroupConsumer`, `KafkaProducer`, `KafkaAdmin`),
+ * made by the kafkajs adapter from the `kafka` option; what follows describes kafkajs's behaviour.
  *
  * For each message, in one PostgreSQL transaction: claim (group, event id) in the inbox with
  * `INSERT ... ON CONFLICT DO NOTHING`, run the handler with the same transaction only if the row
@@ -13,9 +15,10 @@
  * the DLQ record). Messages of one partition are processed one at a time, in order, so a
  * committed offset never passes a message that is not done (case C12).
  *
- * **Why eachBatch.** `eachBatch` with `eachBatchAutoResolve: false` is the kafkajs API in which
- * the consumer, not kafkajs, decides which offsets are resolved, and which exposes `isRunning()`
- * and `isStale()` to stop a batch promptly on stop or seek. `eachMessage` resolves each message
+ * **Why batches.** The group consumer hands over one partition's batch at a time, of which the
+ * consumer marks each offset itself (`markProcessed`), and tells when to stop a batch promptly on
+ * stop or seek (`isActive()`): kafkajs's `eachBatch` with `eachBatchAutoResolve: false`, `isRunning()`
+ * and `isStale()`. kafkajs's `eachMessage` resolves each message
  * as soon as the callback returns and offers no way to leave a message unresolved and move on
  * to other partitions while it waits for a retry.
  *
@@ -33,17 +36,6 @@
  * Other partitions go on meanwhile. Attempt counts live in memory: after a rebalance or restart
  * the new owner counts from 1 again.
  */
-import {
-  Partitioners,
-  type Admin,
-  type ConfigResourceTypes,
-  type Consumer,
-  type DescribeConfigResponse,
-  type EachBatchPayload,
-  type KafkaMessage,
-  type Message,
-  type Producer,
-} from 'kafkajs';
 import type pg from 'pg';
 import {
   joinTransaction,
@@ -59,7 +51,18 @@ import { crashPoint } from '../src/crash-point.js';
 import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
-import { isTooLargeError } from '../src/kafka-errors.js';
+import { createKafkajsClient } from '../src/kafka/kafkajs/client.js';
+import { firstFailure, isTooLarge } from '../src/kafka/outcomes.js';
+import type {
+  GroupConsumer,
+  InboundBatch,
+  InboundMessage,
+  KafkaAdmin,
+  KafkaClient,
+  KafkaFailure,
+  KafkaProducer,
+  ProducerMessage,
+} from '../src/kafka/types.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { InboxUnavailableError } from './errors.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
@@ -91,7 +94,6 @@ import {
   type StoredProgress,
 } from './progress.js';
 import { runHandler } from './tracing.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 import {
   resolveDedupConsumerOptions,
   type DedupConsumerOptions,
@@ -151,11 +153,6 @@ export interface DedupConsumer {
  */
 export const CRASH_POINT_AFTER_COMMIT = 'consumer:after-commit';
 
-/**
- * Kafka's ConfigResource type of a topic (DescribeConfigs). kafkajs's `ConfigResourceTypes.TOPIC`,
- * written out: kafkajs is CommonJS and Node's ESM loader does not see that enum as a named export.
- */
-const TOPIC_RESOURCE_TYPE = 2 as ConfigResourceTypes;
 /** The topic configuration that bounds how far back Kafka can redeliver (Kafka topic configs). */
 const TOPIC_RETENTION_CONFIG = 'retention.ms';
 const TOPIC_MAX_MESSAGE_BYTES_CONFIG = 'max.message.bytes';
@@ -193,7 +190,7 @@ interface PendingMessage {
 type Prepared = DeadLetterPrepared | EventPrepared;
 interface DeadLetterPrepared {
   kind: 'dead-letter';
-  message: KafkaMessage;
+  message: InboundMessage;
   position: MessagePosition;
   eventId: string | null;
   reason: string;
@@ -202,7 +199,7 @@ interface DeadLetterPrepared {
 }
 interface EventPrepared {
   kind: 'event';
-  message: KafkaMessage;
+  message: InboundMessage;
   position: MessagePosition;
   event: ConsumedEvent;
   pending: PendingMessage;
@@ -247,8 +244,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly topics: readonly string[];
   readonly #o: ResolvedDedupConsumerOptions<D>;
   readonly #events: TypedEmitter<DedupConsumerEvents>;
-  readonly #consumer: Consumer;
-  readonly #producer: Producer;
+  readonly #client: KafkaClient;
+  readonly #consumer: GroupConsumer;
+  readonly #producer: KafkaProducer;
   readonly #stopController = new AbortController();
   readonly #pending = new Map<string, PendingMessage>();
   /** `recordProgress`: what this process knows of each partition it consumes (see progress.ts). */
@@ -257,7 +255,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   #state: State = 'new';
   #startPromise: Promise<void> | undefined;
   #stopPromise: Promise<void> | undefined;
-  #sendChain: Promise<unknown> = Promise.resolve();
   #joined: { resolve(): void; reject(err: unknown): void } | undefined;
   /**
    * What opens a handler transaction on a `pg.Pool`, before the inbox claim in the same string.
@@ -271,7 +268,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #claimWithProgressText: (row: InboxRow, progress: StoredProgress) => string;
 
   constructor(options: DedupConsumerOptions<D>) {
-    applyKafkajsRequestQueueFix();
     this.#o = resolveDedupConsumerOptions(options);
     this.groupId = this.#o.groupId;
     this.topics = Object.freeze([...this.#o.topics]);
@@ -287,28 +283,17 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       );
     }
     const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
-    this.#consumer = kafka.consumer({
-      groupId,
-      sessionTimeout: sessionTimeoutMs,
-      heartbeatInterval: heartbeatIntervalMs,
-      maxWaitTimeInMs: fetchMaxWaitMs,
-      // A typo in a topic name must fail start(), not create an empty topic.
-      allowAutoTopicCreation: false,
-    });
-    // Idempotent, acks=all, one request in flight: a retried DLQ send is never duplicated or
-    // reordered by the broker. Sends are also serialised below (kafkajs sequence numbers break
-    // under concurrent sends on one idempotent producer).
-    this.#producer = kafka.producer({
-      // Java-compatible murmur2 of the key, as the relay uses; naming it also spares every start
-      // kafkajs's "v2.0.0 switched default partitioner" warning.
-      createPartitioner: Partitioners.DefaultPartitioner,
-      idempotent: true,
-      maxInFlightRequests: 1,
-      allowAutoTopicCreation: false,
-      retry: { retries: DLQ_PRODUCER_RETRIES },
-    });
-    this.#consumer.on(this.#consumer.events.GROUP_JOIN, ({ payload }) => this.#onJoin(payload.memberAssignment));
-    this.#consumer.on(this.#consumer.events.CRASH, ({ payload }) => this.#onCrash(payload.error, payload.restart));
+    // kafkajs's request-queue fix comes with the client (createKafkajsClient), not from here.
+    this.#client = createKafkajsClient(kafka);
+    // Topics are never auto-created: a typo in a topic name must fail start(), not create an empty topic.
+    this.#consumer = this.#client.groupConsumer({ groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs });
+    // Idempotent, acks=all, one request in flight, Java-compatible murmur2 partitioner (as the
+    // relay's): a retried DLQ send is never duplicated or reordered by the broker. The producer
+    // also serialises sends (kafkajs sequence numbers break under concurrent sends on one
+    // idempotent producer).
+    this.#producer = this.#client.producer({ retries: DLQ_PRODUCER_RETRIES });
+    this.#consumer.on('join', ({ assignment }) => this.#onJoin(assignment));
+    this.#consumer.on('crash', ({ error, willRestart }) => this.#onCrash(error, willRestart));
   }
 
   on<K extends keyof DedupConsumerEvents>(name: K, listener: DedupConsumerListener<K>): () => void {
@@ -369,7 +354,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#throwIfStopping();
     await this.#producer.connect();
     await this.#consumer.connect();
-    await this.#consumer.subscribe({ topics, fromBeginning });
+    await this.#consumer.subscribe(topics, { fromBeginning });
     this.#throwIfStopping();
     const joined = new Promise<void>((resolve, reject) => {
       this.#joined = { resolve, reject };
@@ -378,13 +363,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#stopController.signal.addEventListener('abort', onAbort, { once: true });
     try {
       await this.#consumer.run({
-        eachBatch: (payload) => this.#runBatch(payload),
-        eachBatchAutoResolve: false,
-        // kafkajs commits only resolved offsets: at this interval, at the end of each batch,
-        // before a rebalance and on stop.
-        autoCommit: true,
-        autoCommitInterval: autoCommitIntervalMs,
-        partitionsConsumedConcurrently,
+        eachBatch: (batch) => this.#runBatch(batch),
+        // Only marked offsets are committed: at this interval, at the end of each batch, before a
+        // rebalance and on stop.
+        autoCommitIntervalMs,
+        concurrency: partitionsConsumedConcurrently,
       });
       await joined;
     } finally {
@@ -435,7 +418,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   async #checkTopics(): Promise<void> {
-    const admin = this.#o.kafka.admin();
+    const admin = this.#client.admin();
     await admin.connect();
     try {
       // listTopics reads metadata for all topics: unlike a metadata request naming the topics,
@@ -467,7 +450,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * inbox row was already cleaned up, and it would be applied again. A broker that refuses
    * DescribeConfigs (ACLs) costs a warning, not the start.
    */
-  async #checkRetention(admin: Admin): Promise<void> {
+  async #checkRetention(admin: KafkaAdmin): Promise<void> {
     const { topics, inboxRetentionMs, logger } = this.#o;
     const retention = await this.#describeTopics(admin, topics, TOPIC_RETENTION_CONFIG, 'the inbox retention');
     for (const [topic, value] of retention) {
@@ -488,7 +471,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * larger messages would be dead-lettered without their value (`dlq-omitted`; equal limits leave
    * that to the few messages within {@link DEAD_LETTER_HEADROOM_BYTES} of the limit).
    */
-  async #checkDeadLetterLimits(admin: Admin): Promise<void> {
+  async #checkDeadLetterLimits(admin: KafkaAdmin): Promise<void> {
     const { topics, deadLetterTopics, logger } = this.#o;
     const limits = await this.#describeTopics(
       admin,
@@ -522,18 +505,15 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * empty map.
    */
   async #describeTopics(
-    admin: Admin,
+    admin: KafkaAdmin,
     topics: readonly string[],
     configName: string,
     what: string,
   ): Promise<Map<string, number>> {
     const values = new Map<string, number>();
-    let described: DescribeConfigResponse;
+    let described: Map<string, Record<string, string | null>>;
     try {
-      described = await admin.describeConfigs({
-        includeSynonyms: false,
-        resources: topics.map((name) => ({ type: TOPIC_RESOURCE_TYPE, name, configNames: [configName] })),
-      });
+      described = await admin.describeTopicConfigs(topics, [configName]);
     } catch (err) {
       this.#o.logger.warn(
         { groupId: this.groupId, err },
@@ -541,11 +521,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       );
       return values;
     }
-    for (const resource of described.resources) {
-      const entry = resource.configEntries.find((e) => e.configName === configName);
-      if (entry?.configValue === undefined || entry.configValue === null) continue;
-      const value = Number(entry.configValue);
-      if (Number.isFinite(value)) values.set(resource.resourceName, value);
+    for (const [topic, configs] of described) {
+      const configValue = configs[configName];
+      if (configValue === undefined || configValue === null) continue;
+      const value = Number(configValue);
+      if (Number.isFinite(value)) values.set(topic, value);
     }
     return values;
   }
@@ -636,20 +616,19 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   // Processing
   // ------------------------------------------------------------------------------------------
 
-  async #runBatch(payload: EachBatchPayload): Promise<void> {
-    const { batch } = payload;
-    const keepAlive = startKeepAlive(payload.heartbeat, this.#o.heartbeatIntervalMs);
+  async #runBatch(batch: InboundBatch): Promise<void> {
+    const keepAlive = startKeepAlive(batch.heartbeat, this.#o.heartbeatIntervalMs, this.#consumer.isRebalance);
     // What the handlers of this batch see: aborted on stop() or when the partitions may go.
     const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
     try {
-      const partitionProgress = this.#o.recordProgress ? await this.#progressOf(payload) : undefined;
+      const partitionProgress = this.#o.recordProgress ? await this.#progressOf(batch) : undefined;
       if (this.#o.transactionScope === 'batch') {
-        await this.#runBatchInTransactions(payload, keepAlive, signal, partitionProgress);
+        await this.#runBatchInTransactions(batch, keepAlive, signal, partitionProgress);
         return;
       }
       for (const message of batch.messages) {
         // Stop promptly: on stop(), or when a seek made the rest of this batch stale.
-        if (this.#mustStop(payload)) return;
+        if (this.#mustStop(batch)) return;
         // The group is rebalancing: leave the rest to whoever owns the partition next.
         keepAlive.throwIfLost();
         if (isProvenHandled(partitionProgress, BigInt(message.offset))) {
@@ -661,15 +640,15 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             return;
           }
           if (step.kind === 'retry-later') {
-            this.#pauseFor(payload.pause, step.delayMs);
+            this.#pauseFor(batch.pause, step.delayMs);
             return;
           }
         }
         // Applied, duplicate, dead-lettered or proven handled: now, and only now, the offset may be committed.
-        payload.resolveOffset(message.offset);
+        batch.markProcessed(message.offset);
         // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
-        await payload.heartbeat();
-        await payload.commitOffsetsIfNecessary();
+        await batch.heartbeat();
+        await batch.commitIfDue();
       }
     } finally {
       keepAlive.stop();
@@ -682,8 +661,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * A failed read of the stored row costs the optimisation, never a skip: the partition then
    * trusts nothing until it wrote a row itself.
    */
-  async #progressOf(payload: EachBatchPayload): Promise<PartitionProgress | undefined> {
-    const { batch } = payload;
+  async #progressOf(batch: InboundBatch): Promise<PartitionProgress | undefined> {
     const { messages } = batch;
     const first = messages[0];
     if (first === undefined) return undefined;
@@ -693,9 +671,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       progress = newPartitionProgress(await this.#storedProgress(batch.topic, batch.partition));
       this.#progress.set(key, progress);
     }
-    // kafkajs's Batch keeps the offset it fetched from (not in its typings); every record from
-    // there to the first message is one there is nothing to handle for (control, aborted, compacted).
-    const raw = (batch as { fetchedOffset?: unknown }).fetchedOffset;
+    // The offset the fetch began at: every record from there to the first message is one there is
+    // nothing to handle for (control, aborted, compacted).
+    const raw: unknown = batch.fetchedOffset;
     const fetched = typeof raw === 'string' && /^[0-9]{1,19}$/.test(raw) ? BigInt(raw) : BigInt(first.offset);
     beginBatch(progress, fetched, (offset) => {
       const text = offset.toString();
@@ -727,7 +705,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /** A redelivered record that the partition's progress proves handled: skipped, no transaction. */
-  #skipHandled(topic: string, partition: number, message: KafkaMessage): void {
+  #skipHandled(topic: string, partition: number, message: InboundMessage): void {
     const eventId = readEventId(decodeHeaders(message.headers), this.#o.eventIdHeader);
     this.#pending.delete(partitionKey(topic, partition));
     this.#o.logger.debug(
@@ -738,8 +716,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /** On stop(), or when a seek made the rest of this batch stale. */
-  #mustStop(payload: EachBatchPayload): boolean {
-    return this.#stopController.signal.aborted || !payload.isRunning() || payload.isStale();
+  #mustStop(batch: InboundBatch): boolean {
+    return this.#stopController.signal.aborted || !batch.isActive();
   }
 
   /**
@@ -749,23 +727,22 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * retried (partition paused) or dead-lettered exactly as in `'message'` mode.
    */
   async #runBatchInTransactions(
-    payload: EachBatchPayload,
+    batch: InboundBatch,
     keepAlive: KeepAlive,
     signal: AbortSignal,
     partitionProgress: PartitionProgress | undefined,
   ): Promise<void> {
-    const { batch } = payload;
     let next = 0;
     while (next < batch.messages.length) {
-      if (this.#mustStop(payload)) return;
+      if (this.#mustStop(batch)) return;
       keepAlive.throwIfLost();
       const message = batch.messages[next]!;
       if (isProvenHandled(partitionProgress, BigInt(message.offset))) {
         this.#skipHandled(batch.topic, batch.partition, message);
-        payload.resolveOffset(message.offset);
+        batch.markProcessed(message.offset);
         next += 1;
-        await payload.heartbeat();
-        await payload.commitOffsetsIfNecessary();
+        await batch.heartbeat();
+        await batch.commitIfDue();
         continue;
       }
       const first = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
@@ -776,7 +753,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         step = await this.#process(batch.topic, batch.partition, message, signal, partitionProgress);
         if (step.kind === 'done') resolved = 1;
       } else {
-        const run = await this.#applyRun(payload, first, next, keepAlive, signal, partitionProgress);
+        const run = await this.#applyRun(batch, first, next, keepAlive, signal, partitionProgress);
         // The run's transaction wrote the progress of its last applied message (if any).
         const lastApplied = run.done.findLast((d) => d.outcome === 'applied');
         if (lastApplied?.prepared.progress) markWritten(partitionProgress, lastApplied.prepared.progress);
@@ -789,14 +766,14 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             break;
           }
           this.#succeeded(done.prepared, done.outcome, done.durationMs, done.firstApplied);
-          payload.resolveOffset(done.prepared.message.offset);
+          batch.markProcessed(done.prepared.message.offset);
           resolved += 1;
         }
         if (step.kind === 'done' && run.failure) {
           step = await this.#failed(run.failure.prepared, run.failure.error, signal);
           if (step.kind === 'done') {
             // Dead-lettered after the messages before it committed.
-            payload.resolveOffset(run.failure.prepared.message.offset);
+            batch.markProcessed(run.failure.prepared.message.offset);
             resolved += 1;
           }
         }
@@ -806,14 +783,14 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         return;
       }
       if (step.kind === 'retry-later') {
-        this.#pauseFor(payload.pause, step.delayMs);
+        this.#pauseFor(batch.pause, step.delayMs);
         return;
       }
-      if (step.kind === 'done' && first.kind === 'dead-letter') payload.resolveOffset(message.offset);
+      if (step.kind === 'done' && first.kind === 'dead-letter') batch.markProcessed(message.offset);
       next += resolved;
       // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
-      await payload.heartbeat();
-      await payload.commitOffsetsIfNecessary();
+      await batch.heartbeat();
+      await batch.commitIfDue();
     }
   }
 
@@ -839,7 +816,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * usable event id (case C16: never guess one), or one the consumer already gave up on, only
    * needs dead-lettering.
    */
-  #prepare(topic: string, partition: number, message: KafkaMessage, partitionProgress?: PartitionProgress): Prepared {
+  #prepare(topic: string, partition: number, message: InboundMessage, partitionProgress?: PartitionProgress): Prepared {
     const position: MessagePosition = { topic, partition, offset: message.offset };
     const headers = decodeHeaders(message.headers);
     const eventId = readEventId(headers, this.#o.eventIdHeader);
@@ -880,7 +857,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   async #process(
     topic: string,
     partition: number,
-    message: KafkaMessage,
+    message: InboundMessage,
     signal: AbortSignal,
     partitionProgress?: PartitionProgress,
   ): Promise<Step> {
@@ -1044,7 +1021,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    *   committed and the failure is the first message's.
    */
   async #applyRun(
-    payload: EachBatchPayload,
+    batch: InboundBatch,
     first: EventPrepared,
     from: number,
     keepAlive: KeepAlive,
@@ -1052,7 +1029,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     partitionProgress: PartitionProgress | undefined,
   ): Promise<Run> {
     const { database, schemaSql, groupId, lockTimeoutMs, batchMaxMessages, batchMaxMs } = this.#o;
-    const { batch } = payload;
     const openedAt = performance.now();
     let done: Run['done'] = [];
     let failure: Run['failure'];
@@ -1068,7 +1044,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       const message = batch.messages[from + done.length];
       if (message === undefined || done.length >= batchMaxMessages) return null;
       if (performance.now() - openedAt >= batchMaxMs) return null;
-      if (this.#mustStop(payload) || keepAlive.signal.aborted) return null;
+      if (this.#mustStop(batch) || keepAlive.signal.aborted) return null;
       // Proven handled: skipped by the caller, outside any transaction.
       if (isProvenHandled(partitionProgress, BigInt(message.offset))) return null;
       const next = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
@@ -1291,7 +1267,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * @returns DONE once the dead letter is acknowledged, else a `retry-later` step.
    */
   async #deadLetter(
-    message: KafkaMessage,
+    message: InboundMessage,
     position: MessagePosition,
     eventId: string | null,
     reason: string,
@@ -1312,17 +1288,19 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     });
     let omitted = false;
     try {
-      try {
-        await this.#send(deadLetterTopic, record);
-      } catch (err) {
-        if (!isTooLargeError(err)) throw err;
+      let failure = await this.#send(deadLetterTopic, record);
+      if (failure && isTooLarge(failure)) {
         this.#o.logger.warn(
-          { ...fields, err },
+          { ...fields, err: failure.error },
           'The dead letter is larger than its topic accepts; sending it without its value (dlq-omitted).',
         );
-        await this.#send(deadLetterTopic, reducedDeadLetter(record, [this.#o.eventIdHeader, HEADER_EVENT_TYPE]));
+        failure = await this.#send(
+          deadLetterTopic,
+          reducedDeadLetter(record, [this.#o.eventIdHeader, HEADER_EVENT_TYPE]),
+        );
         omitted = true;
       }
+      if (failure) throw failure.error;
     } catch (err) {
       return this.#retryLater(
         this.#pendingOf(position),
@@ -1346,14 +1324,12 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * One send at a time on the idempotent producer. A refused send of one record (a dead letter is
-   * one) leaves the producer usable: kafkajs gives back the sequence numbers of a produce request
-   * that failed.
+   * Sends one record and says why it was not written, if it was not. The producer sends one at a
+   * time; a refused send of one record (a dead letter is one) leaves it usable: kafkajs gives back
+   * the sequence numbers of a produce request that failed.
    */
-  #send(topic: string, message: Message): Promise<void> {
-    const sent = this.#sendChain.then(() => this.#producer.send({ topic, acks: -1, messages: [message] }));
-    this.#sendChain = sent.catch(() => {});
-    return sent.then(() => {});
+  async #send(topic: string, message: ProducerMessage): Promise<KafkaFailure | undefined> {
+    return firstFailure(await this.#producer.send([{ ...message, topic }]));
   }
 }
 
@@ -1379,12 +1355,12 @@ function isPgPool(database: unknown): database is pg.Pool {
 }
 
 /** A message's Kafka timestamp, in ms since the epoch (-1 when the record has none). */
-function timestampOf(message: KafkaMessage): bigint {
+function timestampOf(message: InboundMessage): bigint {
   return /^-?[0-9]{1,19}$/.test(message.timestamp) ? BigInt(message.timestamp) : -1n;
 }
 
 /** What the progress anchor compares of a record. */
-function identityOf(message: KafkaMessage, eventIdHeader: string): RecordIdentity {
+function identityOf(message: InboundMessage, eventIdHeader: string): RecordIdentity {
   return {
     offset: BigInt(message.offset),
     eventId: readEventId(decodeHeaders(message.headers), eventIdHeader),

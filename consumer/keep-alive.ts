@@ -3,21 +3,6 @@
  * the group membership, and an early warning when the group starts rebalancing.
  */
 
-/** kafkajs error types (Kafka protocol errors) that mean this member may lose its partitions. */
-const MEMBERSHIP_LOST = new Set([
-  'REBALANCE_IN_PROGRESS',
-  'ILLEGAL_GENERATION',
-  'UNKNOWN_MEMBER_ID',
-  'NOT_COORDINATOR_FOR_GROUP',
-  'FENCED_INSTANCE_ID',
-]);
-
-/** True when a heartbeat error means the group is rebalancing or this member left it. */
-export function losesPartitions(err: unknown): boolean {
-  const type = (err as { type?: unknown } | null)?.type;
-  return typeof type === 'string' && MEMBERSHIP_LOST.has(type);
-}
-
 export interface KeepAlive {
   /** Aborted (with the heartbeat error as reason) once a heartbeat says the partitions may go. */
   readonly signal: AbortSignal;
@@ -29,9 +14,14 @@ export interface KeepAlive {
 /**
  * Calls `heartbeat` every `intervalMs` until `stop()`. kafkajs throttles heartbeats to its own
  * interval and shares one request between concurrent callers, so this never floods the broker.
- * Other heartbeat errors (a timeout) are left to the next heartbeat between messages.
+ * A heartbeat error for which `losesPartitions` is true (the client's `isRebalance`) aborts the
+ * signal; other heartbeat errors (a timeout) are left to the next heartbeat between messages.
  */
-export function startKeepAlive(heartbeat: () => Promise<void>, intervalMs: number): KeepAlive {
+export function startKeepAlive(
+  heartbeat: () => Promise<void>,
+  intervalMs: number,
+  losesPartitions: (err: unknown) => boolean,
+): KeepAlive {
   const controller = new AbortController();
   let inFlight = false;
   const timer = setInterval(() => {

@@ -4,7 +4,7 @@
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { is } from 'drizzle-orm';
 import { PgTransaction } from 'drizzle-orm/pg-core';
-import type { Kafka } from 'kafkajs';
+import type { Kafka } from '../src/kafka/kafkajs/client.js';
 import type { DatabaseHandle, TransactionOf } from '../src/database.js';
 import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
@@ -52,7 +52,11 @@ export interface DedupConsumerHooks {
 
 /** Options of {@link createDedupConsumer}. */
 export interface DedupConsumerOptions<D extends DatabaseHandle> {
-  /** The kafkajs client (`new Kafka({ clientId, brokers })`). The consumer creates its own consumer, producer and admin from it. */
+  /**
+   * The kafkajs client (`new Kafka({ clientId, brokers })`). The consumer creates its own consumer,
+   * producer and admin from it, through `createKafkajsClient` (outboxkit/kafka), which applies the
+   * kafkajs timer fix (docs/kafka.md).
+   */
   kafka: Kafka;
   /** The Kafka consumer group; also the inbox's `consumer_group` (dedup is per group). 1-255 characters. */
   groupId: string;

@@ -21,7 +21,7 @@ import pg from 'pg';
 import { pino, type Logger as PinoLogger } from 'pino';
 import client from 'prom-client';
 import { Relay, relayMetrics, relayReadiness, type RelayReadiness } from '../relay/index.js';
-import { kafkaConfigFromEnv } from '../src/index.js';
+import { kafkaConfigFromEnv } from '../src/kafka/index.js';
 
 export interface EmbeddedRelay {
   relay: Relay;

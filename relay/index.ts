@@ -1,8 +1,10 @@
 /** outboxkit/relay: publishes committed outbox events to Kafka. */
+import * as kafkajsProducer from '../src/kafka/kafkajs/producer.js';
+import type * as kafkaTypes from '../src/kafka/types.js';
+
 export { Relay, createRelay, RELAY_DEFAULTS, resolveRelayOptions } from './relay.js';
 export type { RelayOptions, ResolvedRelayOptions, RelayEvents } from './relay.js';
-export { createKafkajsProducer, SAFE_PRODUCER_CONFIG } from './producer.js';
-export type { RelayProducer, OutboundRecord, KafkajsProducerOptions } from './producer.js';
+export type { RelayProducer } from '../src/kafka/kafkajs/producer.js';
 export { releaseOwner, laneOwners, backlog } from './sql.js';
 // Metrics and health endpoints, for a relay embedded in an application process.
 export {
@@ -14,3 +16,14 @@ export {
   DEFAULT_METRICS_HOST,
 } from './metrics.js';
 export type { RelayReadiness, RelayMetricsOptions, ServeMetricsOptions } from './metrics.js';
+
+// Deprecated aliases: the kafkajs producer moved behind outboxkit's Kafka boundary (outboxkit/kafka).
+
+/** @deprecated use `createKafkajsClient(kafka).producer(settings)` from 'outboxkit/kafka' */
+export const createKafkajsProducer = kafkajsProducer.createKafkajsProducer;
+/** @deprecated the kafkajs adapter of 'outboxkit/kafka' applies it to every producer it makes */
+export const SAFE_PRODUCER_CONFIG = kafkajsProducer.SAFE_PRODUCER_CONFIG;
+/** @deprecated import `ProducerSettings` from 'outboxkit/kafka' */
+export type KafkajsProducerOptions = kafkajsProducer.KafkajsProducerOptions;
+/** @deprecated import from 'outboxkit/kafka' */
+export type OutboundRecord = kafkaTypes.OutboundRecord;

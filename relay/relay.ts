@@ -15,7 +15,6 @@
 import { EventEmitter } from 'node:events';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
-import { Kafka, logLevel, type Admin } from 'kafkajs';
 import pg from 'pg';
 import type { Queryable } from '../src/database.js';
 import {
@@ -32,19 +31,14 @@ import { quoteSchema } from '../src/schema-name.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { notifyChannel } from '../src/schema-name.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
-import { isRecordError, kafkaErrorType } from '../src/kafka-errors.js';
 import { crashPoint } from '../src/crash-point.js';
-import { readTopicLimits, splitByTopicLimit } from './topic-limits.js';
-import {
-  createKafkajsProducer,
-  KAFKAJS_PRODUCER_OPTION_NAMES,
-  type KafkajsProducerOptions,
-  type OutboundRecord,
-  type RelayProducer,
-} from './producer.js';
+import { readTopicLimits, splitByTopicLimit } from '../src/kafka/topic-limits.js';
+import { createKafkajsClient, kafkaClientOf, type Kafka } from '../src/kafka/kafkajs/client.js';
+import { fromRelayProducer, RELAY_PRODUCER_RETRY, type RelayProducer } from '../src/kafka/kafkajs/producer.js';
+import { firstFailure, throwIfFailed } from '../src/kafka/outcomes.js';
+import type { KafkaClient, KafkaFailure, KafkaProducer, OutboundRecord, ProducerSettings } from '../src/kafka/types.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
 import * as sql from './sql.js';
-import { applyKafkajsRequestQueueFix } from '../src/kafkajs-fix.js';
 
 /** Options of {@link Relay}. */
 export interface RelayOptions {
@@ -54,12 +48,19 @@ export interface RelayOptions {
   pool?: pg.Pool;
   /** Kafka brokers, `host:port`. Required unless `kafka` or `producer` is given. */
   brokers?: string[];
-  /** A kafkajs client to use instead of `brokers`. */
-  kafka?: Kafka;
-  /** A producer to use instead of the kafkajs one (tests, other clients). */
+  /**
+   * A Kafka client to use instead of `brokers`: a kafkajs `Kafka` instance (made into a
+   * {@link KafkaClient} by `createKafkajsClient`), or a `KafkaClient` of outboxkit/kafka.
+   */
+  kafka?: Kafka | KafkaClient;
+  /**
+   * A producer to use instead of the client's (tests, other clients). Its `send` rejects when a
+   * record was not acknowledged; the rejection is read as kafkajs's (a record's fault or the
+   * broker's, by its error type).
+   */
   producer?: RelayProducer;
-  /** Tunable settings of the kafkajs producer (compression, timeouts, retries); never its safety settings. */
-  producerOptions?: Omit<KafkajsProducerOptions, 'onSend'>;
+  /** Tunable settings of the producer (compression, timeouts, retries); never its safety settings. */
+  producerOptions?: Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression'>;
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
   /** This instance's id, shown in `outboxkit status`. @defaultValue `<hostname>-<pid>-<random>` */
@@ -185,10 +186,12 @@ const RELAY_OPTION_NAMES: readonly string[] = Object.keys({
   logger: true,
 } satisfies Record<keyof RelayOptions, true>);
 
-/** The option names of `RelayOptions.producerOptions` (`onSend` is the relay's own). */
-const RELAY_PRODUCER_OPTION_NAMES: readonly string[] = KAFKAJS_PRODUCER_OPTION_NAMES.filter(
-  (name) => name !== 'onSend',
-);
+/** The option names of `RelayOptions.producerOptions`; the compiler keeps it in step with the type. */
+const RELAY_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
+  requestTimeoutMs: true,
+  retries: true,
+  compression: true,
+} satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, true>);
 
 function positiveInt(name: string, value: number, min = 1): void {
   if (!Number.isInteger(value) || value < min)
@@ -275,8 +278,8 @@ export class Relay extends EventEmitter<RelayEvents> {
   private readonly ownsPool: boolean;
   private readonly db: Queryable;
   private readonly logger: Logger;
-  private readonly makeProducer: () => RelayProducer;
-  private producer: RelayProducer | undefined;
+  private readonly makeProducer: () => KafkaProducer;
+  private producer: KafkaProducer | undefined;
   private readonly held = new Map<number, LaneLease>();
   private listener: pg.Client | undefined;
   private wake: (() => void) | undefined;
@@ -296,7 +299,6 @@ export class Relay extends EventEmitter<RelayEvents> {
    */
   constructor(options: RelayOptions) {
     super();
-    applyKafkajsRequestQueueFix();
     this.options = resolveRelayOptions(options);
     this.q = quoteSchema(this.options.schema);
     this.logger = options.logger ?? noopLogger;
@@ -316,22 +318,25 @@ export class Relay extends EventEmitter<RelayEvents> {
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };
-    const kafka =
-      options.kafka ??
-      (options.brokers
-        ? new Kafka({ clientId: 'outboxkit-relay', brokers: options.brokers, logLevel: logLevel.WARN })
-        : undefined);
-    this.makeProducer = options.producer
-      ? () => options.producer as RelayProducer
+    // kafkajs's request-queue fix comes with the client (createKafkajsClient), not from here.
+    const client = options.kafka
+      ? kafkaClientOf(options.kafka)
+      : options.brokers
+        ? createKafkajsClient({ clientId: 'outboxkit-relay', brokers: options.brokers }, { logLevel: 'warn' })
+        : undefined;
+    const producer = options.producer;
+    this.makeProducer = producer
+      ? () => fromRelayProducer(producer, client)
       : () =>
-          createKafkajsProducer(kafka as Kafka, {
+          client!.producer({
             ...options.producerOptions,
+            ...RELAY_PRODUCER_RETRY,
             onSend: (sent) => this.emit('relay:sent', sent),
           });
-    this.kafka = kafka;
+    this.client = client;
   }
 
-  private readonly kafka: Kafka | undefined;
+  private readonly client: KafkaClient | undefined;
 
   /** This instance's id. */
   get relayId(): string {
@@ -373,8 +378,8 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     // The broker may be down at start: the relay starts anyway and its loop backs off until the
     // broker answers (a daemon that exits would only be restarted into the same outage).
-    if (this.options.verifyTopics && this.kafka) {
-      await withDeadline(this.verifyTopics(this.kafka), this.options.brokerTimeoutMs, 'the topic check').catch(
+    if (this.options.verifyTopics && this.client) {
+      await withDeadline(this.verifyTopics(this.client), this.options.brokerTimeoutMs, 'the topic check').catch(
         (err: Error) => this.logger.warn({ err }, 'could not check the topics of pending events at start'),
       );
     }
@@ -437,8 +442,6 @@ export class Relay extends EventEmitter<RelayEvents> {
     const producer = this.producer;
     this.producer = undefined;
     await this.disconnectQuietly(producer);
-    await this.disconnectQuietly(this.prober);
-    this.prober = undefined;
     if (this.ownsPool) await this.pool.end();
     this.logger.info({ relayId: this.relayId }, 'relay stopped');
   }
@@ -449,12 +452,12 @@ export class Relay extends EventEmitter<RelayEvents> {
    * topic. Such events fail with UNKNOWN_TOPIC_OR_PARTITION, are retried with backoff and parked
    * after `maxAttempts`, visible through `outboxkit parked list`.
    */
-  private async verifyTopics(kafka: Kafka): Promise<void> {
+  private async verifyTopics(client: KafkaClient): Promise<void> {
     const { rows } = await this.db.query<{ topic: string }>(
       `SELECT DISTINCT topic FROM ${this.q}.outbox_events WHERE published_at IS NULL AND parked_at IS NULL`,
     );
     if (rows.length === 0) return;
-    const admin = kafka.admin();
+    const admin = client.admin();
     await admin.connect();
     try {
       const existing = new Set(await admin.listTopics());
@@ -604,19 +607,19 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
-   * Asks the broker for its cluster's metadata (a Metadata request without topics), bounded by
-   * `brokerTimeoutMs`. No answer: the broker counts as unreachable, the producer is dropped
-   * (`producerConnected` false, readiness 503) and rebuilt, and the failure streak starts, which
-   * ends in a stand-down after `leaseMs` unless a producer connects again first.
+   * Asks the broker for its cluster's metadata (a Metadata request without topics, the producer's
+   * `probe()`), bounded by `brokerTimeoutMs`. No answer: the broker counts as unreachable, the
+   * producer is dropped (`producerConnected` false, readiness 503) and rebuilt, and the failure
+   * streak starts, which ends in a stand-down after `leaseMs` unless a producer connects again
+   * first. A producer that cannot probe (a `RelayProducer` without a Kafka client) is not probed.
    */
   private async probeBroker(): Promise<void> {
-    if (this.probing || !this.kafka || this.stopping) return;
+    const producer = this.producer;
+    if (this.probing || !producer?.probe || this.stopping) return;
     this.probing = true;
     const began = performance.now();
-    const admin = (this.prober ??= this.kafka.admin());
-    const asked = admin.connect().then(() => admin.describeCluster());
     try {
-      await withDeadline(asked, this.options.brokerTimeoutMs, 'a metadata probe');
+      await withDeadline(producer.probe(), this.options.brokerTimeoutMs, 'a metadata probe');
       this.brokerAnswered();
     } catch (err) {
       if (this.stopping) return;
@@ -625,10 +628,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         { err },
         'Kafka did not answer the probe of an idle relay: producer dropped until one connects again',
       );
-      // A new client for the next probe; this one is disconnected once its request settles (a
-      // disconnect during its connect could leave a connection behind).
-      if (this.prober === admin) this.prober = undefined;
-      void asked.catch(() => undefined).then(() => this.disconnectQuietly(admin));
+      // The producer's probing connection goes with it (disconnected once its request settles).
       void this.rebuildProducer();
     } finally {
       this.probing = false;
@@ -742,8 +742,6 @@ export class Relay extends EventEmitter<RelayEvents> {
   /** A send is in flight (an idle probe would only add a request beside it). */
   private sending = false;
   private probing = false;
-  /** The admin client of the idle probes, connected on the first one. */
-  private prober: Admin | undefined;
   private standingDown = false;
 
   private currentPass: Promise<unknown> = Promise.resolve();
@@ -940,7 +938,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       // retries a broker that is gone for seconds, and waits `requestTimeout` (30 s) for one that
       // does not answer, while this relay should be giving its lanes to a healthy one.
       for (const chunk of chunks) {
-        await withDeadline(this.producer.send(chunk), o.brokerTimeoutMs, 'a send');
+        throwIfFailed(await withDeadline(this.producer.send(chunk), o.brokerTimeoutMs, 'a send'));
         acked += chunk.length;
       }
       this.sendSucceeded();
@@ -974,10 +972,10 @@ export class Relay extends EventEmitter<RelayEvents> {
   /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
   private async topicLimits(records: readonly OutboundRecord[]): Promise<(topic: string) => number> {
     const fallback = this.options.maxBatchBytes;
-    if (this.kafka) {
+    if (this.client) {
       const unknown = [...new Set(records.map((r) => r.topic))].filter((t) => !this.maxMessageBytes.has(t));
       if (unknown.length > 0) {
-        const admin = this.kafka.admin();
+        const admin = this.client.admin();
         const timeoutMs = this.options.brokerTimeoutMs;
         const connecting = admin.connect();
         try {
@@ -1052,18 +1050,20 @@ export class Relay extends EventEmitter<RelayEvents> {
       if (this.stillOwned([row], lanes).length === 0) continue;
       const sendStarted = performance.now();
       this.sending = true;
+      let failure: KafkaFailure | undefined;
       try {
-        await withDeadline(this.producer!.send([toRecord(row)]), this.options.brokerTimeoutMs, 'a send');
-        this.sendSucceeded();
+        const sent = await withDeadline(this.producer!.send([toRecord(row)]), this.options.brokerTimeoutMs, 'a send');
+        failure = firstFailure(sent);
+        if (failure && failure.kind !== 'record') throw failure.error;
       } catch (err) {
-        if (!isRecordError(err)) {
-          this.sendFailed(sendStarted);
-          throw err;
-        }
-        this.sendSucceeded(); // the broker answered: this record is at fault, not the relay
+        this.sendFailed(sendStarted);
+        throw err;
+      }
+      this.sendSucceeded(); // acknowledged, or the broker answered that this record is at fault (not the relay)
+      if (failure) {
         if (row.key !== null) failedKeys.add(row.key);
         const attempts = row.attempts + 1;
-        const message = `${kafkaErrorType(err) ?? 'error'}: ${(err as Error).message}`;
+        const message = `${failure.code ?? 'error'}: ${failure.error.message}`;
         const backoffMs =
           this.options.retryInitialMs +
           fullJitterBackoffMs(attempts, this.options.retryInitialMs, this.options.retryMaxMs);

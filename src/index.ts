@@ -4,7 +4,18 @@
  * - `enqueue()` / `createOutbox()`: the transactional outbox writer.
  * - `migrate()`: creates and upgrades outboxkit's tables.
  * - Errors: every error is an `OutboxkitError` with a stable `code`.
+ *
+ * Importing it loads no Kafka client (test/unit/kafka/root-import.test.ts): the Kafka helpers
+ * live in `outboxkit/kafka`; their names here are deprecated aliases, and `ensureTopics` loads
+ * kafkajs only when called.
  */
+import * as kafkaConfig from './kafka/config.js';
+import * as kafkajsErrors from './kafka/kafkajs/errors.js';
+import * as kafkajsFix from './kafka/kafkajs/fix.js';
+import type { Kafka } from './kafka/kafkajs/client.js';
+import type * as kafkaTopics from './kafka/topics.js';
+import type { KafkaClient, TopicSpec } from './kafka/types.js';
+
 export { enqueue, createOutbox, notifyChannel, OUTBOX_DEFAULTS } from './outbox/enqueue.js';
 export type { Outbox, OutboxOptions, EnqueuedEvent } from './outbox/enqueue.js';
 export { HEADER_EVENT_ID, HEADER_EVENT_TYPE, laneOf } from './outbox/event.js';
@@ -25,10 +36,6 @@ export type { MigrateOptions, MigrateResult } from './migrate.js';
 export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
 export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
 export { DEFAULT_SCHEMA, OUTBOX_LANES } from './schema.js';
-export { ensureTopics, isRetriableKafkaError } from './kafka-topics.js';
-export { applyKafkajsRequestQueueFix } from './kafkajs-fix.js';
-export type { KafkajsFixOutcome } from './kafkajs-fix.js';
-export type { EnsureTopicsOptions, EnsureTopicsResult } from './kafka-topics.js';
 export type { Logger } from './logger.js';
 export { fullJitterBackoffMs } from './backoff.js';
 export {
@@ -48,24 +55,63 @@ export {
   InvalidKafkaConfigError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';
-export {
-  resolveKafkaConfig,
-  kafkaConfigFromEnv,
-  KAFKA_CONFIG_DEFAULTS,
-  KAFKA_SASL_MECHANISMS,
-  KAFKA_COMPRESSIONS,
-} from './kafka-config.js';
-export type {
-  ResolvedKafkaConfig,
-  ResolveKafkaConfigOptions,
-  RedactedKafkaConfig,
-  KafkaConfigFile,
-  KafkaConfigFlags,
-  KafkaProducerSettings,
-  KafkaConsumerSettings,
-  KafkaSaslMechanism,
-  KafkaCompression,
-} from './kafka-config.js';
-
 // Idempotency keys: the one-transaction mode, HTTP problem responses.
 export * from './idempotency/index.js';
+
+// ------------------------------------------------------------------------------------------------
+// Deprecated aliases of `outboxkit/kafka`, which loads kafkajs: none of these does at import (the
+// modules they come from import kafkajs's types only, and ensureTopics loads it when called).
+// ------------------------------------------------------------------------------------------------
+
+/** @deprecated import from 'outboxkit/kafka' */
+export const resolveKafkaConfig = kafkaConfig.resolveKafkaConfig;
+/** @deprecated import from 'outboxkit/kafka' */
+export const kafkaConfigFromEnv = kafkaConfig.kafkaConfigFromEnv;
+/** @deprecated import from 'outboxkit/kafka' */
+export const KAFKA_CONFIG_DEFAULTS = kafkaConfig.KAFKA_CONFIG_DEFAULTS;
+/** @deprecated import from 'outboxkit/kafka' */
+export const KAFKA_SASL_MECHANISMS = kafkaConfig.KAFKA_SASL_MECHANISMS;
+/** @deprecated import from 'outboxkit/kafka' */
+export const KAFKA_COMPRESSIONS = kafkaConfig.KAFKA_COMPRESSIONS;
+/** @deprecated import from 'outboxkit/kafka' */
+export type ResolvedKafkaConfig = kafkaConfig.ResolvedKafkaConfig;
+/** @deprecated import from 'outboxkit/kafka' */
+export type ResolveKafkaConfigOptions = kafkaConfig.ResolveKafkaConfigOptions;
+/** @deprecated import from 'outboxkit/kafka' */
+export type RedactedKafkaConfig = kafkaConfig.RedactedKafkaConfig;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkaConfigFile = kafkaConfig.KafkaConfigFile;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkaConfigFlags = kafkaConfig.KafkaConfigFlags;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkaProducerSettings = kafkaConfig.KafkaProducerSettings;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkaConsumerSettings = kafkaConfig.KafkaConsumerSettings;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkaSaslMechanism = kafkaConfig.KafkaSaslMechanism;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkaCompression = kafkaConfig.KafkaCompression;
+/** @deprecated import from 'outboxkit/kafka' */
+export const isRetriableKafkaError = kafkajsErrors.isRetriableKafkaError;
+/** @deprecated import from 'outboxkit/kafka' */
+export const applyKafkajsRequestQueueFix = kafkajsFix.applyKafkajsRequestQueueFix;
+/** @deprecated import from 'outboxkit/kafka' */
+export type KafkajsFixOutcome = kafkajsFix.KafkajsFixOutcome;
+/** @deprecated import from 'outboxkit/kafka' */
+export type EnsureTopicsOptions = kafkaTopics.EnsureTopicsOptions;
+/** @deprecated import from 'outboxkit/kafka' */
+export type EnsureTopicsResult = kafkaTopics.EnsureTopicsResult;
+
+/**
+ * See `ensureTopics` of `outboxkit/kafka`, which this loads (and kafkajs with it) when called.
+ *
+ * @deprecated import from 'outboxkit/kafka'
+ */
+export async function ensureTopics(
+  kafka: Kafka | KafkaClient,
+  topics: TopicSpec[],
+  options?: EnsureTopicsOptions,
+): Promise<EnsureTopicsResult> {
+  const topicsModule = await import('./kafka/topics.js');
+  return topicsModule.ensureTopics(kafka, topics, options);
+}

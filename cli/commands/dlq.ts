@@ -5,7 +5,7 @@ import { addKafkaOptions, eventIdList, int, kafkaFromOptions } from '../shared.j
 import { printJson, printLines } from '../printable.js';
 
 function cliKafka(opts: Record<string, unknown>) {
-  return kafkaFromOptions(opts, { clientId: 'outboxkit-cli' }).kafka;
+  return kafkaFromOptions(opts, { clientId: 'outboxkit-cli' }).client;
 }
 
 const eventIdHeaderOption = () =>

@@ -1,5 +1,4 @@
 import { Option, type Command } from 'commander';
-import { logLevel } from 'kafkajs';
 import pg from 'pg';
 import { pino } from 'pino';
 import client from 'prom-client';
@@ -134,10 +133,10 @@ export function registerRelay(program: Command): void {
         hooks: { streamWrite: printableJson },
       });
       // Resolved (and validated) before anything connects; warnings and the redacted settings are logged.
-      const { kafka, resolved } = kafkaFromOptions(opts, {
+      const { client: kafkaClient, resolved } = kafkaFromOptions(opts, {
         clientId: 'outboxkit-relay',
         logger,
-        logLevel: logLevel.WARN,
+        logLevel: 'warn',
       });
       const pool = new pg.Pool({
         connectionString: String(opts.databaseUrl),
@@ -152,7 +151,7 @@ export function registerRelay(program: Command): void {
         () =>
           new Relay({
             pool,
-            kafka,
+            kafka: kafkaClient,
             producerOptions: resolved.producer,
             schema: String(opts.schema),
             relayId: opts.relayId === undefined ? undefined : String(opts.relayId),

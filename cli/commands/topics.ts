@@ -1,8 +1,8 @@
 import { Option, type Command } from 'commander';
-import type { Kafka } from 'kafkajs';
+import type { KafkaClient } from '../../src/kafka/types.js';
 import { addKafkaOptions, kafkaFromOptions, positiveInt, topicNameList } from '../shared.js';
 import { printError, printJson, printLines } from '../printable.js';
-import { ensureTopics } from '../../src/kafka-topics.js';
+import { ensureTopics } from '../../src/kafka/topics.js';
 
 /** `outboxkit topics ensure`. */
 export function registerTopics(program: Command): void {
@@ -18,15 +18,15 @@ export function registerTopics(program: Command): void {
     )
     .option('--json', 'print JSON')
     .action(async (names: string[], opts: { partitions: number; replicationFactor: number; json?: boolean }) => {
-      const { kafka } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
-      // Retries the errors a cluster answers while it starts or elects leaders (src/kafka-topics.ts).
+      const { client } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
+      // Retries the errors a cluster answers while it starts or elects leaders (src/kafka/topics.ts).
       const { created, existing } = await ensureTopics(
-        kafka,
+        client,
         names.map((topic) => ({ topic, numPartitions: opts.partitions, replicationFactor: opts.replicationFactor })),
       );
       // An existing topic is left as it is: say when its partition count is not the one asked for
       // (per-key order and the consumers' parallelism depend on it; Kafka never shrinks a topic).
-      const partitions = await partitionCounts(kafka, [...created, ...existing]);
+      const partitions = await partitionCounts(client, [...created, ...existing]);
       const differ = existing.filter((t) => partitions[t] !== undefined && partitions[t] !== opts.partitions);
       if (opts.json) printJson({ created, existing, partitions });
       else printLines(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
@@ -40,12 +40,12 @@ export function registerTopics(program: Command): void {
 }
 
 /** Partition count of each of `topics`, by name (a topic that vanished meanwhile is left out; {} when the read fails). */
-async function partitionCounts(kafka: Kafka, topics: readonly string[]): Promise<Record<string, number>> {
+async function partitionCounts(client: KafkaClient, topics: readonly string[]): Promise<Record<string, number>> {
   if (topics.length === 0) return {};
-  const admin = kafka.admin();
+  const admin = client.admin();
   try {
     await admin.connect();
-    const { topics: metadata } = await admin.fetchTopicMetadata({ topics: [...topics] });
+    const metadata = await admin.describeTopics(topics);
     return Object.fromEntries(metadata.map((t) => [t.name, t.partitions.length]));
   } catch {
     return {};

@@ -16,7 +16,7 @@ import { migrate } from '../../src/migrate.js';
 import { ensureDemoSchema } from './db.js';
 import { runLoad, type LoadStats } from './loadgen.js';
 import { SCRIPTS, createRunDatabase, startChild, stopChild, waitUntil, type Child } from './processes.js';
-import { ensureTopics } from '../../src/kafka-topics.js';
+import { ensureTopics } from '../../src/kafka/index.js';
 
 function int(v: string): number {
   const n = Number(v);

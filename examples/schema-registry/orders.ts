@@ -23,7 +23,8 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { createDedupConsumer } from '../../consumer/index.js';
 import { createRelay } from '../../relay/index.js';
-import { createOutbox, ensureTopics, isOutboxkitError, migrate, type PayloadEncoder } from '../../src/index.js';
+import { createOutbox, isOutboxkitError, migrate, type PayloadEncoder } from '../../src/index.js';
+import { ensureTopics } from '../../src/kafka/index.js';
 
 const SCHEMA = 'outboxkit_registry_example';
 const TOPIC = 'registry-example-orders';

@@ -25,7 +25,8 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { createDedupConsumer } from '../../consumer/index.js';
 import { createRelay } from '../../relay/index.js';
-import { createOutbox, ensureTopics, migrate } from '../../src/index.js';
+import { createOutbox, migrate } from '../../src/index.js';
+import { ensureTopics } from '../../src/kafka/index.js';
 
 const SCHEMA = 'outboxkit_tracing_example';
 const TOPIC = 'tracing-example-orders';

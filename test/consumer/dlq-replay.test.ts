@@ -103,7 +103,7 @@ describe('G5 · dlq list and replay', () => {
     const [topic] = await createTopics(['dlq-omitted-copy'], { partitions: 1 });
     const [dlq] = await createTopics(['dlq-omitted-copy-dlq'], { partitions: 1 });
     const full = deadLetterMessage(
-      { key: Buffer.from('k'), value: Buffer.from('{"n":1}'), timestamp: '0', attributes: 0, offset: '5', headers: {} },
+      { key: Buffer.from('k'), value: Buffer.from('{"n":1}'), timestamp: '0', offset: '5', headers: {} },
       { reason: 'Error: x', topic: topic!, partition: 0, attempts: 5, groupId: 'g', failedAt: new Date() },
     );
     const id = '0190a6e2-8f4b-7cc3-9d2e-0123456789ab';

@@ -4,7 +4,7 @@
 import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel, type ITopicConfig } from 'kafkajs';
 import { inject } from 'vitest';
-import { ensureTopics } from '../../src/kafka-topics.js';
+import { ensureTopics } from '../../src/kafka/topics.js';
 
 /** A random name with a readable prefix, for topics and consumer groups. */
 export function randomName(prefix: string): string {

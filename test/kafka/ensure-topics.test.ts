@@ -1,12 +1,12 @@
 /**
- * ensureTopics() (src/kafka-topics.ts) against the real broker: creates only what is missing,
+ * ensureTopics() (src/kafka/topics.ts) against the real broker: creates only what is missing,
  * reports what existed, waits for every partition's leader, and fails at once on an error that no
  * retry can fix. Its retries of the errors a restarting broker answers are exercised by
  * test/relay/broker-restart.test.ts (topics created while the broker comes back).
  */
 import { describe, expect, it } from 'vitest';
 import { isOutboxkitError } from '../../src/errors.js';
-import { ensureTopics } from '../../src/kafka-topics.js';
+import { ensureTopics } from '../../src/kafka/topics.js';
 import { spawnCli } from '../helpers/processes.js';
 import { randomName, testKafka } from '../helpers/kafka.js';
 

@@ -1,5 +1,5 @@
 /**
- * applyKafkajsRequestQueueFix() (src/kafkajs-fix.ts) against the real broker, each side in a
+ * applyKafkajsRequestQueueFix() (src/kafka/kafkajs/fix.ts) against the real broker, each side in a
  * process of its own: stock kafkajs 2.2.4 runs a connection's pending-requests check about every
  * millisecond while idle (and Node 24 warns each time); with the fix it does not, and the client
  * still sends after the idle period.

@@ -17,7 +17,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel, type Producer, type Transaction } from 'kafkajs';
 import pg from 'pg';
 import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
-import { kafkaErrorType } from '../../src/kafka-errors.js';
+import { kafkaErrorType } from '../../src/kafka/kafkajs/errors.js';
 import { createKafkajsProducer, type RelayProducer } from '../../relay/index.js';
 import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { laneOf } from '../../src/outbox/event.js';

@@ -2,13 +2,12 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { inspect } from 'node:util';
-import { CompressionTypes } from 'kafkajs';
 import type pg from 'pg';
 import type { DedupConsumerOptions } from '../../consumer/options.js';
 import type { RelayOptions } from '../../relay/relay.js';
 import { describe, expect, it } from 'vitest';
 import { isOutboxkitError, type InvalidKafkaConfigError } from '../../src/errors.js';
-import { kafkaConfigFromEnv, resolveKafkaConfig, type ResolveKafkaConfigOptions } from '../../src/kafka-config.js';
+import { kafkaConfigFromEnv, resolveKafkaConfig, type ResolveKafkaConfigOptions } from '../../src/kafka/config.js';
 
 const SECRET = 'S3cr3t-pa55word-never-shown';
 const dir = mkdtempSync(path.join(tmpdir(), 'outboxkit-kafka-config-'));
@@ -42,7 +41,7 @@ describe('resolveKafkaConfig: defaults and precedence', () => {
     expect(r.kafkaConfig.ssl).toBe(false);
     expect(r.kafkaConfig.sasl).toBeUndefined();
     expect(r.kafkaConfig.connectionTimeout).toBe(3_000);
-    expect(r.producer).toEqual({ compression: CompressionTypes.None, requestTimeoutMs: 30_000, retries: 5 });
+    expect(r.producer).toEqual({ compression: 'none', requestTimeoutMs: 30_000, retries: 5 });
     expect(r.consumer).toEqual({});
     expect(r.warnings).toEqual([]);
   });
@@ -63,7 +62,7 @@ describe('resolveKafkaConfig: defaults and precedence', () => {
     expect(r.kafkaConfig.clientId).toBe('from-flag');
     expect(r.kafkaConfig.brokers).toEqual(['env:1', 'env:2']);
     expect(r.kafkaConfig.requestTimeout).toBe(1_111);
-    expect(r.producer.compression).toBe(CompressionTypes.GZIP);
+    expect(r.producer.compression).toBe('gzip');
     expect(r.description.configFile).toBe(cfg);
     // Without the env layer the file wins over the default.
     expect(resolve({ env: { KAFKA_CONFIG_FILE: cfg } }).kafkaConfig.brokers).toEqual(['file:1']);

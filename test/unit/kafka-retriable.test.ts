@@ -1,6 +1,6 @@
 import { KafkaJSAggregateError, KafkaJSNumberOfRetriesExceeded, KafkaJSProtocolError } from 'kafkajs';
 import { describe, expect, it } from 'vitest';
-import { isRetriableKafkaError } from '../../src/kafka-topics.js';
+import { isRetriableKafkaError } from '../../src/kafka/kafkajs/errors.js';
 
 // kafkajs builds protocol errors from the protocol's error table (`retriable` included).
 const protocolError = (type: string, retriable: boolean) =>

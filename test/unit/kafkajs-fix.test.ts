@@ -1,5 +1,5 @@
 /**
- * The replacement of kafkajs' RequestQueue#scheduleCheckPendingRequests (src/kafkajs-fix.ts): on
+ * The replacement of kafkajs' RequestQueue#scheduleCheckPendingRequests (src/kafka/kafkajs/fix.ts): on
  * plain objects with fake timers (it schedules a check whenever one has work to do), then on a real
  * kafkajs RequestQueue driven through its public methods (every request is sent, through the
  * in-flight limit, a request timeout and broker throttling, and no timer is left armed when idle).
@@ -7,7 +7,7 @@
  */
 import { createRequire } from 'node:module';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { applyKafkajsRequestQueueFix } from '../../src/kafkajs-fix.js';
+import { applyKafkajsRequestQueueFix } from '../../src/kafka/kafkajs/fix.js';
 
 interface Queue {
   throttledUntil: number;

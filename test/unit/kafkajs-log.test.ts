@@ -1,6 +1,6 @@
 import { logLevel } from 'kafkajs';
 import { describe, expect, it } from 'vitest';
-import { kafkajsLogCreator } from '../../cli/shared.js';
+import { kafkajsLogCreator } from '../../src/kafka/kafkajs/log.js';
 import type { Logger } from '../../src/logger.js';
 
 describe('kafkajs logs through the CLI logger', () => {

@@ -25,7 +25,7 @@ import { operationRoute, resolveLeaseRoute, resolveRoute } from '../../src/http/
 import * as express from '../../src/http/express.js';
 import * as fastify from '../../src/http/fastify.js';
 import { Relay, createRelay, resolveRelayOptions, type RelayOptions } from '../../relay/relay.js';
-import { createKafkajsProducer } from '../../relay/producer.js';
+import { createKafkajsProducer } from '../../src/kafka/kafkajs/producer.js';
 import { relayReadiness } from '../../relay/metrics.js';
 
 const UNREACHABLE = 'postgres://127.0.0.1:1/x';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { recordBytes, splitByTopicLimit } from '../../../relay/topic-limits.js';
-import type { OutboundRecord } from '../../../relay/producer.js';
+import { recordBytes, splitByTopicLimit } from '../../../src/kafka/topic-limits.js';
+import type { OutboundRecord } from '../../../src/kafka/types.js';
 
 const rec = (topic: string, key: string, bytes: number): OutboundRecord => ({
   topic,

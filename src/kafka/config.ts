@@ -18,9 +18,10 @@
  */
 import { readFileSync } from 'node:fs';
 import { inspect } from 'node:util';
-import { CompressionTypes, type KafkaConfig, type SASLOptions } from 'kafkajs';
 import { z } from 'zod';
-import { InvalidKafkaConfigError } from './errors.js';
+import { InvalidKafkaConfigError } from '../errors.js';
+// Types only (erased): this module loads no kafkajs, so the package root can re-export it.
+import type { KafkaConfig, SASLOptions } from './kafkajs/client.js';
 
 /** SASL mechanisms outboxkit configures (kafkajs names, lower case). */
 export const KAFKA_SASL_MECHANISMS = ['plain', 'scram-sha-256', 'scram-sha-512'] as const;
@@ -56,8 +57,8 @@ export const KAFKA_CONFIG_DEFAULTS = Object.freeze({
 
 /**
  * Producer settings the relay's guarantees rest on (see `SAFE_PRODUCER_CONFIG` in
- * relay/producer.ts): they cannot be changed, and a file key or environment variable that tries is
- * rejected rather than silently ignored. The listed value is the only one accepted.
+ * src/kafka/kafkajs/producer.ts): they cannot be changed, and a file key or environment variable
+ * that tries is rejected rather than silently ignored. The listed value is the only one accepted.
  */
 const LOCKED_PRODUCER_SETTINGS = {
   idempotent: { env: 'KAFKA_PRODUCER_IDEMPOTENT', safe: [true, 'true'], shown: 'true' },
@@ -300,8 +301,8 @@ export interface ResolveKafkaConfigOptions {
 
 /** Producer settings for the relay (`RelayOptions.producerOptions`). */
 export interface KafkaProducerSettings {
-  /** Record batch compression. @defaultValue CompressionTypes.None */
-  compression: CompressionTypes;
+  /** Record batch compression (the producer maps the name to its client's codec). @defaultValue 'none' */
+  compression: KafkaCompression;
   /** Broker-side acknowledgement timeout of one produce request, in ms. @defaultValue 30_000 */
   requestTimeoutMs: number;
   /** kafkajs retries inside one send before it fails. @defaultValue 5 */
@@ -335,8 +336,9 @@ export interface RedactedKafkaConfig {
 /** The result of {@link resolveKafkaConfig}. */
 export interface ResolvedKafkaConfig {
   /**
-   * For `new Kafka(kafkaConfig)` (add `logLevel`/`logCreator` as you like). It holds the secrets;
-   * JSON.stringify, pino and `util.inspect` show {@link description} instead.
+   * For `createKafkajsClient(kafkaConfig, { logger })` (outboxkit/kafka) or `new Kafka(kafkaConfig)`
+   * (add `logLevel`/`logCreator` as you like). It holds the secrets; JSON.stringify, pino and
+   * `util.inspect` show {@link description} instead.
    */
   kafkaConfig: KafkaConfig;
   /** For the relay: `new Relay({ kafka, producerOptions: resolved.producer })`. */
@@ -646,7 +648,7 @@ export function resolveKafkaConfig(options: ResolveKafkaConfigOptions = {}): Res
   }
   const compressionName = get<KafkaCompression>('producer.compression') ?? KAFKA_CONFIG_DEFAULTS.producerCompression;
   const producer: KafkaProducerSettings = {
-    compression: compressionName === 'gzip' ? CompressionTypes.GZIP : CompressionTypes.None,
+    compression: compressionName,
     requestTimeoutMs: get<number>('producer.requestTimeoutMs') ?? KAFKA_CONFIG_DEFAULTS.producerRequestTimeoutMs,
     retries: get<number>('producer.retries') ?? KAFKA_CONFIG_DEFAULTS.producerRetries,
   };

@@ -1,5 +1,6 @@
 /**
- * Creating Kafka topics that the relay and the consumers expect (they never auto-create one).
+ * Creating Kafka topics that the relay and the consumers expect (they never auto-create one),
+ * through a {@link KafkaClient}'s admin.
  *
  * kafkajs's `admin.createTopics` does not retry the errors a cluster answers right after a broker
  * starts or restarts, or under load, although Kafka marks them retriable: UNKNOWN_TOPIC_OR_PARTITION
@@ -7,24 +8,11 @@
  * LEADER_NOT_AVAILABLE, REQUEST_TIMED_OUT, a refused connection. {@link ensureTopics} retries the
  * whole step (connect, create, wait for every partition's leader) with p-retry.
  */
-import type { ITopicConfig, Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
-import { InvalidOptionsError } from './errors.js';
-import { applyKafkajsRequestQueueFix } from './kafkajs-fix.js';
-import { KAFKA_TOPIC_NAME } from './outbox/event.js';
-
-/**
- * Whether a kafkajs error may pass on a later attempt: its `retriable` flag (kafkajs sets it from
- * the Kafka protocol's error table, and on connection errors), the cause of a
- * KafkaJSNumberOfRetriesExceeded (the client's own retries spent on a retriable error), or every
- * error of a KafkaJSAggregateError being retriable (CreateTopics answers per topic).
- */
-export function isRetriableKafkaError(err: unknown): boolean {
-  const e = err as { retriable?: unknown; name?: unknown; errors?: unknown; cause?: unknown } | null;
-  if (e?.retriable === true) return true;
-  if (e?.name === 'KafkaJSNumberOfRetriesExceeded') return isRetriableKafkaError(e.cause);
-  return e?.name === 'KafkaJSAggregateError' && Array.isArray(e.errors) && e.errors.every(isRetriableKafkaError);
-}
+import { InvalidOptionsError } from '../errors.js';
+import { KAFKA_TOPIC_NAME } from '../outbox/event.js';
+import { kafkaClientOf, type Kafka } from './kafkajs/client.js';
+import type { KafkaClient, TopicSpec } from './types.js';
 
 /** Some topics are still missing a partition or a partition leader after CreateTopics. */
 class TopicsNotReadyError extends Error {
@@ -51,12 +39,14 @@ export interface EnsureTopicsResult {
  * Creates those of `topics` that do not exist (an existing topic is left as it is, whatever its
  * partitions or settings) and waits until every topic has its partitions, each with a leader.
  * Each attempt (connect, list, create, read the metadata) is retried on a retriable error
- * ({@link isRetriableKafkaError}) with exponential backoff, 200 ms doubling to 2 s, p-retry.
+ * ({@link KafkaClient.isRetriable}; with kafkajs, `isRetriableKafkaError`) with exponential
+ * backoff, 200 ms doubling to 2 s, p-retry.
  *
- * @param kafka - a kafkajs client (its admin is connected and disconnected here).
- * @param topics - kafkajs topic configs: `topic`, `numPartitions` (omitted: the broker's
- *   `num.partitions`), `replicationFactor` (omitted: the broker's `default.replication.factor`),
- *   `configEntries`.
+ * @param kafka - a kafkajs `Kafka` instance (made into a client by `createKafkajsClient`) or a
+ *   {@link KafkaClient}; an admin of it is connected and disconnected here.
+ * @param topics - topic specs (kafkajs's `ITopicConfig` fits): `topic`, `numPartitions` (omitted:
+ *   the broker's `num.partitions`), `replicationFactor` (omitted: the broker's
+ *   `default.replication.factor`), `configEntries`.
  * @throws {@link InvalidOptionsError} before anything is sent: an illegal topic name, a partition
  *   count or replication factor that is not a positive integer, or one topic given twice with
  *   different settings (the same one twice is asked once).
@@ -66,37 +56,36 @@ export interface EnsureTopicsResult {
  *   defaults, about 10 s per attempt) on each of these attempts: about a minute in all.
  */
 export async function ensureTopics(
-  kafka: Kafka,
-  topics: ITopicConfig[],
+  kafka: Kafka | KafkaClient,
+  topics: TopicSpec[],
   options: EnsureTopicsOptions = {},
 ): Promise<EnsureTopicsResult> {
-  applyKafkajsRequestQueueFix();
   topics = checkTopics(topics);
+  const client = kafkaClientOf(kafka);
   const names = topics.map((t) => t.topic);
   let existing: Set<string> | undefined;
   // Topics this call created (across attempts: a retried attempt must not count them as found).
   const created = new Set<string>();
   await pRetry(
     async () => {
-      const admin = kafka.admin();
+      const admin = client.admin();
       await admin.connect();
       try {
         // What existed before the first attempt that listed.
         existing ??= new Set((await admin.listTopics()).filter((t) => names.includes(t)));
         const missing = topics.filter((t) => !existing!.has(t.topic));
-        // One request per topic: kafkajs resolves false when the topic exists, but fails the whole
-        // request when only some of its topics exist. Another process creating the same topics at
-        // the same time (two services starting) then makes the topic "existing", not an error.
+        // One request per topic. Another process creating the same topics at the same time (two
+        // services starting) then makes the topic "existing", not an error.
         for (const t of missing) {
           if (created.has(t.topic)) continue;
-          if (await admin.createTopics({ waitForLeaders: true, topics: [t] })) created.add(t.topic);
+          if ((await admin.createTopic(t)) === 'created') created.add(t.topic);
         }
         // kafkajs does not wait for the leaders of a topic it did not create: check them all here.
-        const { topics: metadata } = await admin.fetchTopicMetadata({ topics: names });
+        const metadata = await admin.describeTopics(names);
         for (const t of missing) {
           const partitions = metadata.find((m) => m.name === t.topic)?.partitions ?? [];
           const wanted = Math.max(1, t.numPartitions ?? 1);
-          if (partitions.length < wanted || partitions.some((p) => p.leader < 0)) {
+          if (partitions.length < wanted || partitions.some((p) => p.leader === null)) {
             throw new TopicsNotReadyError(
               `topic ${t.topic}: ${partitions.length} of ${wanted} partitions with leaders`,
             );
@@ -111,17 +100,17 @@ export async function ensureTopics(
       minTimeout: 200,
       maxTimeout: 2_000,
       factor: 2,
-      shouldRetry: ({ error }) => isRetriableKafkaError(error),
+      shouldRetry: ({ error }) => error instanceof TopicsNotReadyError || client.isRetriable(error),
     },
   );
   return { created: names.filter((n) => created.has(n)), existing: names.filter((n) => !created.has(n)) };
 }
 
 /** Validates `topics` (see {@link ensureTopics}) and drops repeats of one topic. */
-function checkTopics(topics: ITopicConfig[]): ITopicConfig[] {
+function checkTopics(topics: TopicSpec[]): TopicSpec[] {
   if (!Array.isArray(topics))
     throw new InvalidOptionsError('topics must be an array of { topic, numPartitions?, ... }.');
-  const byName = new Map<string, ITopicConfig>();
+  const byName = new Map<string, TopicSpec>();
   for (const t of topics) {
     const name: unknown = t?.topic;
     if (typeof name !== 'string' || !KAFKA_TOPIC_NAME.test(name) || name === '.' || name === '..') {

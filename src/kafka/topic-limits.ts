@@ -4,29 +4,21 @@
  * every message in it is small. The relay reads that limit once per topic and splits its sends so
  * that no send carries more than a safe share of it for one topic; a split never reorders a key.
  */
-import type { Admin } from 'kafkajs';
-import type { OutboundRecord } from './producer.js';
+import type { KafkaAdmin, OutboundRecord } from './types.js';
 
 /** Kafka's default `message.max.bytes` (broker) and `max.message.bytes` (topic): 1,048,588 bytes. */
 export const KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588;
-
-/** kafkajs' `ConfigResourceTypes.TOPIC` (not an ESM named export of the CommonJS package). */
-const TOPIC_RESOURCE = 2;
 
 /** Room left for the record batch header and per-record overhead, in bytes per record. */
 const RECORD_OVERHEAD_BYTES = 70;
 
 /** Reads `max.message.bytes` of each topic. Topics it cannot read get Kafka's default. */
-export async function readTopicLimits(admin: Admin, topics: readonly string[]): Promise<Map<string, number>> {
+export async function readTopicLimits(admin: KafkaAdmin, topics: readonly string[]): Promise<Map<string, number>> {
   const limits = new Map<string, number>();
   if (topics.length === 0) return limits;
-  const { resources } = await admin.describeConfigs({
-    includeSynonyms: false,
-    resources: topics.map((name) => ({ type: TOPIC_RESOURCE, name, configNames: ['max.message.bytes'] })),
-  });
-  for (const r of resources) {
-    const v = Number(r.configEntries.find((e) => e.configName === 'max.message.bytes')?.configValue);
-    limits.set(r.resourceName, Number.isFinite(v) && v > 0 ? v : KAFKA_DEFAULT_MAX_MESSAGE_BYTES);
+  for (const [topic, configs] of await admin.describeTopicConfigs(topics, ['max.message.bytes'])) {
+    const v = Number(configs['max.message.bytes']);
+    limits.set(topic, Number.isFinite(v) && v > 0 ? v : KAFKA_DEFAULT_MAX_MESSAGE_BYTES);
   }
   return limits;
 }

@@ -1,0 +1,86 @@
+/**
+ * kafkajs's errors in outboxkit's terms. Errors are recognised by kafkajs's protocol error `type`
+ * (the Kafka protocol's error name) and class `name`, never by message text. No run-time import of
+ * kafkajs: the package root re-exports {@link isRetriableKafkaError} without loading it.
+ *
+ * A record's fault (the record is too large, its topic is missing or forbidden) is told from the
+ * connection's or the cluster's (broker down, leader moving, timeouts): in the relay only the first
+ * kind counts against a row's attempts and can park it, since a broker outage must never park
+ * healthy events. The dedup consumer reads the same distinction for its dead-letter sends.
+ */
+import type { KafkaFailure } from '../types.js';
+
+/** Kafka protocol error types that are a property of the record or its topic. */
+export const RECORD_ERROR_TYPES = new Set([
+  'MESSAGE_TOO_LARGE',
+  'RECORD_LIST_TOO_LARGE',
+  'INVALID_RECORD',
+  'CORRUPT_MESSAGE',
+  'UNKNOWN_TOPIC_OR_PARTITION',
+  'TOPIC_AUTHORIZATION_FAILED',
+  'INVALID_TOPIC_EXCEPTION',
+  'POLICY_VIOLATION',
+  'INVALID_REQUIRED_ACKS',
+]);
+
+/** The protocol error type of `err` or of an error it wraps, if any. */
+export function kafkaErrorType(err: unknown): string | undefined {
+  const seen = new Set<unknown>();
+  let current: unknown = err;
+  while (current && typeof current === 'object' && !seen.has(current)) {
+    seen.add(current);
+    const type = (current as { type?: unknown }).type;
+    if (typeof type === 'string') return type;
+    const next = current as { cause?: unknown; originalError?: unknown; errors?: unknown[] };
+    current = next.cause ?? next.originalError ?? next.errors?.[0];
+  }
+  return undefined;
+}
+
+/**
+ * True when `err` is about the records sent, not the connection. kafkajs wraps some of these (a
+ * missing topic comes as KafkaJSNumberOfRetriesExceeded whose `cause` has the type), so the
+ * chain of causes is followed.
+ */
+export function isRecordError(err: unknown): boolean {
+  const type = kafkaErrorType(err);
+  return type !== undefined && RECORD_ERROR_TYPES.has(type);
+}
+
+/** The {@link KafkaFailure} of a failed kafkajs send (or of what a `RelayProducer` rejected with). */
+export function failureOf(err: unknown): KafkaFailure {
+  const code = kafkaErrorType(err);
+  return {
+    kind: isRecordError(err) ? 'record' : 'broker',
+    ...(code === undefined ? {} : { code }),
+    error: err instanceof Error ? err : new Error(String(err), { cause: err }),
+  };
+}
+
+/**
+ * Whether a kafkajs error may pass on a later attempt: its `retriable` flag (kafkajs sets it from
+ * the Kafka protocol's error table, and on connection errors), the cause of a
+ * KafkaJSNumberOfRetriesExceeded (the client's own retries spent on a retriable error), or every
+ * error of a KafkaJSAggregateError being retriable (CreateTopics answers per topic).
+ */
+export function isRetriableKafkaError(err: unknown): boolean {
+  const e = err as { retriable?: unknown; name?: unknown; errors?: unknown; cause?: unknown } | null;
+  if (e?.retriable === true) return true;
+  if (e?.name === 'KafkaJSNumberOfRetriesExceeded') return isRetriableKafkaError(e.cause);
+  return e?.name === 'KafkaJSAggregateError' && Array.isArray(e.errors) && e.errors.every(isRetriableKafkaError);
+}
+
+/** kafkajs error types (Kafka protocol errors) that mean this member may lose its partitions. */
+const MEMBERSHIP_LOST = new Set([
+  'REBALANCE_IN_PROGRESS',
+  'ILLEGAL_GENERATION',
+  'UNKNOWN_MEMBER_ID',
+  'NOT_COORDINATOR_FOR_GROUP',
+  'FENCED_INSTANCE_ID',
+]);
+
+/** True when a heartbeat error means the group is rebalancing or this member left it. */
+export function losesPartitions(err: unknown): boolean {
+  const type = (err as { type?: unknown } | null)?.type;
+  return typeof type === 'string' && MEMBERSHIP_LOST.has(type);
+}

@@ -1,0 +1,239 @@
+/**
+ * The kafkajs {@link KafkaProducer}: idempotent, acks=all, one request in flight, sends serialised,
+ * every record of a send given the send's outcome. Also the producer of before the Kafka boundary
+ * (`createKafkajsProducer`, `RelayProducer`), kept as deprecated aliases of `outboxkit/relay`.
+ */
+import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
+import { refuseUnknownOptions } from '../../errors.js';
+import { throwIfFailed } from '../outcomes.js';
+import {
+  PRODUCER_SETTING_NAMES,
+  type CompressionCodec,
+  type KafkaAdmin,
+  type KafkaClient,
+  type KafkaFailure,
+  type KafkaProducer,
+  type OutboundRecord,
+  type ProducerMessage,
+  type ProducerSettings,
+  type SendResult,
+} from '../types.js';
+import { kafkajsAdmin } from './admin.js';
+import { failureOf } from './errors.js';
+
+/**
+ * The producer settings the relay's guarantees depend on; user settings cannot override them.
+ * - `idempotence: true` with `acks: -1` (all in-sync replicas): no duplicates from internal
+ *   retries, no loss on leader change.
+ * - `maxInFlightRequests: 1`: kafkajs allows unlimited in-flight requests by default, which can
+ *   reorder batches of one partition on retry.
+ * - finite `retry.retries`: with idempotence kafkajs otherwise retries almost forever, so a
+ *   failure never surfaces to the relay (which rebuilds the producer and backs off instead).
+ */
+export const SAFE_PRODUCER_CONFIG = Object.freeze({
+  idempotent: true,
+  maxInFlightRequests: 1,
+  allowAutoTopicCreation: false,
+} satisfies ProducerConfig);
+
+/** kafkajs's codec of each name (its `CompressionTypes` are Kafka's codec ids). */
+const CODECS: Record<CompressionCodec, CompressionTypes> = {
+  none: CompressionTypes.None,
+  gzip: CompressionTypes.GZIP,
+  snappy: CompressionTypes.Snappy,
+  lz4: CompressionTypes.LZ4,
+  zstd: CompressionTypes.ZSTD,
+};
+
+/**
+ * A kafkajs-backed {@link KafkaProducer} (see {@link KafkaClient.producer}). Java-compatible
+ * murmur2 partitioner (a key lands where a Java producer would put it). A failed send fails every
+ * one of its records with the same {@link KafkaFailure}: kafkajs fails a request as a whole.
+ *
+ * @throws {@link InvalidOptionsError} naming an unknown setting (before creating the producer).
+ */
+export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): KafkaProducer {
+  refuseUnknownOptions(settings ?? {}, PRODUCER_SETTING_NAMES, 'producer');
+  const { retries = 5, retryInitialMs, retryMaxMs, requestTimeoutMs = 30_000, compression = 'none', onSend } = settings;
+  const producer: Producer = kafka.producer({
+    ...SAFE_PRODUCER_CONFIG,
+    // Java-compatible murmur2 of the key: the same partition a Java producer would choose. Naming it
+    // also spares every start kafkajs's "v2.0.0 switched default partitioner" warning.
+    createPartitioner: Partitioners.DefaultPartitioner,
+    // The client's own retry timing unless the caller sets it (kafkajs merges the two).
+    retry: {
+      retries,
+      ...(retryInitialMs === undefined ? {} : { initialRetryTime: retryInitialMs }),
+      ...(retryMaxMs === undefined ? {} : { maxRetryTime: retryMaxMs }),
+    },
+  });
+  const codec = typeof compression === 'number' ? compression : CODECS[compression];
+  const probes = prober(() => kafkajsAdmin(kafka));
+  let tail: Promise<unknown> = Promise.resolve();
+
+  return {
+    connect: () => producer.connect(),
+    async disconnect() {
+      const closing = probes.close();
+      try {
+        await producer.disconnect();
+      } finally {
+        await closing;
+      }
+    },
+    probe: () => probes.probe(),
+    send(records) {
+      const run = async (): Promise<SendResult> => {
+        const byTopic = new Map<string, ProducerMessage[]>();
+        for (const r of records) {
+          let list = byTopic.get(r.topic);
+          if (!list) byTopic.set(r.topic, (list = []));
+          list.push({
+            key: r.key,
+            value: r.value,
+            headers: r.headers,
+            ...(r.partition === undefined ? {} : { partition: r.partition }),
+          });
+        }
+        const began = performance.now();
+        let failure: KafkaFailure | undefined;
+        try {
+          await producer.sendBatch({
+            acks: -1,
+            timeout: requestTimeoutMs,
+            compression: codec,
+            topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
+          });
+        } catch (err) {
+          failure = failureOf(err);
+        }
+        try {
+          onSend?.({ records: records.length, durationMs: performance.now() - began, ok: failure === undefined });
+        } catch {
+          // metrics must never fail a send
+        }
+        return { outcomes: records.map(() => (failure ? { ok: false, failure } : { ok: true })) };
+      };
+      const result = tail.then(run, run);
+      tail = result.catch(() => undefined);
+      return result;
+    },
+  };
+}
+
+/**
+ * The probes of a producer that cannot ask the cluster itself: through an admin client, connected
+ * on the first probe and kept for the next ones. After a failed probe it is dropped (the next probe
+ * gets a new one) and disconnected once its request settled: a disconnect during its connect could
+ * leave a connection behind.
+ */
+function prober(makeAdmin: () => KafkaAdmin): { probe(): Promise<void>; close(): Promise<void> } {
+  let admin: KafkaAdmin | undefined;
+  /** The probe in flight, settled (never rejects), until it settles. */
+  let asking: Promise<unknown> | undefined;
+  const disconnectAfter = (a: KafkaAdmin, settled: Promise<unknown>) =>
+    void settled.then(() => a.disconnect().catch(() => undefined));
+  return {
+    probe() {
+      const a = (admin ??= makeAdmin());
+      const asked = a.connect().then(() => a.probe());
+      const settled = asked.catch(() => undefined);
+      asking = settled;
+      void settled.then(() => {
+        if (asking === settled) asking = undefined;
+      });
+      return asked.catch((err: unknown) => {
+        if (admin === a) admin = undefined;
+        disconnectAfter(a, settled);
+        throw err;
+      });
+    },
+    async close() {
+      const a = admin;
+      admin = undefined;
+      if (!a) return;
+      if (asking) disconnectAfter(a, asking);
+      else await a.disconnect().catch(() => undefined);
+    },
+  };
+}
+
+// ------------------------------------------------------------------------------------------------
+// Before the Kafka boundary: the relay's own producer interface, kept for existing callers.
+// ------------------------------------------------------------------------------------------------
+
+/**
+ * What the relay needed from a Kafka producer before {@link KafkaProducer}: a send that resolves
+ * when every record was acknowledged and rejects otherwise (some may have been written then: the
+ * relay republishes them, at least once). The relay still takes one (`RelayOptions.producer`) and
+ * reads a rejection as kafkajs's: a record's fault or the broker's, by its error type.
+ */
+export interface RelayProducer {
+  connect(): Promise<void>;
+  send(records: readonly OutboundRecord[]): Promise<void>;
+  disconnect(): Promise<void>;
+}
+
+/** Settings of {@link createKafkajsProducer} users may tune (the safety settings are not among them). */
+export type KafkajsProducerOptions = Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression' | 'onSend'>;
+
+/** Every option name of {@link KafkajsProducerOptions}; the compiler keeps it in step with the type. */
+export const KAFKAJS_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
+  requestTimeoutMs: true,
+  retries: true,
+  compression: true,
+  onSend: true,
+} satisfies Record<keyof KafkajsProducerOptions, true>);
+
+/**
+ * The relay's kafkajs retry timing inside one send: 100 ms doubling to 2 s. A broker gone for
+ * seconds fails the send within the relay's `brokerTimeoutMs`, and the relay backs off itself.
+ */
+export const RELAY_PRODUCER_RETRY = Object.freeze({ retryInitialMs: 100, retryMaxMs: 2_000 });
+
+/**
+ * A kafkajs-backed {@link RelayProducer}: {@link kafkajsProducer} with the relay's retry timing,
+ * whose send rejects with kafkajs's error when a record was not acknowledged.
+ *
+ * @deprecated use `createKafkajsClient(kafka).producer(settings)` from `outboxkit/kafka`, whose
+ *   send reports an outcome per record.
+ * @throws {@link InvalidOptionsError} naming an unknown option name (before creating the producer).
+ */
+export function createKafkajsProducer(kafka: Kafka, options: KafkajsProducerOptions = {}): RelayProducer {
+  refuseUnknownOptions(options ?? {}, KAFKAJS_PRODUCER_OPTION_NAMES, 'createKafkajsProducer');
+  const producer = kafkajsProducer(kafka, { ...options, ...RELAY_PRODUCER_RETRY });
+  return {
+    connect: () => producer.connect(),
+    disconnect: () => producer.disconnect(),
+    send: async (records) => throwIfFailed(await producer.send(records)),
+  };
+}
+
+/**
+ * A {@link RelayProducer} as a {@link KafkaProducer}: a rejected send fails every record with the
+ * rejection read as kafkajs's ({@link failureOf}). It probes through `client`'s admin, if given.
+ */
+export function fromRelayProducer(producer: RelayProducer, client?: KafkaClient): KafkaProducer {
+  const probes = client ? prober(() => client.admin()) : undefined;
+  return {
+    connect: () => producer.connect(),
+    async disconnect() {
+      const closing = probes?.close();
+      try {
+        await producer.disconnect();
+      } finally {
+        await closing;
+      }
+    },
+    ...(probes ? { probe: () => probes.probe() } : {}),
+    async send(records) {
+      let failure: KafkaFailure | undefined;
+      try {
+        await producer.send(records as readonly OutboundRecord[]);
+      } catch (err) {
+        failure = failureOf(err);
+      }
+      return { outcomes: records.map(() => (failure ? { ok: false, failure } : { ok: true })) };
+    },
+  };
+}

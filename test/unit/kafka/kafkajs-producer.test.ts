@@ -1,0 +1,179 @@
+/**
+ * The kafkajs adapter's producer (src/kafka/kafkajs/producer.ts) as pure mapping logic, over a
+ * fake kafkajs `Kafka` that records what it is asked: the safety settings, the compression codec
+ * by name or by id, an outcome per record (every record of a failed request gets its failure,
+ * classified by kafkajs's error type), serialised sends, the deprecated `createKafkajsProducer`
+ * rejecting as before, and a `RelayProducer` wrapped. The real broker runs them in test/relay/.
+ */
+import { CompressionTypes, KafkaJSNumberOfRetriesExceeded, KafkaJSProtocolError } from 'kafkajs';
+import { describe, expect, it } from 'vitest';
+import { isOutboxkitError } from '../../../src/errors.js';
+import { createKafkajsProducer, fromRelayProducer, kafkajsProducer } from '../../../src/kafka/kafkajs/producer.js';
+import type { Kafka } from '../../../src/kafka/kafkajs/client.js';
+import type { OutboundRecord } from '../../../src/kafka/types.js';
+
+interface SendBatchCall {
+  acks: number;
+  timeout: number;
+  compression: number;
+  topicMessages: { topic: string; messages: { key: unknown; value: unknown; partition?: number }[] }[];
+}
+
+/** A fake kafkajs client whose producer's sendBatch runs `answer`. */
+function fakeKafka(answer: (call: SendBatchCall) => Promise<unknown> = async () => []) {
+  const producerConfigs: Record<string, unknown>[] = [];
+  const calls: SendBatchCall[] = [];
+  const kafka = {
+    producer(config: Record<string, unknown>) {
+      producerConfigs.push(config);
+      return {
+        connect: async () => {},
+        disconnect: async () => {},
+        sendBatch: (call: SendBatchCall) => {
+          calls.push(call);
+          return answer(call);
+        },
+      };
+    },
+    admin: () => ({ connect: async () => {}, disconnect: async () => {}, describeCluster: async () => ({}) }),
+    consumer: () => ({}),
+  } as unknown as Kafka;
+  return { kafka, producerConfigs, calls };
+}
+
+const record = (topic: string, key: string | null = 'k'): OutboundRecord => ({
+  topic,
+  key,
+  value: Buffer.from('v'),
+  headers: { h: '1' },
+});
+
+const protocolError = (type: string) =>
+  new KafkaJSProtocolError({ message: type, type, code: 0, retriable: false } as never);
+
+describe('the kafkajs producer', () => {
+  it('is idempotent with one request in flight, no topic auto-creation and finite retries', () => {
+    const { kafka, producerConfigs } = fakeKafka();
+    kafkajsProducer(kafka, { retries: 3, retryInitialMs: 100, retryMaxMs: 2_000 });
+    kafkajsProducer(kafka, {});
+    expect(producerConfigs[0]).toMatchObject({
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: false,
+      retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2_000 },
+    });
+    expect(typeof producerConfigs[0]!.createPartitioner).toBe('function');
+    // Without retry timings, the client's own apply (kafkajs merges them).
+    expect(producerConfigs[1]!.retry).toEqual({ retries: 5 });
+  });
+
+  it('sends acks=all with the codec named or given by id, and refuses an unknown setting', async () => {
+    const { kafka, calls } = fakeKafka();
+    await kafkajsProducer(kafka).send([record('a')]);
+    await kafkajsProducer(kafka, { compression: 'gzip', requestTimeoutMs: 1_234 }).send([record('a')]);
+    await kafkajsProducer(kafka, { compression: CompressionTypes.GZIP }).send([record('a')]);
+    expect(calls.map((c) => [c.acks, c.compression, c.timeout])).toEqual([
+      [-1, CompressionTypes.None, 30_000],
+      [-1, CompressionTypes.GZIP, 1_234],
+      [-1, CompressionTypes.GZIP, 30_000],
+    ]);
+    let err: unknown;
+    try {
+      kafkajsProducer(kafka, { compresion: 'gzip' } as never);
+    } catch (e) {
+      err = e;
+    }
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+  });
+
+  it('gives every record of a failed send its failure: a record error by its type, through kafkajs wrappers', async () => {
+    const tooLarge = protocolError('MESSAGE_TOO_LARGE');
+    const missing = new KafkaJSNumberOfRetriesExceeded(protocolError('UNKNOWN_TOPIC_OR_PARTITION'), {
+      retryCount: 5,
+      retryTime: 100,
+    });
+    const down = new Error('Connection error: ECONNREFUSED');
+    const answers = [tooLarge, missing, down];
+    const { kafka, calls } = fakeKafka(async () => {
+      throw answers.shift();
+    });
+    const producer = kafkajsProducer(kafka);
+    const a = await producer.send([record('t1'), record('t2', null), record('t1', 'other')]);
+    const b = await producer.send([record('t1')]);
+    const c = await producer.send([record('t1')]);
+    // One request per send, the records grouped by topic, in order.
+    expect(calls[0]!.topicMessages.map((t) => [t.topic, t.messages.map((m) => m.key)])).toEqual([
+      ['t1', ['k', 'other']],
+      ['t2', [null]],
+    ]);
+    expect(a.outcomes).toHaveLength(3);
+    for (const outcome of a.outcomes) {
+      expect(outcome).toEqual({ ok: false, failure: { kind: 'record', code: 'MESSAGE_TOO_LARGE', error: tooLarge } });
+    }
+    expect(b.outcomes).toEqual([
+      { ok: false, failure: { kind: 'record', code: 'UNKNOWN_TOPIC_OR_PARTITION', error: missing } },
+    ]);
+    expect(c.outcomes).toEqual([{ ok: false, failure: { kind: 'broker', error: down } }]);
+  });
+
+  it('acknowledged records are ok; sends are serialised; onSend says each one (a throw of it is ignored)', async () => {
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let inFlight = 0;
+    let most = 0;
+    const { kafka } = fakeKafka(async () => {
+      most = Math.max(most, ++inFlight);
+      await held;
+      inFlight--;
+      return [];
+    });
+    const sent: { records: number; ok: boolean }[] = [];
+    const producer = kafkajsProducer(kafka, {
+      onSend: ({ records, ok }) => {
+        sent.push({ records, ok });
+        throw new Error('metrics down');
+      },
+    });
+    const first = producer.send([record('a'), record('a')]);
+    const second = producer.send([record('a')]);
+    await new Promise((r) => setTimeout(r, 10));
+    release();
+    expect((await first).outcomes).toEqual([{ ok: true }, { ok: true }]);
+    expect((await second).outcomes).toEqual([{ ok: true }]);
+    expect(most).toBe(1);
+    expect(sent).toEqual([
+      { records: 2, ok: true },
+      { records: 1, ok: true },
+    ]);
+  });
+
+  it('createKafkajsProducer (deprecated) rejects with kafkajs’s error, as before', async () => {
+    const tooLarge = protocolError('MESSAGE_TOO_LARGE');
+    const { kafka, producerConfigs } = fakeKafka(async () => {
+      throw tooLarge;
+    });
+    const producer = createKafkajsProducer(kafka);
+    await expect(producer.send([record('a')])).rejects.toBe(tooLarge);
+    // The relay's retry timing inside one send.
+    expect(producerConfigs[0]!.retry).toEqual({ retries: 5, initialRetryTime: 100, maxRetryTime: 2_000 });
+  });
+
+  it('a RelayProducer: its rejection read as kafkajs’s for every record; no probe without a client', async () => {
+    const missing = Object.assign(new Error('gone'), { type: 'UNKNOWN_TOPIC_OR_PARTITION' });
+    let fail = true;
+    const wrapped = fromRelayProducer({
+      connect: async () => {},
+      disconnect: async () => {},
+      send: async () => {
+        if (fail) throw missing;
+      },
+    });
+    expect(wrapped.probe).toBeUndefined();
+    expect((await wrapped.send([record('a'), record('b')])).outcomes).toEqual([
+      { ok: false, failure: { kind: 'record', code: 'UNKNOWN_TOPIC_OR_PARTITION', error: missing } },
+      { ok: false, failure: { kind: 'record', code: 'UNKNOWN_TOPIC_OR_PARTITION', error: missing } },
+    ]);
+    fail = false;
+    expect((await wrapped.send([record('a')])).outcomes).toEqual([{ ok: true }]);
+  });
+});
