@@ -3,250 +3,43 @@
  *
  * How the work is divided: every event belongs to one of 64 lanes (by a hash of its key). A relay
  * holds a fair share of the lanes through leases kept in `relay_lanes` (database clock), each with
- * a fencing token that grows on every takeover. Only the holder of a lane publishes its events, so
- * each key has one active publisher; a relay that dies loses its lanes when its lease expires
- * (`leaseMs`), and the others take them over. A paused relay that wakes after losing a lane may
- * still send what it had read (a late duplicate), but it can no longer mark rows: the mark checks
- * the fencing token.
+ * a fencing token that grows on every takeover (./lanes.ts). Only the holder of a lane publishes
+ * its events, so each key has one active publisher; a relay that dies loses its lanes when its
+ * lease expires (`leaseMs`), and the others take them over. A paused relay that wakes after losing
+ * a lane may still send what it had read (a late duplicate), but it can no longer mark rows: the
+ * mark checks the fencing token.
+ *
+ * This file holds the relay's lifecycle (start, stop), its loop and its pass (read, send, mark).
+ * Its collaborators: ./lanes.ts (leases), ./broker-health.ts (the producer, failure streak,
+ * probes, stand-down), ./wake.ts (LISTEN wake-ups, sleeps), ./mark-queue.ts (marking off the
+ * latency path), ./sql.ts (the statements), ./options.ts.
  *
  * The relay needs a session-mode connection (a direct PostgreSQL connection, or PgBouncer in
  * session mode): LISTEN does not work through a transaction-pooling proxy.
  */
 import { EventEmitter } from 'node:events';
 import { hostname } from 'node:os';
-import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import type { Queryable } from '../src/database.js';
-import {
-  BrokerUnavailableError,
-  InvalidOptionsError,
-  LifecycleError,
-  TopicMissingError,
-  refuseUnknownOptions,
-  schemaMissingOr,
-} from '../src/errors.js';
+import { LifecycleError, TopicMissingError, schemaMissingOr } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
-import { DEFAULT_SCHEMA, OUTBOX_LANES } from '../src/constants.js';
-import { quoteSchema } from '../src/schema-name.js';
+import { quoteSchema, notifyChannel } from '../src/schema-name.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
-import { notifyChannel } from '../src/schema-name.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from '../src/kafka/topic-limits.js';
-import { createKafkajsClient, kafkaClientOf, type Kafka } from '../src/kafka/kafkajs/client.js';
-import { fromRelayProducer, RELAY_PRODUCER_RETRY, type RelayProducer } from '../src/kafka/kafkajs/producer.js';
+import { createKafkajsClient, kafkaClientOf } from '../src/kafka/kafkajs/client.js';
+import { fromRelayProducer, RELAY_PRODUCER_RETRY } from '../src/kafka/kafkajs/producer.js';
 import { firstFailure, throwIfFailed } from '../src/kafka/outcomes.js';
-import type { KafkaClient, KafkaFailure, KafkaProducer, OutboundRecord, ProducerSettings } from '../src/kafka/types.js';
+import type { KafkaClient, KafkaFailure, OutboundRecord } from '../src/kafka/types.js';
+import { BrokerHealth, noProducer, withDeadline } from './broker-health.js';
+import { Lanes, type LaneLease } from './lanes.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
+import { resolveRelayOptions, type RelayOptions, type ResolvedRelayOptions } from './options.js';
 import * as sql from './sql.js';
+import { Wake } from './wake.js';
 
-/** Options of {@link Relay}. */
-export interface RelayOptions {
-  /** PostgreSQL connection string (session mode). Required unless `pool` is given. */
-  connectionString?: string;
-  /** A pool to use instead of `connectionString`; outboxkit does not end it. */
-  pool?: pg.Pool;
-  /** Kafka brokers, `host:port`. Required unless `kafka` or `producer` is given. */
-  brokers?: string[];
-  /**
-   * A Kafka client to use instead of `brokers`: a kafkajs `Kafka` instance (made into a
-   * {@link KafkaClient} by `createKafkajsClient`), or a `KafkaClient` of outboxkit/kafka.
-   */
-  kafka?: Kafka | KafkaClient;
-  /**
-   * A producer to use instead of the client's (tests, other clients). Its `send` rejects when a
-   * record was not acknowledged; the rejection is read as kafkajs's (a record's fault or the
-   * broker's, by its error type).
-   */
-  producer?: RelayProducer;
-  /** Tunable settings of the producer (compression, timeouts, retries); never its safety settings. */
-  producerOptions?: Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression'>;
-  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
-  schema?: string;
-  /** This instance's id, shown in `outboxkit status`. @defaultValue `<hostname>-<pid>-<random>` */
-  relayId?: string;
-  /** Most rows read and published in one pass. @defaultValue 500 */
-  batchSize?: number;
-  /**
-   * Most payload bytes read in one pass (the first row always comes). Keep it below the topic's
-   * `max.message.bytes`: kafkajs puts one partition's messages in one record batch. @defaultValue 900_000
-   */
-  maxBatchBytes?: number;
-  /** Poll interval when no notification arrives, in ms. @defaultValue 1_000 */
-  pollIntervalMs?: number;
-  /** Wake on NOTIFY from writers (LISTEN on a dedicated connection). @defaultValue true */
-  listen?: boolean;
-  /** Lane lease length, in ms: how long a dead relay's lanes stay blocked. @defaultValue 10_000 */
-  leaseMs?: number;
-  /**
-   * Longest wait for Kafka, in ms: for a send's acknowledgement (kafkajs' own retries included), a
-   * producer's connect, and the probe of an idle relay (every third of a lease). Past it the broker
-   * counts as unreachable: the send fails with {@link BrokerUnavailableError} (its rows stay
-   * pending and go again: at least once), `producerConnected` and readiness turn false, the relay
-   * backs off and, after `leaseMs` of failing, stands down. Keep it below `leaseMs`, and above the
-   * slowest acknowledgement of a healthy cluster (acks=all). @defaultValue 5_000
-   */
-  brokerTimeoutMs?: number;
-  /** Backoff after a failed pass: first delay and cap, in ms (full jitter). @defaultValue 200, 10_000 */
-  retryInitialMs?: number;
-  retryMaxMs?: number;
-  /** Check at start that the topics of pending events exist. @defaultValue true */
-  verifyTopics?: boolean;
-  /**
-   * Publish attempts of one event that failed for a reason of its own (too large, topic missing)
-   * before it is parked; a broker outage never counts. @defaultValue 5
-   */
-  maxAttempts?: number;
-  /**
-   * Strict per-key order: while an event is in backoff or parked, the later events of its key
-   * wait behind it. `false` lets them go ahead (the parked event is then out of order if it is
-   * retried later). Events of other keys flow either way. @defaultValue true
-   */
-  holdKeyBehindFailure?: boolean;
-  /**
-   * How long published rows are kept before deletion, in ms. Never less than 65 min in effect
-   * (`EVENT_ID_REUSE_WINDOW_MS`): a published row refuses a reused explicit event id for as long
-   * as the writer would accept that id (docs/events.md, Event ids). @defaultValue 86_400_000 (24 h)
-   */
-  publishedRetentionMs?: number;
-  /** Interval of the retention cleanup, in ms (run by the holder of lane 0). @defaultValue 60_000 */
-  cleanupIntervalMs?: number;
-  /** Most rows deleted by one cleanup statement. @defaultValue 1_000 */
-  cleanupBatchSize?: number;
-  /** Logger. @defaultValue no-op */
-  logger?: Logger;
-}
-
-/** Resolved relay options. */
-export type ResolvedRelayOptions = Required<
-  Pick<
-    RelayOptions,
-    | 'schema'
-    | 'relayId'
-    | 'batchSize'
-    | 'maxBatchBytes'
-    | 'pollIntervalMs'
-    | 'listen'
-    | 'leaseMs'
-    | 'brokerTimeoutMs'
-    | 'retryInitialMs'
-    | 'retryMaxMs'
-    | 'verifyTopics'
-    | 'maxAttempts'
-    | 'holdKeyBehindFailure'
-    | 'publishedRetentionMs'
-    | 'cleanupIntervalMs'
-    | 'cleanupBatchSize'
-  >
->;
-
-/** Defaults of {@link RelayOptions}. */
-export const RELAY_DEFAULTS = Object.freeze({
-  schema: DEFAULT_SCHEMA,
-  batchSize: 500,
-  maxBatchBytes: 900_000,
-  pollIntervalMs: 1_000,
-  listen: true,
-  leaseMs: 10_000,
-  brokerTimeoutMs: 5_000,
-  retryInitialMs: 200,
-  retryMaxMs: 10_000,
-  verifyTopics: true,
-  maxAttempts: 5,
-  holdKeyBehindFailure: true,
-  publishedRetentionMs: 86_400_000,
-  cleanupIntervalMs: 60_000,
-  cleanupBatchSize: 1_000,
-});
-
-/** Every option name of {@link RelayOptions}; the compiler keeps it in step with the interface. */
-const RELAY_OPTION_NAMES: readonly string[] = Object.keys({
-  connectionString: true,
-  pool: true,
-  brokers: true,
-  kafka: true,
-  producer: true,
-  producerOptions: true,
-  schema: true,
-  relayId: true,
-  batchSize: true,
-  maxBatchBytes: true,
-  pollIntervalMs: true,
-  listen: true,
-  leaseMs: true,
-  brokerTimeoutMs: true,
-  retryInitialMs: true,
-  retryMaxMs: true,
-  verifyTopics: true,
-  maxAttempts: true,
-  holdKeyBehindFailure: true,
-  publishedRetentionMs: true,
-  cleanupIntervalMs: true,
-  cleanupBatchSize: true,
-  logger: true,
-} satisfies Record<keyof RelayOptions, true>);
-
-/** The option names of `RelayOptions.producerOptions`; the compiler keeps it in step with the type. */
-const RELAY_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
-  requestTimeoutMs: true,
-  retries: true,
-  compression: true,
-} satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, true>);
-
-function positiveInt(name: string, value: number, min = 1): void {
-  if (!Number.isInteger(value) || value < min)
-    throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
-}
-
-/**
- * Validates relay options once (`new Relay()` and `createRelay()` call it before connecting).
- *
- * @throws {@link InvalidOptionsError} naming the unknown option names, if any (of the options or of
- *   `producerOptions`, listing the known ones), else the first invalid option.
- */
-export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
-  if (typeof options !== 'object' || options === null)
-    throw new InvalidOptionsError('The relay needs an options object.');
-  refuseUnknownOptions(options, RELAY_OPTION_NAMES, 'createRelay');
-  if (options.producerOptions !== undefined) {
-    if (typeof options.producerOptions !== 'object' || options.producerOptions === null) {
-      throw new InvalidOptionsError('producerOptions must be an object.');
-    }
-    refuseUnknownOptions(options.producerOptions, RELAY_PRODUCER_OPTION_NAMES, 'createRelay producerOptions');
-  }
-  const r = {
-    ...RELAY_DEFAULTS,
-    relayId: options.relayId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`,
-    ...Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)),
-  } as ResolvedRelayOptions;
-  quoteSchema(r.schema);
-  positiveInt('batchSize', r.batchSize);
-  positiveInt('maxBatchBytes', r.maxBatchBytes);
-  positiveInt('pollIntervalMs', r.pollIntervalMs, 10);
-  positiveInt('leaseMs', r.leaseMs, 1_000);
-  positiveInt('brokerTimeoutMs', r.brokerTimeoutMs, 100);
-  positiveInt('retryInitialMs', r.retryInitialMs);
-  positiveInt('retryMaxMs', r.retryMaxMs);
-  positiveInt('maxAttempts', r.maxAttempts);
-  if (r.retryMaxMs < r.retryInitialMs) {
-    throw new InvalidOptionsError(
-      `retryMaxMs (${r.retryMaxMs}) must be at least retryInitialMs (${r.retryInitialMs}).`,
-    );
-  }
-  for (const name of ['listen', 'verifyTopics', 'holdKeyBehindFailure'] as const) {
-    if (typeof r[name] !== 'boolean')
-      throw new InvalidOptionsError(`${name} must be true or false, got ${JSON.stringify(r[name])}.`);
-  }
-  positiveInt('publishedRetentionMs', r.publishedRetentionMs, 0);
-  positiveInt('cleanupIntervalMs', r.cleanupIntervalMs, 100);
-  positiveInt('cleanupBatchSize', r.cleanupBatchSize);
-  if (!options.pool && !options.connectionString)
-    throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
-  if (!options.producer && !options.kafka && !(options.brokers && options.brokers.length > 0)) {
-    throw new InvalidOptionsError('The relay needs `brokers`, `kafka` or `producer`.');
-  }
-  return r;
-}
+export { RELAY_DEFAULTS, resolveRelayOptions, type RelayOptions, type ResolvedRelayOptions } from './options.js';
 
 /** Events a relay emits (a typed map, `area:action` names). */
 export interface RelayEvents {
@@ -260,11 +53,14 @@ export interface RelayEvents {
   'relay:sent': [{ records: number; durationMs: number; ok: boolean }];
   /** The relay could not publish for longer than a lease: it released its lanes until its producer connects again. */
   'relay:standing-down': [{ failingMs: number }];
-}
-
-interface LaneLease extends sql.HeldLane {
-  /** performance.now() until which this process may act on the lane. */
-  validUntil: number;
+  /**
+   * One pass of the loop finished: `read` pending rows read, `sent` of them acknowledged by Kafka
+   * (their marking runs after the pass, see `relay:marked`), in `durationMs` ms. A pass that failed
+   * emits `relay:error` instead.
+   */
+  'relay:pass': [{ read: number; sent: number; durationMs: number }];
+  /** Rows marked published (fewer than acknowledged when the fencing check refused some). */
+  'relay:marked': [{ rows: number }];
 }
 
 /**
@@ -278,12 +74,10 @@ export class Relay extends EventEmitter<RelayEvents> {
   private readonly ownsPool: boolean;
   private readonly db: Queryable;
   private readonly logger: Logger;
-  private readonly makeProducer: () => KafkaProducer;
-  private producer: KafkaProducer | undefined;
-  private readonly held = new Map<number, LaneLease>();
-  private listener: pg.Client | undefined;
-  private wake: (() => void) | undefined;
-  private woken = false;
+  private readonly client: KafkaClient | undefined;
+  private readonly lanes: Lanes;
+  private readonly health: BrokerHealth;
+  private readonly wake: Wake;
   private loopDone: Promise<void> | undefined;
   private maintainTimer: NodeJS.Timeout | undefined;
   private cleanupTimer: NodeJS.Timeout | undefined;
@@ -292,6 +86,33 @@ export class Relay extends EventEmitter<RelayEvents> {
   private stopping = false;
   private stopped: Promise<void> | undefined;
   private started = false;
+
+  /** The pass in flight (settled, never rejecting). */
+  private currentPass: Promise<unknown> = Promise.resolve();
+  /** The pass in flight has read rows (it may send and mark them). */
+  private passHoldsRows = false;
+  /** The last send failed: the next pass sends one row at a time (see isolate()). */
+  private isolateNext = false;
+  /** Set by each pass: it read a full batch (rows or bytes), so more rows may be pending now. */
+  private morePending = false;
+  /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
+  private readAhead: { leases: string; wakes: number; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
+  /** `max.message.bytes` of the topics seen, read once per topic. */
+  private readonly maxMessageBytes = new Map<string, number>();
+  /**
+   * Acknowledged batches being marked published while the next passes run: one statement at a
+   * time, the batches acknowledged meanwhile together in the next one.
+   */
+  private readonly marks = new MarkQueue(
+    (seqs, held) => sql.markPublished(this.db, this.q, this.relayId, seqs, held),
+    (batches, marked) => {
+      const count = batches.reduce((n, b) => n + b.seqs.length, 0);
+      if (marked < count) this.fencedOut(new Set(batches.flatMap((b) => b.lanes)), count, marked);
+      this.emit('relay:published', { count, marked, lanes: batches[0]!.held.length });
+      this.emit('relay:marked', { rows: marked });
+      this.logger.debug({ count, marked }, 'published');
+    },
+  );
 
   /**
    * @throws {@link InvalidOptionsError} on an unknown option name or an invalid option (see
@@ -324,19 +145,42 @@ export class Relay extends EventEmitter<RelayEvents> {
       : options.brokers
         ? createKafkajsClient({ clientId: 'outboxkit-relay', brokers: options.brokers }, { logLevel: 'warn' })
         : undefined;
-    const producer = options.producer;
-    this.makeProducer = producer
-      ? () => fromRelayProducer(producer, client)
-      : () =>
-          client!.producer({
-            ...options.producerOptions,
-            ...RELAY_PRODUCER_RETRY,
-            onSend: (sent) => this.emit('relay:sent', sent),
-          });
     this.client = client;
+    const producer = options.producer;
+    const o = this.options;
+    this.health = new BrokerHealth({
+      makeProducer: producer
+        ? () => fromRelayProducer(producer, client)
+        : () =>
+            client!.producer({
+              ...options.producerOptions,
+              ...RELAY_PRODUCER_RETRY,
+              onSend: (sent) => this.emit('relay:sent', sent),
+            }),
+      brokerTimeoutMs: o.brokerTimeoutMs,
+      leaseMs: o.leaseMs,
+      onStandDownDue: () => this.maintainSoon(),
+      logger: this.logger,
+    });
+    const { db, q } = this;
+    const relayId = o.relayId;
+    this.lanes = new Lanes(
+      {
+        heartbeat: (leaseMs) => sql.heartbeatInstance(db, q, relayId, hostname(), process.pid, leaseMs),
+        renew: (held, leaseMs) => sql.renewLanes(db, q, relayId, held, leaseMs),
+        acquire: (count, leaseMs) => sql.acquireLanes(db, q, relayId, count, leaseMs),
+        release: (lanes) => sql.releaseLanes(db, q, relayId, lanes),
+      },
+      o.leaseMs,
+    );
+    this.wake = new Wake({
+      listen: o.listen,
+      channel: notifyChannel(o.schema),
+      connection: this.pool.options as pg.ClientConfig,
+      checkTimeoutMs: Math.max(500, o.leaseMs / 3),
+      logger: this.logger,
+    });
   }
-
-  private readonly client: KafkaClient | undefined;
 
   /** This instance's id. */
   get relayId(): string {
@@ -349,12 +193,12 @@ export class Relay extends EventEmitter<RelayEvents> {
    * producer connects.
    */
   get producerConnected(): boolean {
-    return this.started && !this.stopping && this.producer !== undefined;
+    return this.started && !this.stopping && this.health.producer !== undefined;
   }
 
   /** The lanes this relay currently holds. */
   heldLanes(): number[] {
-    return [...this.held.keys()].sort((a, b) => a - b);
+    return this.lanes.list();
   }
 
   /**
@@ -384,9 +228,9 @@ export class Relay extends EventEmitter<RelayEvents> {
       );
     }
     // Kept only once connected: `producerConnected` (readiness) must not count a connect in flight.
-    await this.awaitProducer();
-    if (!this.producer) this.logger.warn({}, 'Kafka producer could not connect at start; retrying with backoff');
-    if (this.options.listen) await this.startListener();
+    await this.health.awaitProducer();
+    if (!this.health.producer) this.logger.warn({}, 'Kafka producer could not connect at start; retrying with backoff');
+    await this.wake.start();
     await this.maintainLanes();
     this.maintainTimer = setInterval(() => this.maintainSoon(), this.maintainEveryMs);
     this.maintainTimer.unref();
@@ -416,11 +260,10 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   private async doStop(timeoutMs: number): Promise<void> {
     this.stopping = true;
-    this.wakeUp();
-    this.cancelSleep?.();
+    this.wake.stop();
+    this.health.stop();
     clearInterval(this.maintainTimer);
     clearInterval(this.cleanupTimer);
-    clearTimeout(this.standDownTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([this.loopDone, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
@@ -432,16 +275,14 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.readAhead = undefined;
     await this.marks.settle().catch(() => undefined);
     try {
-      await sql.releaseLanes(this.db, this.q, this.relayId, this.heldLanes());
+      await this.lanes.releaseAll();
       await sql.deregisterInstance(this.db, this.q, this.relayId);
     } catch (err) {
       this.logger.warn({ err }, 'could not release lanes at stop; they free up when the lease expires');
     }
-    this.held.clear();
-    await this.listener?.end().catch(() => undefined);
-    const producer = this.producer;
-    this.producer = undefined;
-    await this.disconnectQuietly(producer);
+    this.lanes.clear();
+    await this.wake.close();
+    await this.health.close();
     if (this.ownsPool) await this.pool.end();
     this.logger.info({ relayId: this.relayId }, 'relay stopped');
   }
@@ -476,192 +317,36 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
   }
 
-  private async startListener(): Promise<void> {
-    const channel = notifyChannel(this.options.schema);
-    const client = new pg.Client({
-      ...(this.pool.options as pg.ClientConfig),
-      keepAlive: true,
-      application_name: 'outboxkit-relay-listener',
-    });
-    client.on('notification', () => this.wakeUp());
-    client.on('error', (err) => {
-      // A dead listener only costs latency: polling continues, and the listener is rebuilt.
-      this.logger.warn({ err }, 'LISTEN connection failed; polling until it is back');
-      if (this.listener === client) this.listener = undefined;
-      client.end().catch(() => undefined);
-    });
-    await client.connect();
-    await client.query(`LISTEN "${channel}"`);
-    this.listener = client;
-  }
-
   /**
-   * Detects a dead listener (terminated backend, half-open TCP connection) with a bounded
-   * `SELECT 1`, and rebuilds it: without it the relay would silently fall back to polling.
+   * Renews, takes and gives back lanes so that live relays share them evenly; stands down instead
+   * when the relay has failed to publish for longer than a lease.
    */
-  private async checkListener(): Promise<void> {
-    if (!this.options.listen || this.stopping) return;
-    const listener = this.listener;
-    if (listener) {
-      let timer: NodeJS.Timeout | undefined;
-      const alive = await Promise.race([
-        listener.query('SELECT 1').then(
-          () => true,
-          () => false,
-        ),
-        new Promise<boolean>((r) => (timer = setTimeout(() => r(false), Math.max(500, this.options.leaseMs / 3)))),
-      ]);
-      clearTimeout(timer);
-      if (alive) return;
-      this.logger.warn({}, 'LISTEN connection is dead; rebuilding it');
-      this.listener = undefined;
-      void listener.end().catch(() => undefined);
-    }
-    await this.startListener().catch((err: Error) => this.logger.warn({ err }, 'LISTEN reconnect failed'));
-  }
-
-  private wakeUp(): void {
-    this.wakes++;
-    this.woken = true;
-    this.wake?.();
-    const onWake = this.onWake;
-    this.onWake = undefined;
-    onWake?.();
-  }
-
-  /**
-   * Sleeps `ms`, ended early by `stop()` and, when `wakeable`, by a wake-up (a notification, new
-   * lanes). A backoff is not wakeable: under a busy writer a notification comes every few ms, and
-   * would turn the backoff after a failed pass into an immediate retry.
-   */
-  private async sleep(ms: number, wakeable = true): Promise<void> {
-    if (this.stopping) return;
-    if (wakeable && this.woken) {
-      this.woken = false;
-      return;
-    }
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(done, ms);
-      function done(): void {
-        clearTimeout(timer);
-        resolve();
-      }
-      this.cancelSleep = done;
-      if (wakeable) this.wake = done;
-    });
-    this.cancelSleep = undefined;
-    this.wake = undefined;
-    if (wakeable) this.woken = false;
-  }
-
-  /** Ends the current sleep, wakeable or not (stop()). */
-  private cancelSleep: (() => void) | undefined;
-
-  /** Renews, takes and gives back lanes so that live relays share them evenly. */
   private async maintainLanes(): Promise<void> {
     if (this.stopping) return;
-    const { leaseMs } = this.options;
-    const began = performance.now();
-    if (this.failingSince !== undefined && began - this.failingSince > leaseMs) {
-      await this.standDown(began - this.failingSince);
+    const failingMs = this.health.standDownDue();
+    if (failingMs !== undefined) {
+      await this.standDown(failingMs);
       return;
     }
-    // Act on a lane only until slightly before its lease ends by our clock, measured from before
-    // the renewal was sent: the database's lease is at least that long.
-    const validUntil = began + leaseMs * 0.8;
-    const live = await sql.heartbeatInstance(this.db, this.q, this.relayId, hostname(), process.pid, leaseMs);
-    const renewed = await sql.renewLanes(this.db, this.q, this.relayId, [...this.held.values()], leaseMs);
-    const keep = new Set(renewed.map((r) => r.lane));
-    for (const lane of this.held.keys()) if (!keep.has(lane)) this.held.delete(lane);
-    for (const r of renewed) this.held.set(r.lane, { ...r, validUntil });
-    await this.checkListener();
-    const share = Math.ceil(OUTBOX_LANES / live);
-    let acquired = 0;
-    if (this.held.size < share) {
-      for (const r of await sql.acquireLanes(this.db, this.q, this.relayId, share - this.held.size, leaseMs)) {
-        this.held.set(r.lane, { ...r, validUntil });
-        acquired++;
-      }
-    } else if (this.held.size > share) {
-      const extra = this.heldLanes().slice(share);
-      for (const lane of extra) this.held.delete(lane);
-      // Give them back after the pass in flight, which may still be publishing their rows, and
+    const { acquired } = await this.lanes.maintain(async () => {
+      // Lanes given back after the pass in flight, which may still be publishing their rows, and
       // after its marking: a late mark would fail the fencing check and the rows go out again.
       await this.currentPass;
       await this.marks.settle().catch(() => undefined);
-      await sql.releaseLanes(this.db, this.q, this.relayId, extra);
-    }
+    });
+    await this.wake.check();
     this.emit('relay:lanes', { held: this.heldLanes() });
     // New lanes may hold a backlog that no notification will announce.
-    if (acquired > 0) this.wakeUp();
-    // An idle relay learns of a broker outage from a probe, not from a send: without it, it would
-    // stay ready until it has something to send. In the background: never delays the renewals.
-    if (this.producer && !this.sending && performance.now() - this.brokerAnsweredAt > this.maintainEveryMs / 2) {
-      void this.probeBroker();
-    }
+    if (acquired > 0) this.wake.wakeUp();
+    // An idle relay learns of a broker outage from a probe, not from a send. In the background:
+    // never delays the renewals.
+    if (this.health.probeDue(this.maintainEveryMs)) void this.health.probe();
   }
 
   /** Interval of lane maintenance (renewals, probes), in ms: a third of a lease. */
   private get maintainEveryMs(): number {
     return Math.max(200, Math.floor(this.options.leaseMs / 3));
   }
-
-  /**
-   * Asks the broker for its cluster's metadata (a Metadata request without topics, the producer's
-   * `probe()`), bounded by `brokerTimeoutMs`. No answer: the broker counts as unreachable, the
-   * producer is dropped (`producerConnected` false, readiness 503) and rebuilt, and the failure
-   * streak starts, which ends in a stand-down after `leaseMs` unless a producer connects again
-   * first. A producer that cannot probe (a `RelayProducer` without a Kafka client) is not probed.
-   */
-  private async probeBroker(): Promise<void> {
-    const producer = this.producer;
-    if (this.probing || !producer?.probe || this.stopping) return;
-    this.probing = true;
-    const began = performance.now();
-    try {
-      await withDeadline(producer.probe(), this.options.brokerTimeoutMs, 'a metadata probe');
-      this.brokerAnswered();
-    } catch (err) {
-      if (this.stopping) return;
-      this.failing(began);
-      this.logger.warn(
-        { err },
-        'Kafka did not answer the probe of an idle relay: producer dropped until one connects again',
-      );
-      // The producer's probing connection goes with it (disconnected once its request settles).
-      void this.rebuildProducer();
-    } finally {
-      this.probing = false;
-    }
-  }
-
-  /**
-   * The broker answered (an acknowledgement, a record's own error, a connect or a probe). A failure
-   * streak that came only from connects or probes ends here; one with failed sends ends with the
-   * next acknowledged send (a broker that connects but refuses every send must still stand down).
-   */
-  private brokerAnswered(): void {
-    this.brokerAnsweredAt = performance.now();
-    if (!this.sendFailing) this.failingSince = undefined;
-  }
-
-  /**
-   * Starts a failure streak at `since` (performance.now(), ms), unless one runs, and has the lanes
-   * maintained right when it has lasted a lease: the stand-down then comes a lease after the
-   * failing began, not up to a maintenance interval later.
-   */
-  private failing(since: number): void {
-    if (this.failingSince !== undefined) return;
-    this.failingSince = since;
-    clearTimeout(this.standDownTimer);
-    this.standDownTimer = setTimeout(
-      () => this.maintainSoon(),
-      Math.max(0, since + this.options.leaseMs - performance.now()) + 10,
-    );
-    this.standDownTimer.unref();
-  }
-
-  private standDownTimer: NodeJS.Timeout | undefined;
 
   /** A lane maintenance after the one running, if any (renewals and stand-downs never overlap). */
   private maintainSoon(): void {
@@ -673,26 +358,6 @@ export class Relay extends EventEmitter<RelayEvents> {
       });
   }
 
-  /** A send was acknowledged (or refused for a record's own reason): the broker works. */
-  private sendSucceeded(): void {
-    this.sending = false;
-    this.sendFailing = false;
-    this.brokerAnswered();
-  }
-
-  /** A send failed or got no answer in time: the failure streak starts at its start, if not before. */
-  private sendFailed(startedAt: number): void {
-    this.sending = false;
-    this.sendFailing = true;
-    this.failing(startedAt);
-  }
-
-  /** `disconnect()` of a producer or admin client, bounded by `brokerTimeoutMs`; errors ignored. */
-  private async disconnectQuietly(client: { disconnect(): Promise<void> } | undefined): Promise<void> {
-    if (!client) return;
-    await withDeadline(client.disconnect(), this.options.brokerTimeoutMs, 'a disconnect').catch(() => undefined);
-  }
-
   /**
    * A relay that cannot publish (its producer does not connect, or every pass fails) for longer
    * than one lease stands down: it releases its lanes and leaves the live instances, so that a
@@ -700,161 +365,82 @@ export class Relay extends EventEmitter<RelayEvents> {
    * producer on each maintenance tick and rejoins once it connects.
    */
   private async standDown(failingMs: number): Promise<void> {
-    if (!this.standingDown) {
-      this.standingDown = true;
+    if (this.health.enterStandDown()) {
       this.logger.warn(
-        { failingMs: Math.round(failingMs), lanes: this.held.size },
+        { failingMs: Math.round(failingMs), lanes: this.lanes.size },
         'cannot publish to Kafka for longer than a lease: releasing lanes until the producer works again',
       );
       this.emit('relay:standing-down', { failingMs });
     }
-    if (this.held.size > 0) {
-      const lanes = this.heldLanes();
-      this.held.clear();
+    const released = await this.lanes.releaseAll(async () => {
       // A pass that holds rows may still send or mark them: the lanes go after it. One that waits
       // for a producer has read nothing, and sends nothing once the lanes are gone (stillOwned).
       if (this.passHoldsRows) await this.currentPass;
       await this.marks.settle().catch(() => undefined);
-      await sql.releaseLanes(this.db, this.q, this.relayId, lanes);
-      this.emit('relay:lanes', { held: [] });
-    }
+    });
+    if (released.length > 0) this.emit('relay:lanes', { held: [] });
     await sql.deregisterInstance(this.db, this.q, this.relayId);
     // A fresh producer that connects is the sign to rejoin (if sends still fail, the relay stands
     // down again one lease later). A connect the broker does not answer goes on in the background.
-    await this.awaitProducer();
-    if (this.producer && !this.stopping) {
-      this.failingSince = undefined;
-      this.sendFailing = false;
-      this.standingDown = false;
+    await this.health.awaitProducer();
+    if (!this.stopping && this.health.rejoin()) {
       this.logger.info({}, 'Kafka producer connected again; rejoining the relays');
     }
   }
-
-  /**
-   * Since when (performance.now(), ms) the relay has failed to publish: the start of the first
-   * failed send, connect or probe of the streak; undefined while it can publish.
-   */
-  private failingSince: number | undefined;
-  /** A send failed in the current failure streak (a connect alone then does not end it). */
-  private sendFailing = false;
-  /** When the broker last answered (performance.now(), ms). */
-  private brokerAnsweredAt = 0;
-  /** A send is in flight (an idle probe would only add a request beside it). */
-  private sending = false;
-  private probing = false;
-  private standingDown = false;
-
-  private currentPass: Promise<unknown> = Promise.resolve();
-  /** The pass in flight has read rows (it may send and mark them). */
-  private passHoldsRows = false;
-  private isolateNext = false;
-  /** The next batch, read while the previous one was sent (see pass()), with the leases it was read under. */
-  private readAhead: { leases: string; wakes: number; rows: Promise<sql.PendingRow[] | undefined> } | undefined;
-  /** Wake-ups so far (notifications, new lanes): a pass tells by it whether rows may have come since it read. */
-  private wakes = 0;
-  /** Set while a batch is in flight: starts the read of the next batch when a notification comes. */
-  private onWake: (() => void) | undefined;
-  /**
-   * Acknowledged batches being marked published while the next passes run: one statement at a
-   * time, the batches acknowledged meanwhile together in the next one.
-   */
-  private readonly marks = new MarkQueue(
-    (seqs, held) => sql.markPublished(this.db, this.q, this.relayId, seqs, held),
-    (batches, marked) => {
-      const count = batches.reduce((n, b) => n + b.seqs.length, 0);
-      if (marked < count) this.fencedOut(new Set(batches.flatMap((b) => b.lanes)), count, marked);
-      this.emit('relay:published', { count, marked, lanes: batches[0]!.held.length });
-      this.logger.debug({ count, marked }, 'published');
-    },
-  );
 
   private async loop(): Promise<void> {
     let failures = 0;
     while (!this.stopping) {
       let published = 0;
+      const began = performance.now();
       try {
         const pass = this.pass().finally(() => (this.passHoldsRows = false));
         this.currentPass = pass.catch(() => undefined);
-        published = await pass;
+        const { read, sent } = await pass;
+        published = sent;
         failures = 0;
+        this.emit('relay:pass', { read, sent, durationMs: performance.now() - began });
       } catch (err) {
         failures++;
-        this.failing(performance.now());
+        this.health.failing();
         this.readAhead = undefined;
         // The producer is dropped at once (`producerConnected` false) and a new one connects.
-        const rebuilt = this.awaitProducer();
+        const rebuilt = this.health.awaitProducer();
         await this.marks.settle().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
         await rebuilt;
-        await this.sleep(fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs), false);
+        await this.wake.sleep(
+          fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs),
+          false,
+        );
         continue;
       }
       // A pass that read less than a full batch saw every visible row of its lanes: the next rows
       // come with a notification (which cuts the sleep short) or are found by the next poll. Only
       // after a full batch is the table read again at once (no empty read per event at low rates).
-      if (published === 0 || !this.morePending) await this.sleep(this.options.pollIntervalMs);
+      if (published === 0 || !this.morePending) await this.wake.sleep(this.options.pollIntervalMs);
     }
-  }
-
-  /** Set by each pass: it read a full batch (rows or bytes), so more rows may be pending now. */
-  private morePending = false;
-
-  /** One rebuild at a time (the loop and a stand-down may both ask): never two live producers. */
-  private rebuilding: Promise<void> | undefined;
-
-  private rebuildProducer(): Promise<void> {
-    this.rebuilding ??= this.doRebuildProducer().finally(() => (this.rebuilding = undefined));
-    return this.rebuilding;
   }
 
   /**
-   * Waits for a producer (the rebuild in flight, or a new one) at most `brokerTimeoutMs`; a connect
-   * the broker does not answer goes on in the background (no second one meanwhile), and counts as
-   * a failure from then on.
+   * One pass: read pending rows of held lanes, publish them, queue the marking of what the broker
+   * acknowledged. Resolves to the rows read and the rows acknowledged.
    */
-  private async awaitProducer(): Promise<void> {
-    const began = performance.now();
-    await withDeadline(this.rebuildProducer(), this.options.brokerTimeoutMs, 'a producer connect').catch(() =>
-      this.failing(began),
-    );
-  }
-
-  private async doRebuildProducer(): Promise<void> {
-    // After a failed send the producer's state (sequence numbers, connections) is suspect.
-    const old = this.producer;
-    this.producer = undefined;
-    await this.disconnectQuietly(old);
-    if (this.stopping) return;
-    const next = this.makeProducer();
-    const began = performance.now();
-    try {
-      await next.connect();
-    } catch (err) {
-      this.failing(began);
-      this.logger.warn({ err }, 'producer reconnect failed');
-      return;
-    }
-    // Stopped while connecting: stop() did not see this producer, so it is disconnected here.
-    if (this.stopping) return this.disconnectQuietly(next);
-    this.producer = next;
-    this.brokerAnswered();
-  }
-
-  /** One pass: read pending rows of held lanes, publish them, mark what the broker acknowledged. */
-  private async pass(): Promise<number> {
+  private async pass(): Promise<{ read: number; sent: number }> {
     this.morePending = false;
-    const now = performance.now();
-    const lanes = [...this.held.values()].filter((l) => l.validUntil > now);
-    if (lanes.length === 0) return 0;
-    if (!this.producer) {
-      await this.awaitProducer();
-      if (!this.producer) throw noProducer(this.options.brokerTimeoutMs);
+    const lanes = this.lanes.valid();
+    if (lanes.length === 0) return { read: 0, sent: 0 };
+    if (!this.health.producer) {
+      await this.health.awaitProducer();
+      if (!this.health.producer) throw noProducer(this.options.brokerTimeoutMs);
     }
+    const producer = this.health.producer;
     const o = this.options;
     const laneIds = lanes.map((l) => l.lane);
     const leases = lanes.map((l) => `${l.lane}:${l.token}`).join(',');
+    const wake = this.wake;
     // A batch read ahead while the previous one was sent, if read under the same leases.
     const ahead = this.readAhead;
     this.readAhead = undefined;
@@ -862,10 +448,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     // A read ahead that found nothing says nothing of rows whose notification came while it ran
     // (they may have committed after its snapshot), and that notification's wake-up may already be
     // spent: read again rather than sleep until the next poll.
-    if (aheadRows?.length === 0 && ahead!.wakes !== this.wakes) aheadRows = undefined;
+    if (aheadRows?.length === 0 && ahead!.wakes !== wake.wakes) aheadRows = undefined;
     // Wake-ups (notifications) counted when this batch's read began: a higher count now means rows
     // may have committed after its snapshot.
-    const wakesAtRead = aheadRows && ahead ? ahead.wakes : this.wakes;
+    const wakesAtRead = aheadRows && ahead ? ahead.wakes : wake.wakes;
     // Rows acknowledged but not marked yet are still pending in the table: not read again meanwhile.
     const rows =
       aheadRows ??
@@ -878,9 +464,9 @@ export class Relay extends EventEmitter<RelayEvents> {
         o.holdKeyBehindFailure,
         this.marks.pendingSeqs(),
       ));
-    if (rows.length === 0) return 0;
-    const sendable = this.stillOwned(rows, lanes);
-    if (sendable.length === 0) return 0;
+    if (rows.length === 0) return { read: 0, sent: 0 };
+    const sendable = this.lanes.stillOwned(rows, lanes);
+    if (sendable.length === 0) return { read: rows.length, sent: 0 };
     this.passHoldsRows = true;
     if (this.isolateNext) {
       await this.marks.settle();
@@ -890,7 +476,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       const published = await this.isolate(sendable, lanes);
       this.isolateNext = false;
       this.morePending = true;
-      return published;
+      return { read: rows.length, sent: published };
     }
     const records = sendable.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
@@ -905,7 +491,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     let inFlight = true;
     const readNext = (): void => {
       if (this.readAhead || this.stopping) return;
-      const wakes = this.wakes;
+      const wakes = wake.wakes;
       const next = {
         leases,
         wakes,
@@ -923,27 +509,26 @@ export class Relay extends EventEmitter<RelayEvents> {
       void next.rows.then((found) => {
         if (!inFlight || this.readAhead !== next || found?.length !== 0) return;
         this.readAhead = undefined;
-        if (this.wakes !== wakes) readNext();
-        else this.onWake = readNext;
+        if (wake.wakes !== wakes) readNext();
+        else wake.onWake = readNext;
       });
     };
-    if (this.morePending || (o.listen && this.wakes !== wakesAtRead)) readNext();
-    else if (o.listen) this.onWake = readNext;
+    if (this.morePending || (o.listen && wake.wakes !== wakesAtRead)) readNext();
+    else if (o.listen) wake.onWake = readNext;
     let acked = 0;
-    const sendStarted = performance.now();
-    this.sending = true;
+    const sendStarted = this.health.sendStarted();
     try {
       await crashPoint('relay:before-send');
       // Chunks go one after another, so a key's order holds across them. Each is bounded: kafkajs
       // retries a broker that is gone for seconds, and waits `requestTimeout` (30 s) for one that
       // does not answer, while this relay should be giving its lanes to a healthy one.
       for (const chunk of chunks) {
-        throwIfFailed(await withDeadline(this.producer.send(chunk), o.brokerTimeoutMs, 'a send'));
+        throwIfFailed(await withDeadline(producer.send(chunk), o.brokerTimeoutMs, 'a send'));
         acked += chunk.length;
       }
-      this.sendSucceeded();
+      this.health.sendSucceeded();
     } catch (err) {
-      this.sendFailed(sendStarted);
+      this.health.sendFailed(sendStarted);
       // The rows of failed chunks stay pending; those the broker acknowledged are marked. kafkajs
       // may report a record's fault as another error (its internal retry of a partly written
       // batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not trusted here: the
@@ -954,8 +539,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       throw err;
     } finally {
       inFlight = false;
-      this.sending = false;
-      this.onWake = undefined;
+      wake.onWake = undefined;
     }
     await crashPoint('relay:after-send');
     // The rows are marked while the next passes read and send (they skip them), so the marking is
@@ -966,7 +550,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.marks.add(markBatch(sendable, leases, lanes));
     this.marks.takeFailure();
     await this.marks.drainTo(o.batchSize);
-    return sendable.length;
+    return { read: rows.length, sent: sendable.length };
   }
 
   /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
@@ -982,7 +566,7 @@ export class Relay extends EventEmitter<RelayEvents> {
           await withDeadline(connecting, timeoutMs, 'an admin connect');
         } catch (err) {
           // Disconnected once its connect settles (a disconnect during it could leave a connection).
-          void connecting.catch(() => undefined).then(() => this.disconnectQuietly(admin));
+          void connecting.catch(() => undefined).then(() => this.health.disconnectQuietly(admin));
           throw err;
         }
         try {
@@ -991,7 +575,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         } catch (err) {
           this.logger.warn({ err, topics: unknown }, 'could not read max.message.bytes; using maxBatchBytes');
         } finally {
-          await this.disconnectQuietly(admin);
+          await this.health.disconnectQuietly(admin);
         }
       }
     }
@@ -999,42 +583,16 @@ export class Relay extends EventEmitter<RelayEvents> {
     return (topic) => Math.min(fallback, Math.floor((this.maxMessageBytes.get(topic) ?? fallback) * 0.9));
   }
 
-  private readonly maxMessageBytes = new Map<string, number>();
-
   /**
-   * The fencing check refused part of a marking (`marked` of `sent` rows): another relay holds (or
-   * held) some of `lanes`, the lanes of the marking's rows (a takeover, or `outboxkit lanes
-   * release` on this live relay). Until the next renewal says which lanes are still ours, nothing
-   * more is sent on them: otherwise every pass would send their still-pending rows again (at least
-   * once, but a copy per pass).
+   * The fencing check refused part of a marking (`marked` of `sent` rows) on `lanes`: their sends
+   * stop until the next renewal (see `Lanes.fenceOut`).
    */
   private fencedOut(lanes: ReadonlySet<number>, sent: number, marked: number): void {
-    for (const lane of lanes) {
-      const held = this.held.get(lane);
-      if (held) this.held.set(lane, { ...held, validUntil: 0 });
-    }
+    this.lanes.fenceOut(lanes);
     this.logger.warn(
       { sent, marked, lanes: lanes.size },
       'marking refused by the fencing check (lanes taken over or released): their sends stop until the next lease renewal',
     );
-  }
-
-  /** Rows whose lane this relay still holds with the token it read them under. */
-  private stillOwned(rows: sql.PendingRow[], lanes: LaneLease[]): sql.PendingRow[] {
-    const now = performance.now();
-    // The lease as held now, not as it was when the pass began: a pass that waited (for a read
-    // ahead, a slow read) may outlive the validity it started with while the lanes were renewed
-    // meanwhile. Renewal keeps the fencing token; taking a lane changes it, so the same token
-    // means nobody else held the lane since these rows were read.
-    const valid = new Set(
-      lanes
-        .filter((l) => {
-          const current = this.held.get(l.lane);
-          return current !== undefined && current.token === l.token && current.validUntil > now;
-        })
-        .map((l) => l.lane),
-    );
-    return rows.filter((r) => valid.has(r.lane));
   }
 
   /**
@@ -1047,19 +605,22 @@ export class Relay extends EventEmitter<RelayEvents> {
     let published = 0;
     for (const row of rows) {
       if (row.key !== null && failedKeys.has(row.key)) continue;
-      if (this.stillOwned([row], lanes).length === 0) continue;
-      const sendStarted = performance.now();
-      this.sending = true;
+      if (this.lanes.stillOwned([row], lanes).length === 0) continue;
+      const sendStarted = this.health.sendStarted();
       let failure: KafkaFailure | undefined;
       try {
-        const sent = await withDeadline(this.producer!.send([toRecord(row)]), this.options.brokerTimeoutMs, 'a send');
+        const sent = await withDeadline(
+          this.health.producer!.send([toRecord(row)]),
+          this.options.brokerTimeoutMs,
+          'a send',
+        );
         failure = firstFailure(sent);
         if (failure && failure.kind !== 'record') throw failure.error;
       } catch (err) {
-        this.sendFailed(sendStarted);
+        this.health.sendFailed(sendStarted);
         throw err;
       }
-      this.sendSucceeded(); // acknowledged, or the broker answered that this record is at fault (not the relay)
+      this.health.sendSucceeded(); // acknowledged, or the broker answered that this record is at fault (not the relay)
       if (failure) {
         if (row.key !== null) failedKeys.add(row.key);
         const attempts = row.attempts + 1;
@@ -1087,14 +648,15 @@ export class Relay extends EventEmitter<RelayEvents> {
         // kafkajs' idempotent producer counts the rejected record's sequence number although the
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
         // start over with a new producer id.
-        await this.awaitProducer();
-        if (!this.producer) {
+        await this.health.awaitProducer();
+        if (!this.health.producer) {
           if (this.stopping) break; // stop() came during the rebuild, which then made no producer
           throw noProducer(this.options.brokerTimeoutMs);
         }
         continue;
       }
       const marked = await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
+      if (marked > 0) this.emit('relay:marked', { rows: marked });
       if (marked === 0) {
         this.fencedOut(new Set([row.lane]), 1, 0);
         break;
@@ -1107,7 +669,7 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   /** Deletes published rows past their retention; only the holder of lane 0 does it. */
   private async cleanup(): Promise<void> {
-    if (this.stopping || !this.held.has(0)) return;
+    if (this.stopping || !this.lanes.has(0)) return;
     let total = 0;
     for (let i = 0; i < 100 && !this.stopping; i++) {
       const n = await sql.deletePublished(
@@ -1121,35 +683,6 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     if (total > 0) this.emit('relay:cleaned', { deleted: total });
   }
-}
-
-/**
- * `promise`, or a {@link BrokerUnavailableError} after `ms` (the promise goes on; its outcome is
- * then ignored).
- */
-function withDeadline<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () =>
-        reject(
-          new BrokerUnavailableError(
-            `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ` +
-              'the relay backs off, reconnects, and stands down after leaseMs of failing.',
-          ),
-        ),
-      ms,
-    );
-  });
-  promise.catch(() => undefined); // lost the race: its rejection is not unhandled
-  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
-}
-
-function noProducer(brokerTimeoutMs: number): BrokerUnavailableError {
-  return new BrokerUnavailableError(
-    `no Kafka producer available: its last connect failed or took longer than brokerTimeoutMs (${brokerTimeoutMs} ms); ` +
-      'the relay retries with backoff and stands down after leaseMs of failing.',
-  );
 }
 
 function markBatch(rows: readonly sql.PendingRow[], leases: string, held: readonly LaneLease[]): MarkBatch {

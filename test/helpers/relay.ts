@@ -33,3 +33,30 @@ export async function startRelay(
   await relay.start();
   return relay;
 }
+
+/**
+ * Resolves after `count` more passes of `relay` (its `relay:pass` events) that match `which`
+ * (every pass by default); rejects after `timeoutMs`. For tests that need passes to run while
+ * something holds (an open transaction), instead of a fixed sleep.
+ */
+export function passes(
+  relay: Relay,
+  count: number,
+  options: { which?: (pass: { read: number; sent: number }) => boolean; timeoutMs?: number } = {},
+): Promise<void> {
+  const { which = () => true, timeoutMs = 20_000 } = options;
+  return new Promise((resolve, reject) => {
+    let seen = 0;
+    const timer = setTimeout(() => {
+      relay.off('relay:pass', onPass);
+      reject(new Error(`${seen} of ${count} relay passes within ${timeoutMs} ms`));
+    }, timeoutMs);
+    function onPass(pass: { read: number; sent: number }): void {
+      if (!which(pass) || ++seen < count) return;
+      clearTimeout(timer);
+      relay.off('relay:pass', onPass);
+      resolve();
+    }
+    relay.on('relay:pass', onPass);
+  });
+}

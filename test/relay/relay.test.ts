@@ -6,7 +6,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { laneOf } from '../../src/outbox/event.js';
 import { createTopics, readTopic, testKafka } from '../helpers/kafka.js';
 import { Kafka, logLevel } from 'kafkajs';
-import { startRelay } from '../helpers/relay.js';
+import { passes, startRelay } from '../helpers/relay.js';
 import pg from 'pg';
 import { Relay, createKafkajsProducer, type OutboundRecord } from '../../relay/index.js';
 import { waitFor } from '../helpers/wait-for.js';
@@ -73,7 +73,7 @@ describe('relay', () => {
     await c.query('SAVEPOINT s');
     await enqueue(c, { topic: topic!, key: 'y', type: 't', payload: 'C' });
     await waitFor(() => relay.heldLanes().length > 0);
-    await new Promise((r) => setTimeout(r, 300)); // relay passes run while C is uncommitted
+    await passes(relay, 3); // relay passes run while C is uncommitted
     await c.query('ROLLBACK TO SAVEPOINT s');
     await enqueue(c, { topic: topic!, key: 'y', type: 't', payload: 'D' });
     await c.query('COMMIT');
@@ -152,10 +152,10 @@ describe('relay', () => {
     const [topic] = await createTopics(['relay-c03']);
     // One row per pass: a relay that marked "the whole transaction" or "everything up to a
     // position" after publishing event 1 would lose event 2.
-    await startRelay(db.url, { batchSize: 1 });
+    const relay = await startRelay(db.url, { batchSize: 1 });
     const ids = await inTx(async (c) => {
       const [one] = await enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 1 });
-      await new Promise((r) => setTimeout(r, 1_000));
+      await passes(relay, 3); // relay passes run between the two enqueues
       const [two] = await enqueue(c, { topic: topic!, key: 'k', type: 't', payload: 2 });
       return [one!.eventId, two!.eventId];
     });
@@ -622,7 +622,7 @@ describe('lanes released under a live relay (outboxkit lanes release)', () => {
         await new Promise((r) => setTimeout(r, 5)); // about 200 events/s
       }
     })();
-    await new Promise((r) => setTimeout(r, 800));
+    await passes(relay, 5, { which: (p) => p.sent > 0 });
     // The operator command (`outboxkit lanes release`), twice, while the relay publishes.
     const release = () => releaseOwner(db.pool, '"outboxkit"', relay.relayId);
     await release();

@@ -1,0 +1,222 @@
+/**
+ * The relay's options: what each one means, its unit and default, and their validation (once, before
+ * anything connects).
+ */
+import { hostname } from 'node:os';
+import { randomUUID } from 'node:crypto';
+import type pg from 'pg';
+import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
+import type { Logger } from '../src/logger.js';
+import { DEFAULT_SCHEMA } from '../src/constants.js';
+import { quoteSchema } from '../src/schema-name.js';
+import type { Kafka } from '../src/kafka/kafkajs/client.js';
+import type { RelayProducer } from '../src/kafka/kafkajs/producer.js';
+import type { KafkaClient, ProducerSettings } from '../src/kafka/types.js';
+
+/** Options of {@link Relay}. */
+export interface RelayOptions {
+  /** PostgreSQL connection string (session mode). Required unless `pool` is given. */
+  connectionString?: string;
+  /** A pool to use instead of `connectionString`; outboxkit does not end it. */
+  pool?: pg.Pool;
+  /** Kafka brokers, `host:port`. Required unless `kafka` or `producer` is given. */
+  brokers?: string[];
+  /**
+   * A Kafka client to use instead of `brokers`: a kafkajs `Kafka` instance (made into a
+   * {@link KafkaClient} by `createKafkajsClient`), or a `KafkaClient` of outboxkit/kafka.
+   */
+  kafka?: Kafka | KafkaClient;
+  /**
+   * A producer to use instead of the client's (tests, other clients). Its `send` rejects when a
+   * record was not acknowledged; the rejection is read as kafkajs's (a record's fault or the
+   * broker's, by its error type).
+   */
+  producer?: RelayProducer;
+  /** Tunable settings of the producer (compression, timeouts, retries); never its safety settings. */
+  producerOptions?: Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression'>;
+  /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
+  schema?: string;
+  /** This instance's id, shown in `outboxkit status`. @defaultValue `<hostname>-<pid>-<random>` */
+  relayId?: string;
+  /** Most rows read and published in one pass. @defaultValue 500 */
+  batchSize?: number;
+  /**
+   * Most payload bytes read in one pass (the first row always comes). Keep it below the topic's
+   * `max.message.bytes`: kafkajs puts one partition's messages in one record batch. @defaultValue 900_000
+   */
+  maxBatchBytes?: number;
+  /** Poll interval when no notification arrives, in ms. @defaultValue 1_000 */
+  pollIntervalMs?: number;
+  /** Wake on NOTIFY from writers (LISTEN on a dedicated connection). @defaultValue true */
+  listen?: boolean;
+  /** Lane lease length, in ms: how long a dead relay's lanes stay blocked. @defaultValue 10_000 */
+  leaseMs?: number;
+  /**
+   * Longest wait for Kafka, in ms: for a send's acknowledgement (kafkajs' own retries included), a
+   * producer's connect, and the probe of an idle relay (every third of a lease). Past it the broker
+   * counts as unreachable: the send fails with {@link BrokerUnavailableError} (its rows stay
+   * pending and go again: at least once), `producerConnected` and readiness turn false, the relay
+   * backs off and, after `leaseMs` of failing, stands down. Keep it below `leaseMs`, and above the
+   * slowest acknowledgement of a healthy cluster (acks=all). @defaultValue 5_000
+   */
+  brokerTimeoutMs?: number;
+  /** Backoff after a failed pass: first delay and cap, in ms (full jitter). @defaultValue 200, 10_000 */
+  retryInitialMs?: number;
+  retryMaxMs?: number;
+  /** Check at start that the topics of pending events exist. @defaultValue true */
+  verifyTopics?: boolean;
+  /**
+   * Publish attempts of one event that failed for a reason of its own (too large, topic missing)
+   * before it is parked; a broker outage never counts. @defaultValue 5
+   */
+  maxAttempts?: number;
+  /**
+   * Strict per-key order: while an event is in backoff or parked, the later events of its key
+   * wait behind it. `false` lets them go ahead (the parked event is then out of order if it is
+   * retried later). Events of other keys flow either way. @defaultValue true
+   */
+  holdKeyBehindFailure?: boolean;
+  /**
+   * How long published rows are kept before deletion, in ms. Never less than 65 min in effect
+   * (`EVENT_ID_REUSE_WINDOW_MS`): a published row refuses a reused explicit event id for as long
+   * as the writer would accept that id (docs/events.md, Event ids). @defaultValue 86_400_000 (24 h)
+   */
+  publishedRetentionMs?: number;
+  /** Interval of the retention cleanup, in ms (run by the holder of lane 0). @defaultValue 60_000 */
+  cleanupIntervalMs?: number;
+  /** Most rows deleted by one cleanup statement. @defaultValue 1_000 */
+  cleanupBatchSize?: number;
+  /** Logger. @defaultValue no-op */
+  logger?: Logger;
+}
+
+/** Resolved relay options. */
+export type ResolvedRelayOptions = Required<
+  Pick<
+    RelayOptions,
+    | 'schema'
+    | 'relayId'
+    | 'batchSize'
+    | 'maxBatchBytes'
+    | 'pollIntervalMs'
+    | 'listen'
+    | 'leaseMs'
+    | 'brokerTimeoutMs'
+    | 'retryInitialMs'
+    | 'retryMaxMs'
+    | 'verifyTopics'
+    | 'maxAttempts'
+    | 'holdKeyBehindFailure'
+    | 'publishedRetentionMs'
+    | 'cleanupIntervalMs'
+    | 'cleanupBatchSize'
+  >
+>;
+
+/** Defaults of {@link RelayOptions}. */
+export const RELAY_DEFAULTS = Object.freeze({
+  schema: DEFAULT_SCHEMA,
+  batchSize: 500,
+  maxBatchBytes: 900_000,
+  pollIntervalMs: 1_000,
+  listen: true,
+  leaseMs: 10_000,
+  brokerTimeoutMs: 5_000,
+  retryInitialMs: 200,
+  retryMaxMs: 10_000,
+  verifyTopics: true,
+  maxAttempts: 5,
+  holdKeyBehindFailure: true,
+  publishedRetentionMs: 86_400_000,
+  cleanupIntervalMs: 60_000,
+  cleanupBatchSize: 1_000,
+});
+
+/** Every option name of {@link RelayOptions}; the compiler keeps it in step with the interface. */
+const RELAY_OPTION_NAMES: readonly string[] = Object.keys({
+  connectionString: true,
+  pool: true,
+  brokers: true,
+  kafka: true,
+  producer: true,
+  producerOptions: true,
+  schema: true,
+  relayId: true,
+  batchSize: true,
+  maxBatchBytes: true,
+  pollIntervalMs: true,
+  listen: true,
+  leaseMs: true,
+  brokerTimeoutMs: true,
+  retryInitialMs: true,
+  retryMaxMs: true,
+  verifyTopics: true,
+  maxAttempts: true,
+  holdKeyBehindFailure: true,
+  publishedRetentionMs: true,
+  cleanupIntervalMs: true,
+  cleanupBatchSize: true,
+  logger: true,
+} satisfies Record<keyof RelayOptions, true>);
+
+/** The option names of `RelayOptions.producerOptions`; the compiler keeps it in step with the type. */
+const RELAY_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
+  requestTimeoutMs: true,
+  retries: true,
+  compression: true,
+} satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, true>);
+
+function positiveInt(name: string, value: number, min = 1): void {
+  if (!Number.isInteger(value) || value < min)
+    throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
+}
+
+/**
+ * Validates relay options once (`new Relay()` and `createRelay()` call it before connecting).
+ *
+ * @throws {@link InvalidOptionsError} naming the unknown option names, if any (of the options or of
+ *   `producerOptions`, listing the known ones), else the first invalid option.
+ */
+export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
+  if (typeof options !== 'object' || options === null)
+    throw new InvalidOptionsError('The relay needs an options object.');
+  refuseUnknownOptions(options, RELAY_OPTION_NAMES, 'createRelay');
+  if (options.producerOptions !== undefined) {
+    if (typeof options.producerOptions !== 'object' || options.producerOptions === null) {
+      throw new InvalidOptionsError('producerOptions must be an object.');
+    }
+    refuseUnknownOptions(options.producerOptions, RELAY_PRODUCER_OPTION_NAMES, 'createRelay producerOptions');
+  }
+  const r = {
+    ...RELAY_DEFAULTS,
+    relayId: options.relayId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`,
+    ...Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)),
+  } as ResolvedRelayOptions;
+  quoteSchema(r.schema);
+  positiveInt('batchSize', r.batchSize);
+  positiveInt('maxBatchBytes', r.maxBatchBytes);
+  positiveInt('pollIntervalMs', r.pollIntervalMs, 10);
+  positiveInt('leaseMs', r.leaseMs, 1_000);
+  positiveInt('brokerTimeoutMs', r.brokerTimeoutMs, 100);
+  positiveInt('retryInitialMs', r.retryInitialMs);
+  positiveInt('retryMaxMs', r.retryMaxMs);
+  positiveInt('maxAttempts', r.maxAttempts);
+  if (r.retryMaxMs < r.retryInitialMs) {
+    throw new InvalidOptionsError(
+      `retryMaxMs (${r.retryMaxMs}) must be at least retryInitialMs (${r.retryInitialMs}).`,
+    );
+  }
+  for (const name of ['listen', 'verifyTopics', 'holdKeyBehindFailure'] as const) {
+    if (typeof r[name] !== 'boolean')
+      throw new InvalidOptionsError(`${name} must be true or false, got ${JSON.stringify(r[name])}.`);
+  }
+  positiveInt('publishedRetentionMs', r.publishedRetentionMs, 0);
+  positiveInt('cleanupIntervalMs', r.cleanupIntervalMs, 100);
+  positiveInt('cleanupBatchSize', r.cleanupBatchSize);
+  if (!options.pool && !options.connectionString)
+    throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
+  if (!options.producer && !options.kafka && !(options.brokers && options.brokers.length > 0)) {
+    throw new InvalidOptionsError('The relay needs `brokers`, `kafka` or `producer`.');
+  }
+  return r;
+}
