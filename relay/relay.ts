@@ -73,6 +73,8 @@ export class Relay extends EventEmitter<RelayEvents> {
   private readonly pool: pg.Pool;
   private readonly ownsPool: boolean;
   private readonly db: Queryable;
+  /** The relay's pool, schema and id, where its own statements run. */
+  private readonly scope: sql.RelayScope;
   private readonly logger: Logger;
   private readonly client: KafkaClient | undefined;
   private readonly lanes: Lanes;
@@ -104,7 +106,7 @@ export class Relay extends EventEmitter<RelayEvents> {
    * time, the batches acknowledged meanwhile together in the next one.
    */
   private readonly marks = new MarkQueue(
-    (seqs, held) => sql.markPublished(this.db, this.q, this.relayId, seqs, held),
+    (seqs, held) => sql.markPublished(this.scope, seqs, held),
     (batches, marked) => {
       const count = batches.reduce((n, b) => n + b.seqs.length, 0);
       if (marked < count) this.fencedOut(new Set(batches.flatMap((b) => b.lanes)), count, marked);
@@ -162,14 +164,14 @@ export class Relay extends EventEmitter<RelayEvents> {
       onStandDownDue: () => this.maintainSoon(),
       logger: this.logger,
     });
-    const { db, q } = this;
-    const relayId = o.relayId;
+    const scope = { db: this.db, schema: this.q, relayId: o.relayId };
+    this.scope = scope;
     this.lanes = new Lanes(
       {
-        heartbeat: (leaseMs) => sql.heartbeatInstance(db, q, relayId, hostname(), process.pid, leaseMs),
-        renew: (held, leaseMs) => sql.renewLanes(db, q, relayId, held, leaseMs),
-        acquire: (count, leaseMs) => sql.acquireLanes(db, q, relayId, count, leaseMs),
-        release: (lanes) => sql.releaseLanes(db, q, relayId, lanes),
+        heartbeat: (leaseMs) => sql.heartbeatInstance(scope, { hostname: hostname(), pid: process.pid, leaseMs }),
+        renew: (held, leaseMs) => sql.renewLanes(scope, held, leaseMs),
+        acquire: (count, leaseMs) => sql.acquireLanes(scope, count, leaseMs),
+        release: (lanes) => sql.releaseLanes(scope, lanes),
       },
       o.leaseMs,
     );
@@ -438,7 +440,12 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     const producer = this.health.producer;
     const o = this.options;
-    const laneIds = lanes.map((l) => l.lane);
+    const read = {
+      lanes: lanes.map((l) => l.lane),
+      maxRows: o.batchSize,
+      maxBytes: o.maxBatchBytes,
+      holdKeys: o.holdKeyBehindFailure,
+    };
     const leases = lanes.map((l) => `${l.lane}:${l.token}`).join(',');
     const wake = this.wake;
     // A batch read ahead while the previous one was sent, if read under the same leases.
@@ -453,17 +460,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     // may have committed after its snapshot.
     const wakesAtRead = aheadRows && ahead ? ahead.wakes : wake.wakes;
     // Rows acknowledged but not marked yet are still pending in the table: not read again meanwhile.
-    const rows =
-      aheadRows ??
-      (await sql.readPending(
-        this.db,
-        this.q,
-        laneIds,
-        o.batchSize,
-        o.maxBatchBytes,
-        o.holdKeyBehindFailure,
-        this.marks.pendingSeqs(),
-      ));
+    const rows = aheadRows ?? (await sql.readPending(this.db, this.q, { ...read, exclude: this.marks.pendingSeqs() }));
     if (rows.length === 0) return { read: 0, sent: 0 };
     const sendable = this.lanes.stillOwned(rows, lanes);
     if (sendable.length === 0) return { read: rows.length, sent: 0 };
@@ -496,10 +493,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         leases,
         wakes,
         rows: sql
-          .readPending(this.db, this.q, laneIds, o.batchSize, o.maxBatchBytes, o.holdKeyBehindFailure, [
-            ...this.marks.pendingSeqs(),
-            ...rows.map((r) => r.seq),
-          ])
+          .readPending(this.db, this.q, { ...read, exclude: [...this.marks.pendingSeqs(), ...rows.map((r) => r.seq)] })
           .catch(() => undefined), // the next pass reads again
       };
       this.readAhead = next;
@@ -628,16 +622,13 @@ export class Relay extends EventEmitter<RelayEvents> {
         const backoffMs =
           this.options.retryInitialMs +
           fullJitterBackoffMs(attempts, this.options.retryInitialMs, this.options.retryMaxMs);
-        const parked = await sql.recordFailure(
-          this.db,
-          this.q,
-          this.relayId,
+        const parked = await sql.recordFailure(this.scope, {
           row,
-          tokens.get(row.lane)!,
-          message,
+          token: tokens.get(row.lane)!,
+          error: message,
           backoffMs,
-          this.options.maxAttempts,
-        );
+          maxAttempts: this.options.maxAttempts,
+        });
         this.logger.warn(
           { eventId: row.event_id, topic: row.topic, attempts, parked, error: message },
           parked ? 'event parked' : 'event publish failed',
@@ -655,7 +646,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         }
         continue;
       }
-      const marked = await sql.markPublished(this.db, this.q, this.relayId, [row.seq], lanes);
+      const marked = await sql.markPublished(this.scope, [row.seq], lanes);
       if (marked > 0) this.emit('relay:marked', { rows: marked });
       if (marked === 0) {
         this.fencedOut(new Set([row.lane]), 1, 0);
@@ -672,12 +663,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.stopping || !this.lanes.has(0)) return;
     let total = 0;
     for (let i = 0; i < 100 && !this.stopping; i++) {
-      const n = await sql.deletePublished(
-        this.db,
-        this.q,
-        this.options.publishedRetentionMs,
-        this.options.cleanupBatchSize,
-      );
+      const n = await sql.deletePublished(this.db, this.q, {
+        retentionMs: this.options.publishedRetentionMs,
+        batchSize: this.options.cleanupBatchSize,
+      });
       total += n;
       if (n < this.options.cleanupBatchSize) break;
     }

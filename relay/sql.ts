@@ -1,13 +1,17 @@
 /**
- * The relay's SQL, one named function per statement, each with the reason for its concurrency
- * choice. All run on a pool in autocommit mode (each statement its own transaction). Each throws
- * `SchemaMissingError` (code `OUTBOXKIT_SCHEMA_MISSING`, naming the schema) when outboxkit's schema
- * or tables do not exist: run `outboxkit migrate --schema <schema>` (or `migrate()`) first.
+ * The relay's SQL: the home of its statements on `relay_lanes`, `relay_instances` and
+ * `outbox_events` (after the writer's INSERT, src/outbox/sql.ts). One builder per statement
+ * (`xxxSql(schema, params)` returning `{ text, values }`, and `name` for the prepared ones), each
+ * with the reason for its concurrency choice, and the function that runs it. `schema` is quoted
+ * (from `quoteSchema()`). All run on a pool in autocommit mode (each statement its own
+ * transaction). Each run throws `SchemaMissingError` (code `OUTBOXKIT_SCHEMA_MISSING`, naming the
+ * schema) when outboxkit's schema or tables do not exist: run `outboxkit migrate --schema <schema>`
+ * (or `migrate()`) first.
  */
 import type { Queryable, QueryResult } from '../src/database.js';
 import { EVENT_ID_REUSE_WINDOW_MS, OUTBOX_LANES } from '../src/constants.js';
 import { schemaMissingOr } from '../src/errors.js';
-import { statementName } from '../src/postgres.js';
+import { statementName, type SqlStatement } from '../src/postgres.js';
 
 // The read and the mark of every pass are named prepared statements (statementName()): PostgreSQL
 // skips the parse and, once it settles on a generic plan, the planning (about 0.5 ms of the
@@ -26,15 +30,21 @@ import { statementName } from '../src/postgres.js';
 async function run<R = Record<string, unknown>>(
   db: Queryable,
   schema: string,
-  text: string,
-  values?: readonly unknown[],
-  options?: { name?: string },
+  statement: SqlStatement,
 ): Promise<QueryResult<R>> {
+  const { text, values, name } = statement;
   try {
-    return await (options === undefined ? db.query<R>(text, values) : db.query<R>(text, values, options));
+    return await (name === undefined ? db.query<R>(text, values) : db.query<R>(text, values, { name }));
   } catch (err) {
     throw schemaMissingOr(err, unquoted(schema));
   }
+}
+
+/** Where the relay's own statements run: its pool, its schema (quoted) and its id. */
+export interface RelayScope {
+  db: Queryable;
+  schema: string;
+  relayId: string;
 }
 
 /** The schema's name as the user gives it (`"outboxkit"` → `outboxkit`), for messages. */
@@ -67,13 +77,16 @@ export interface HeldLane {
 }
 
 /** Creates the lane rows once; concurrent relays may run it at once (ON CONFLICT DO NOTHING). */
+export function seedLanesSql(schema: string): SqlStatement {
+  return {
+    text: `INSERT INTO ${schema}.relay_lanes (lane) SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING`,
+    values: [OUTBOX_LANES],
+  };
+}
+
+/** Runs {@link seedLanesSql}. */
 export async function seedLanes(db: Queryable, schema: string): Promise<void> {
-  await run(
-    db,
-    schema,
-    `INSERT INTO ${schema}.relay_lanes (lane) SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING`,
-    [OUTBOX_LANES],
-  );
+  await run(db, schema, seedLanesSql(schema));
 }
 
 /**
@@ -81,23 +94,27 @@ export async function seedLanes(db: Queryable, schema: string): Promise<void> {
  * token changed was taken over after our lease expired: it is not returned, and its rows are left
  * to the new owner. Lease times come from the database clock, never this process's.
  */
-export async function renewLanes(
-  db: Queryable,
+export function renewLanesSql(
   schema: string,
-  relayId: string,
-  held: readonly HeldLane[],
-  leaseMs: number,
-): Promise<HeldLane[]> {
-  if (held.length === 0) return [];
-  const { rows } = await run<{ lane: number; token: string }>(
-    db,
-    schema,
-    `UPDATE ${schema}.relay_lanes l
+  p: { relayId: string; held: readonly HeldLane[]; leaseMs: number },
+): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.relay_lanes l
         SET lease_expires_at = now() + make_interval(secs => $2::double precision / 1000)
        FROM unnest($3::smallint[], $4::bigint[]) AS h(lane, token)
       WHERE l.lane = h.lane AND l.fencing_token = h.token AND l.owner_id = $1
       RETURNING l.lane, l.fencing_token::text AS token`,
-    [relayId, leaseMs, held.map((h) => h.lane), held.map((h) => h.token)],
+    values: [p.relayId, p.leaseMs, p.held.map((h) => h.lane), p.held.map((h) => h.token)],
+  };
+}
+
+/** Runs {@link renewLanesSql}: the lanes still held. */
+export async function renewLanes(scope: RelayScope, held: readonly HeldLane[], leaseMs: number): Promise<HeldLane[]> {
+  if (held.length === 0) return [];
+  const { rows } = await run<HeldLane>(
+    scope.db,
+    scope.schema,
+    renewLanesSql(scope.schema, { relayId: scope.relayId, held, leaseMs }),
   );
   return rows;
 }
@@ -106,54 +123,79 @@ export async function renewLanes(
  * Registers this relay (or renews its liveness lease) and returns how many relays are live,
  * itself included, so each can take a fair share of the lanes, even relays that hold none yet.
  */
-export async function heartbeatInstance(
-  db: Queryable,
+export function heartbeatSql(
   schema: string,
-  relayId: string,
-  hostname: string,
-  pid: number,
-  leaseMs: number,
-): Promise<number> {
-  const { rows } = await run<{ n: number }>(
-    db,
-    schema,
-    `WITH me AS (
+  p: { relayId: string; hostname: string; pid: number; leaseMs: number },
+): SqlStatement {
+  return {
+    text: `WITH me AS (
        INSERT INTO ${schema}.relay_instances (relay_id, hostname, pid, lease_expires_at)
        VALUES ($1, $2, $3, now() + make_interval(secs => $4::double precision / 1000))
        ON CONFLICT (relay_id) DO UPDATE SET lease_expires_at = EXCLUDED.lease_expires_at
        RETURNING relay_id)
      SELECT 1 + count(*)::int AS n FROM ${schema}.relay_instances
       WHERE lease_expires_at > now() AND relay_id <> (SELECT relay_id FROM me)`,
-    [relayId, hostname, pid, leaseMs],
+    values: [p.relayId, p.hostname, p.pid, p.leaseMs],
+  };
+}
+
+/** Runs {@link heartbeatSql}: the number of live relays, this one included. */
+export async function heartbeatInstance(
+  scope: RelayScope,
+  p: { hostname: string; pid: number; leaseMs: number },
+): Promise<number> {
+  const { rows } = await run<{ n: number }>(
+    scope.db,
+    scope.schema,
+    heartbeatSql(scope.schema, { relayId: scope.relayId, ...p }),
   );
   return rows[0]?.n ?? 1;
 }
 
-/** Removes this relay's registration (graceful stop). */
+/** Removes a relay's registration (graceful stop, or the operator's release). */
+export function deregisterSql(schema: string, relayId: string): SqlStatement {
+  return { text: `DELETE FROM ${schema}.relay_instances WHERE relay_id = $1`, values: [relayId] };
+}
+
+/** Runs {@link deregisterSql}. */
 export async function deregisterInstance(db: Queryable, schema: string, relayId: string): Promise<void> {
-  await run(db, schema, `DELETE FROM ${schema}.relay_instances WHERE relay_id = $1`, [relayId]);
+  await run(db, schema, deregisterSql(schema, relayId));
 }
 
 /**
- * Operator action: frees every lane of `relayId` and removes its registration, so live relays take
- * its lanes at their next heartbeat instead of waiting for the lease to expire. Bumping the fencing
- * token makes sure that relay, if it is in fact alive, can no longer mark rows.
+ * Operator action: frees every lane of `relayId`, so live relays take its lanes at their next
+ * heartbeat instead of waiting for the lease to expire. Bumping the fencing token makes sure that
+ * relay, if it is in fact alive, can no longer mark rows.
+ */
+export function releaseOwnerSql(schema: string, relayId: string): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL, fencing_token = fencing_token + 1
+      WHERE owner_id = $1`,
+    values: [relayId],
+  };
+}
+
+/**
+ * Operator action ({@link releaseOwnerSql}), and removes the relay's registration.
  *
  * @returns the number of lanes freed.
  */
 export async function releaseOwner(db: Queryable, schema: string, relayId: string): Promise<number> {
-  const { rowCount } = await run(
-    db,
-    schema,
-    `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL, fencing_token = fencing_token + 1
-      WHERE owner_id = $1`,
-    [relayId],
-  );
+  const { rowCount } = await run(db, schema, releaseOwnerSql(schema, relayId));
   await deregisterInstance(db, schema, relayId);
   return rowCount;
 }
 
 /** Lane owners, for `outboxkit status`. */
+export function laneOwnersSql(schema: string): SqlStatement {
+  return {
+    text: `SELECT owner_id, count(*)::int AS lanes, coalesce(bool_and(lease_expires_at > now()), false) AS live
+       FROM ${schema}.relay_lanes GROUP BY owner_id ORDER BY owner_id NULLS LAST`,
+    values: [],
+  };
+}
+
+/** Runs {@link laneOwnersSql}. */
 export async function laneOwners(
   db: Queryable,
   schema: string,
@@ -161,8 +203,7 @@ export async function laneOwners(
   const { rows } = await run<{ owner_id: string | null; lanes: number; live: boolean }>(
     db,
     schema,
-    `SELECT owner_id, count(*)::int AS lanes, coalesce(bool_and(lease_expires_at > now()), false) AS live
-       FROM ${schema}.relay_lanes GROUP BY owner_id ORDER BY owner_id NULLS LAST`,
+    laneOwnersSql(schema),
   );
   return rows;
 }
@@ -172,18 +213,9 @@ export async function laneOwners(
  * fencing token, so a previous owner that is merely paused can no longer mark rows of it.
  * SKIP LOCKED: two relays acquiring at once take different lanes instead of waiting on each other.
  */
-export async function acquireLanes(
-  db: Queryable,
-  schema: string,
-  relayId: string,
-  limit: number,
-  leaseMs: number,
-): Promise<HeldLane[]> {
-  if (limit <= 0) return [];
-  const { rows } = await run<{ lane: number; token: string }>(
-    db,
-    schema,
-    `UPDATE ${schema}.relay_lanes l
+export function acquireLanesSql(schema: string, p: { relayId: string; limit: number; leaseMs: number }): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.relay_lanes l
         SET owner_id = $1,
             fencing_token = l.fencing_token + 1,
             lease_expires_at = now() + make_interval(secs => $3::double precision / 1000)
@@ -194,26 +226,48 @@ export async function acquireLanes(
                LIMIT $2
                FOR UPDATE SKIP LOCKED)
       RETURNING l.lane, l.fencing_token::text AS token`,
-    [relayId, limit, leaseMs],
+    values: [p.relayId, p.limit, p.leaseMs],
+  };
+}
+
+/** Runs {@link acquireLanesSql}: the lanes taken, with their new tokens. */
+export async function acquireLanes(scope: RelayScope, limit: number, leaseMs: number): Promise<HeldLane[]> {
+  if (limit <= 0) return [];
+  const { rows } = await run<HeldLane>(
+    scope.db,
+    scope.schema,
+    acquireLanesSql(scope.schema, { relayId: scope.relayId, limit, leaseMs }),
   );
   return rows;
 }
 
 /** Gives lanes back (rebalance or shutdown) so another relay can take them at once. */
-export async function releaseLanes(
-  db: Queryable,
-  schema: string,
-  relayId: string,
-  lanes: readonly number[],
-): Promise<void> {
-  if (lanes.length === 0) return;
-  await run(
-    db,
-    schema,
-    `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL
+export function releaseLanesSql(schema: string, p: { relayId: string; lanes: readonly number[] }): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.relay_lanes SET owner_id = NULL, lease_expires_at = NULL
       WHERE owner_id = $1 AND lane = ANY($2::smallint[])`,
-    [relayId, lanes],
-  );
+    values: [p.relayId, p.lanes],
+  };
+}
+
+/** Runs {@link releaseLanesSql}. */
+export async function releaseLanes(scope: RelayScope, lanes: readonly number[]): Promise<void> {
+  if (lanes.length === 0) return;
+  await run(scope.db, scope.schema, releaseLanesSql(scope.schema, { relayId: scope.relayId, lanes }));
+}
+
+/** What {@link readPendingSql} reads. */
+export interface ReadPendingParams {
+  /** The lanes whose rows are read. */
+  lanes: readonly number[];
+  /** Most rows read. */
+  maxRows: number;
+  /** Most payload bytes read, in bytes (the first row always comes). */
+  maxBytes: number;
+  /** Whether a row in backoff or parked holds back the later rows of its key. @defaultValue true */
+  holdKeys?: boolean;
+  /** Seqs skipped by this read (a batch in flight). @defaultValue none */
+  exclude?: readonly string[];
 }
 
 /**
@@ -221,35 +275,21 @@ export async function releaseLanes(
  * sum of payload bytes (the first row always comes, so one large event cannot stall a lane).
  *
  * Why there is no high-water mark: seq values are drawn before commit, so a row with a smaller seq
- * can become visible after a larger one was read (case C01). Every pass reads all pending rows
- * again from the index instead; rows of one key still come in commit order because the writer
- * locks the key before drawing seq. Only committed rows are visible to this autocommit statement.
+ * can become visible after a larger one was read (test/relay/relay.test.ts, "C01"). Every pass
+ * reads all pending rows again from the index instead; rows of one key still come in commit order
+ * because the writer locks the key before drawing seq. Only committed rows are visible to this
+ * autocommit statement.
  *
  * Held-back keys: a row in backoff or parked holds back the later rows of its key when
  * `holdKeys` is true (strict per-key order); rows without a key are never held back.
  *
  * `exclude`: seqs of a batch being sent right now (read ahead while it is in flight; its rows are
  * still pending until marked). Excluded rows are skipped for this read only, never for later ones.
+ *
+ * A named prepared statement (see the note on prepared statements at the top of this file).
  */
-export async function readPending(
-  db: Queryable,
-  schema: string,
-  lanes: readonly number[],
-  maxRows: number,
-  maxBytes: number,
-  holdKeys = true,
-  exclude: readonly string[] = [],
-): Promise<PendingRow[]> {
-  if (lanes.length === 0) return [];
-  const text = readPendingSql(schema);
-  const { rows } = await run<PendingRow>(db, schema, text, [lanes, maxRows, maxBytes, holdKeys, exclude], {
-    name: statementName('relay_read', text),
-  });
-  return rows;
-}
-
-function readPendingSql(schema: string): string {
-  return `WITH blocked AS (
+export function readPendingSql(schema: string, p: ReadPendingParams): SqlStatement {
+  const text = `WITH blocked AS (
        SELECT key, min(seq) AS seq FROM ${schema}.outbox_events
         WHERE $4::boolean AND lane = ANY($1::smallint[]) AND key IS NOT NULL AND published_at IS NULL
           AND (parked_at IS NOT NULL OR next_attempt_at > now())
@@ -269,29 +309,42 @@ function readPendingSql(schema: string): string {
        FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
       WHERE w.bytes <= $3 OR w.n = 1
       ORDER BY e.seq`;
+  return {
+    text,
+    values: [p.lanes, p.maxRows, p.maxBytes, p.holdKeys ?? true, p.exclude ?? []],
+    name: statementName('relay_read', text),
+  };
+}
+
+/** Runs {@link readPendingSql}. */
+export async function readPending(db: Queryable, schema: string, p: ReadPendingParams): Promise<PendingRow[]> {
+  if (p.lanes.length === 0) return [];
+  const { rows } = await run<PendingRow>(db, schema, readPendingSql(schema, p));
+  return rows;
+}
+
+/** A failed publication of one row, for {@link recordFailureSql}. */
+export interface FailureRecord {
+  /** The row and its lane. */
+  row: { seq: string; lane: number };
+  /** The fencing token the row was read under. */
+  token: string;
+  /** The error, cut to 2,000 characters in the table. */
+  error: string;
+  /** Delay before its next attempt, in ms. */
+  backoffMs: number;
+  /** Attempts after which it is parked. */
+  maxAttempts: number;
 }
 
 /**
  * Records a failed publication of one row: its attempt count and error, and either the time of
  * its next attempt (exponential backoff) or, after `maxAttempts`, the time it was parked. Fenced
- * like {@link markPublished}.
- *
- * @returns true when the row was parked by this call.
+ * like {@link markPublishedSql}.
  */
-export async function recordFailure(
-  db: Queryable,
-  schema: string,
-  relayId: string,
-  row: { seq: string; lane: number },
-  token: string,
-  error: string,
-  backoffMs: number,
-  maxAttempts: number,
-): Promise<boolean> {
-  const { rows } = await run<{ parked: boolean }>(
-    db,
-    schema,
-    `UPDATE ${schema}.outbox_events e
+export function recordFailureSql(schema: string, relayId: string, f: FailureRecord): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.outbox_events e
         SET attempts = e.attempts + 1,
             last_error = left($4, 2000),
             next_attempt_at = now() + make_interval(secs => $5::double precision / 1000),
@@ -300,7 +353,20 @@ export async function recordFailure(
       WHERE e.seq = $2::bigint AND e.published_at IS NULL
         AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = $3::bigint
       RETURNING e.parked_at IS NOT NULL AS parked`,
-    [relayId, row.seq, token, error, backoffMs, maxAttempts],
+    values: [relayId, f.row.seq, f.token, f.error, f.backoffMs, f.maxAttempts],
+  };
+}
+
+/**
+ * Runs {@link recordFailureSql}.
+ *
+ * @returns true when the row was parked by this call.
+ */
+export async function recordFailure(scope: RelayScope, f: FailureRecord): Promise<boolean> {
+  const { rows } = await run<{ parked: boolean }>(
+    scope.db,
+    scope.schema,
+    recordFailureSql(scope.schema, scope.relayId, f),
   );
   return rows[0]?.parked ?? false;
 }
@@ -322,52 +388,61 @@ export interface ParkedRow {
 }
 
 /** Lists parked events, oldest first. */
-export async function listParked(db: Queryable, schema: string, limit = 100): Promise<ParkedRow[]> {
-  const { rows } = await run<ParkedRow>(
-    db,
-    schema,
-    `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes,
+export function listParkedSql(schema: string, limit: number): SqlStatement {
+  return {
+    text: `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes,
             (SELECT coalesce(sum(octet_length(h.key) + octet_length(h.value)), 0)::int FROM jsonb_each_text(headers) AS h) AS header_bytes
        FROM ${schema}.outbox_events WHERE published_at IS NULL AND parked_at IS NOT NULL
       ORDER BY seq LIMIT $1`,
-    [limit],
-  );
+    values: [limit],
+  };
+}
+
+/** Runs {@link listParkedSql}. */
+export async function listParked(db: Queryable, schema: string, limit = 100): Promise<ParkedRow[]> {
+  const { rows } = await run<ParkedRow>(db, schema, listParkedSql(schema, limit));
   return rows;
 }
 
-/** Puts parked events back in line (attempts reset). @returns how many. */
-export async function retryParked(db: Queryable, schema: string, eventIds: readonly string[] | 'all'): Promise<number> {
-  const { rowCount } = await run(
-    db,
-    schema,
-    `UPDATE ${schema}.outbox_events
+/** Puts parked events back in line (attempts reset). */
+export function retryParkedSql(schema: string, eventIds: readonly string[] | 'all'): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.outbox_events
         SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
       WHERE published_at IS NULL AND parked_at IS NOT NULL AND ($1::boolean OR event_id = ANY($2::uuid[]))`,
-    [eventIds === 'all', eventIds === 'all' ? [] : eventIds],
-  );
+    values: [eventIds === 'all', eventIds === 'all' ? [] : eventIds],
+  };
+}
+
+/** Runs {@link retryParkedSql}. @returns how many. */
+export async function retryParked(db: Queryable, schema: string, eventIds: readonly string[] | 'all'): Promise<number> {
+  const { rowCount } = await run(db, schema, retryParkedSql(schema, eventIds));
   return rowCount;
 }
 
 /**
  * Gives up on parked events: they are marked published without being sent (the row stays, with
  * its error, until retention deletes it), which lets the later events of their keys go on.
- * @returns how many.
  */
-export async function skipParked(db: Queryable, schema: string, eventIds: readonly string[]): Promise<number> {
-  const { rowCount } = await run(
-    db,
-    schema,
-    `UPDATE ${schema}.outbox_events
+export function skipParkedSql(schema: string, eventIds: readonly string[]): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.outbox_events
         SET published_at = now(), last_error = coalesce(last_error, '') || ' [skipped by operator]'
       WHERE published_at IS NULL AND parked_at IS NOT NULL AND event_id = ANY($1::uuid[])`,
-    [eventIds],
-  );
+    values: [eventIds],
+  };
+}
+
+/** Runs {@link skipParkedSql}. @returns how many. */
+export async function skipParked(db: Queryable, schema: string, eventIds: readonly string[]): Promise<number> {
+  const { rowCount } = await run(db, schema, skipParkedSql(schema, eventIds));
   return rowCount;
 }
 
 /**
- * Deletes published rows older than the retention, at most `batchSize` per call (bounded lock
- * time and WAL per statement). @returns how many were deleted.
+ * Deletes published rows older than the retention (`retentionMs`, ms), at most `batchSize` per
+ * statement (bounded lock time and WAL per statement). SKIP LOCKED: rows another relay is
+ * deleting are left to it.
  *
  * A row is kept at least {@link EVENT_ID_REUSE_WINDOW_MS} (65 min) after it was published, whatever
  * `retentionMs` says: the writer accepts an explicit event id only within that window of the id's
@@ -375,54 +450,76 @@ export async function skipParked(db: Queryable, schema: string, eventIds: readon
  * second event with the same id meets this row's unique constraint instead of being published and
  * skipped as a duplicate by every consumer that applied the first.
  */
-export async function deletePublished(
-  db: Queryable,
-  schema: string,
-  retentionMs: number,
-  batchSize: number,
-): Promise<number> {
-  const keepMs = Math.max(retentionMs, EVENT_ID_REUSE_WINDOW_MS);
-  const { rowCount } = await run(
-    db,
-    schema,
-    `DELETE FROM ${schema}.outbox_events WHERE seq IN (
+export function deletePublishedSql(schema: string, p: { retentionMs: number; batchSize: number }): SqlStatement {
+  return {
+    text: `DELETE FROM ${schema}.outbox_events WHERE seq IN (
        SELECT seq FROM ${schema}.outbox_events
         WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1::double precision / 1000)
         ORDER BY published_at LIMIT $2
         FOR UPDATE SKIP LOCKED)`,
-    [keepMs, batchSize],
-  );
+    values: [Math.max(p.retentionMs, EVENT_ID_REUSE_WINDOW_MS), p.batchSize],
+  };
+}
+
+/** Runs {@link deletePublishedSql}. @returns how many were deleted. */
+export async function deletePublished(
+  db: Queryable,
+  schema: string,
+  p: { retentionMs: number; batchSize: number },
+): Promise<number> {
+  const { rowCount } = await run(db, schema, deletePublishedSql(schema, p));
   return rowCount;
 }
 
 /**
  * Marks exactly the rows the broker acknowledged as published, and only while this relay still
  * holds their lane with the same fencing token: a relay that lost its lane marks nothing (its
- * rows are republished by the new owner: a duplicate, never a loss).
- *
- * @returns the number of rows marked.
+ * rows are republished by the new owner: a duplicate, never a loss). A named prepared statement.
  */
-export async function markPublished(
-  db: Queryable,
+export function markPublishedSql(
   schema: string,
-  relayId: string,
-  seqs: readonly string[],
-  held: readonly HeldLane[],
-): Promise<number> {
-  if (seqs.length === 0) return 0;
+  p: { relayId: string; seqs: readonly string[]; held: readonly HeldLane[] },
+): SqlStatement {
   const text = `UPDATE ${schema}.outbox_events e
         SET published_at = now()
        FROM ${schema}.relay_lanes l
        JOIN unnest($3::smallint[], $4::bigint[]) AS h(lane, token) ON h.lane = l.lane
       WHERE e.seq = ANY($2::bigint[]) AND e.published_at IS NULL
         AND l.lane = e.lane AND l.owner_id = $1 AND l.fencing_token = h.token`;
-  const { rowCount } = await run(db, schema, text, [relayId, seqs, held.map((h) => h.lane), held.map((h) => h.token)], {
+  return {
+    text,
+    values: [p.relayId, p.seqs, p.held.map((h) => h.lane), p.held.map((h) => h.token)],
     name: statementName('relay_mark', text),
-  });
+  };
+}
+
+/** Runs {@link markPublishedSql}. @returns the number of rows marked. */
+export async function markPublished(
+  scope: RelayScope,
+  seqs: readonly string[],
+  held: readonly HeldLane[],
+): Promise<number> {
+  if (seqs.length === 0) return 0;
+  const { rowCount } = await run(
+    scope.db,
+    scope.schema,
+    markPublishedSql(scope.schema, { relayId: scope.relayId, seqs, held }),
+  );
   return rowCount;
 }
 
 /** Backlog figures for metrics and `outboxkit status`. */
+export function backlogSql(schema: string): SqlStatement {
+  return {
+    text: `SELECT count(*) FILTER (WHERE parked_at IS NULL) AS pending,
+            count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
+            (extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)) * 1000)::float8 AS oldest_ms
+       FROM ${schema}.outbox_events WHERE published_at IS NULL`,
+    values: [],
+  };
+}
+
+/** Runs {@link backlogSql}. */
 export async function backlog(
   db: Queryable,
   schema: string,
@@ -430,10 +527,7 @@ export async function backlog(
   const { rows } = await run<{ pending: string; parked: string; oldest_ms: number | null }>(
     db,
     schema,
-    `SELECT count(*) FILTER (WHERE parked_at IS NULL) AS pending,
-            count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
-            (extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)) * 1000)::float8 AS oldest_ms
-       FROM ${schema}.outbox_events WHERE published_at IS NULL`,
+    backlogSql(schema),
   );
   const r = rows[0];
   return { pending: Number(r?.pending ?? 0), parked: Number(r?.parked ?? 0), oldestPendingMs: r?.oldest_ms ?? 0 };

@@ -69,18 +69,36 @@ describe.each(['force_custom_plan', 'force_generic_plan'] as const)('readPending
     try {
       // Several executions: a named statement's generic plan is used from the sixth on.
       for (let round = 0; round < 7; round++) {
-        const all = await readPending(s, 'outboxkit', allLanes, 100, 1_000_000, true, []);
+        const all = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 100,
+          maxBytes: 1_000_000,
+          holdKeys: true,
+          exclude: [],
+        });
         expect(all.map((r) => r.seq)).toEqual(seqs);
         expect(all[0]!.page_rows).toBe(30);
 
         // The first 12 in flight, and two later ones waiting for their marking: excluded; a seq
         // that is not pending at all (excluded or not) changes nothing.
         const excluded = [...seqs.slice(0, 12), seqs[20]!, seqs[25]!, '1'];
-        const rest = await readPending(s, 'outboxkit', allLanes, 10, 1_000_000, true, excluded);
+        const rest = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 10,
+          maxBytes: 1_000_000,
+          holdKeys: true,
+          exclude: excluded,
+        });
         const expected = seqs.filter((q) => !excluded.includes(q));
         expect(rest.map((r) => r.seq)).toEqual(expected.slice(0, 10));
         expect(rest[0]!.page_rows).toBe(10);
-        const tail = await readPending(s, 'outboxkit', allLanes, 100, 1_000_000, true, excluded);
+        const tail = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 100,
+          maxBytes: 1_000_000,
+          holdKeys: true,
+          exclude: excluded,
+        });
         expect(tail.map((r) => r.seq)).toEqual(expected);
         expect(tail[0]!.page_rows).toBe(expected.length);
       }
@@ -95,14 +113,26 @@ describe.each(['force_custom_plan', 'force_generic_plan'] as const)('readPending
     const s = await session(planMode);
     try {
       for (let round = 0; round < 7; round++) {
-        const two = await readPending(s, 'outboxkit', allLanes, 100, 999, true, []);
+        const two = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 100,
+          maxBytes: 999,
+          holdKeys: true,
+          exclude: [],
+        });
         expect(two.map((r) => r.seq)).toEqual(seqs.slice(0, 2));
         expect(two[0]!.page_rows).toBe(6); // more rows are pending than were returned
         expect(two[0]!.payload).toEqual(Buffer.from('x'.repeat(400)));
-        const one = await readPending(s, 'outboxkit', allLanes, 100, 1, true, []);
+        const one = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 100,
+          maxBytes: 1,
+          holdKeys: true,
+          exclude: [],
+        });
         expect(one.map((r) => r.seq)).toEqual(seqs.slice(0, 1));
         const lane = laneOf('k0');
-        const own = await readPending(s, 'outboxkit', [lane], 100, 1_000_000, true, []);
+        const own = await readPending(s, 'outboxkit', { lanes: [lane], maxRows: 100, maxBytes: 1_000_000 });
         expect(own.length).toBeGreaterThan(0);
         expect(own.every((r) => r.lane === lane)).toBe(true);
       }
@@ -121,9 +151,21 @@ describe.each(['force_custom_plan', 'force_generic_plan'] as const)('readPending
     const s = await session(planMode);
     try {
       for (let round = 0; round < 7; round++) {
-        const rows = await readPending(s, 'outboxkit', allLanes, 100, 1_000_000, true, []);
+        const rows = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 100,
+          maxBytes: 1_000_000,
+          holdKeys: true,
+          exclude: [],
+        });
         expect(rows.map((r) => r.key)).toEqual(['free', 'free', 'free']);
-        const unheld = await readPending(s, 'outboxkit', allLanes, 100, 1_000_000, false, []);
+        const unheld = await readPending(s, 'outboxkit', {
+          lanes: allLanes,
+          maxRows: 100,
+          maxBytes: 1_000_000,
+          holdKeys: false,
+          exclude: [],
+        });
         expect(unheld.map((r) => r.seq)).toEqual(seqs.slice(1));
       }
     } finally {
