@@ -1,27 +1,33 @@
 /**
- * Side by side (`npm run bench -- side-by-side`): the built code of the commit before a change
- * and after it, measured in one run, in absolute rates, so that a redesign can show the relay's
- * drain and the consumer's throughput did not regress (after / before ≥ 0.95).
+ * Side by side (`npm run bench -- side-by-side`): the built code of the commit before a change and
+ * of the code after it, measured in one run in absolute rates, so that a redesign can show that
+ * the writer, the relay's drain and the consumer's throughput did not regress (after / before ≥ 0.95).
  *
- *   BENCH_BEFORE=<ref> BENCH_AFTER=<ref> BENCH_EVENTS=100000 BENCH_ROUNDS=4 npm run bench -- side-by-side
+ *   BENCH_BEFORE=redesign-base npm run bench -- side-by-side              (the defaults)
+ *   BENCH_EVENTS=5000 BENCH_ROUNDS=1 BENCH_B1_MS=1000 BENCH_ONLY=b2 npm run bench -- side-by-side
  *
- * - BENCH_BEFORE (default `redesign-base`): a git worktree of it in .services/bench-trees/;
- * - BENCH_AFTER (default: this checkout as it is, uncommitted changes included): another ref, in a
- *   worktree too.
- * Both trees get this checkout's node_modules (a symlink; the run stops if their package.json
+ * - BENCH_BEFORE (default `redesign-base`): the ref before, checked out as a git worktree in
+ *   .services/bench-trees/ (removed at the end);
+ * - BENCH_AFTER (default: this checkout as it is, uncommitted changes included): a ref after,
+ *   checked out the same way;
+ * - BENCH_EVENTS (default 100,000): events of B2 and B4; BENCH_B1_MS (default 5,000): time of a B1
+ *   measurement, after 1 s of warm-up; BENCH_ROUNDS (default 4; 3 at least for a verdict);
+ *   BENCH_ONLY (e.g. `b2,b4`; default all): some of `b1`, `b2`, `b4`.
+ * Both trees get this checkout's node_modules (a symlink: the run stops if their package.json
  * declare different dependencies) and are built with `npx tsc -p tsconfig.build.json`. Each
- * measurement is a child process (bench/processes/side-by-side-measure.ts) that runs one tree's
- * dist/ on a fresh database (migrated by that tree) and fresh topics, dropped afterwards:
- * - B1 enqueue, 1 and 32 clients (transactions/s, BENCH_B1_MS per measurement after 1 s of
- *   warm-up, default 5,000);
- * - B2 relay drain: BENCH_EVENTS pending events (default 100,000) drained by the tree's
- *   `outboxkit relay` into a 6-partition topic (events/s);
- * - B4 dedup consumer: BENCH_EVENTS events pre-produced to a 3-partition topic, read by the tree's
- *   dedup consumer, one INSERT per event in its transaction (events/s).
- * Rounds (BENCH_ROUNDS, default 4, at least 3 for a verdict) measure each benchmark for both trees
- * one after the other, before first in odd rounds and after first in even ones, so that drift and
- * the machine's warm-up hit both alike. Prints per benchmark each tree's median rate, the
- * per-round ratios after / before, their median and PASS (≥ 0.95) or FAIL.
+ * measurement is a child process (bench/processes/side-by-side-measure.ts, which says what it
+ * measures) running one tree's dist/ on a fresh database, migrated by that tree, and fresh topics,
+ * all dropped afterwards:
+ * - B1 enqueue, 1 and 32 clients: a business INSERT and `enqueue()` of one 256-byte event per
+ *   transaction (transactions/s);
+ * - B2 relay drain: pending 256-byte events over 1,000 keys drained by the tree's `outboxkit relay`
+ *   into a 6-partition topic, from its first published event to its last (events/s);
+ * - B4 dedup consumer: events pre-produced to a 3-partition topic (256-byte JSON values) read by
+ *   the tree's dedup consumer, one INSERT per event in its transaction (events/s).
+ * A round measures each benchmark for both trees one right after the other, before first in odd
+ * rounds and after first in even ones, so that drift and warm-up hit both alike. Prints per
+ * benchmark each tree's median rate, the ratios after / before of the rounds, their median and
+ * PASS (≥ 0.95) or FAIL. Progress goes to stderr.
  */
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -40,6 +46,7 @@ const AFTER = process.env.BENCH_AFTER || undefined;
 const EVENTS = knob('BENCH_EVENTS', 100_000);
 const ROUNDS = knob('BENCH_ROUNDS', 4);
 const B1_MS = knob('BENCH_B1_MS', 5_000);
+const ONLY = process.env.BENCH_ONLY?.split(',').filter(Boolean);
 /** A measurement that has not ended by then failed (its child's own limit is 20 minutes). */
 const MEASUREMENT_TIMEOUT_MS = 25 * 60_000;
 const CHILD = path.join(root, 'bench', 'processes', 'side-by-side-measure.ts');
@@ -57,7 +64,7 @@ interface Tree {
 interface Benchmark {
   name: string;
   unit: string;
-  /** Arguments of the child after the tree. */
+  /** The child's arguments after the tree: the measurement and its clients. */
   args: string[];
   /** A fresh topic (and its .dlq) of this many partitions; with `produce`, BENCH_EVENTS events on it. */
   partitions?: number;
@@ -70,6 +77,8 @@ const BENCHMARKS: Benchmark[] = [
   { name: 'B2 relay drain', unit: 'events/s', args: ['b2'], partitions: 6 },
   { name: 'B4 dedup consumer', unit: 'events/s', args: ['b4'], partitions: 3, produce: true },
 ];
+
+const SELECTED = BENCHMARKS.filter((b) => ONLY === undefined || ONLY.includes(b.args[0]!));
 
 const git = (args: string[]) => execFileSync('git', args, { cwd: root, encoding: 'utf8' }).trim();
 
@@ -98,18 +107,24 @@ function describe(tree: Tree): string {
   return `this checkout at ${tree.commit.slice(0, 7)}${dirty ? ' with uncommitted changes' : ''}`;
 }
 
-/** Stops the run when the trees would not run on the dependencies they declare. */
-function checkSameDependencies(before: Tree, after: Tree): void {
+/**
+ * Stops the run when the trees declare different dependencies (they share one node_modules, so
+ * one of them would not run on its own); returns the other fields in which their package.json
+ * differ (scripts, exports), for the record.
+ */
+function packageDifferences(before: Tree, after: Tree): string[] {
   const read = (t: Tree) =>
     JSON.parse(readFileSync(path.join(t.dir, 'package.json'), 'utf8')) as Record<string, unknown>;
   const [a, b] = [read(before), read(after)];
-  const differ = DEPENDENCY_FIELDS.filter((f) => !isDeepStrictEqual(a[f], b[f]));
-  if (differ.length > 0)
+  const differ = [...new Set([...Object.keys(a), ...Object.keys(b)])].filter((f) => !isDeepStrictEqual(a[f], b[f]));
+  const dependencies = differ.filter((f) => DEPENDENCY_FIELDS.includes(f));
+  if (dependencies.length > 0)
     throw new Error(
-      `The package.json of ${describe(before)} and of ${describe(after)} declare different ${differ.join(', ')}. ` +
-        "Both trees run on this checkout's node_modules, so one of them would not run on its own dependencies: " +
-        'measure such a pair with an `npm ci` in each tree instead.',
+      `The package.json of ${describe(before)} and of ${describe(after)} declare different ${dependencies.join(', ')}. ` +
+        "Both trees would run on this checkout's node_modules, so one of them would not run on its own " +
+        'dependencies: measure such a pair by hand, with an `npm ci` in each tree.',
     );
+  return differ;
 }
 
 /** One measurement of `bench` with `tree`'s built code, on a fresh database and fresh topics. */
@@ -120,8 +135,8 @@ async function measure(bench: Benchmark, tree: Tree): Promise<number> {
   const topic = `bench-side-by-side-${randomBytes(4).toString('hex')}`;
   let child: Child | undefined;
   try {
-    await admin.connect();
     if (bench.partitions !== undefined) {
+      await admin.connect();
       await admin.createTopics({
         waitForLeaders: true,
         topics: [
@@ -134,7 +149,7 @@ async function measure(bench: Benchmark, tree: Tree): Promise<number> {
           JSON.stringify(paddedJson({ orderId: `order-${i % 10_000}`, amount: i }, 256)),
         );
     }
-    child = startChild(`${bench.name} (${tree.label})`, CHILD, [bench.args[0]!, tree.dir, ...bench.args.slice(1)], {
+    child = startChild(`${bench.name} (${tree.label})`, CHILD, [tree.dir, ...bench.args], {
       DATABASE_URL: db.url,
       KAFKA_BROKERS: db.brokers.join(','),
       BENCH_TOPIC: topic,
@@ -154,8 +169,10 @@ async function measure(bench: Benchmark, tree: Tree): Promise<number> {
     return Number(line.slice('rate '.length));
   } finally {
     if (child !== undefined) await stopChild(child);
-    if (bench.partitions !== undefined) await admin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => {});
-    await admin.disconnect();
+    if (bench.partitions !== undefined) {
+      await admin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => {});
+      await admin.disconnect();
+    }
     await db.drop();
   }
 }
@@ -172,7 +189,7 @@ export async function run(): Promise<string> {
         ? { label: 'after', ref: null, commit: git(['rev-parse', 'HEAD']), dir: root }
         : worktree('after', AFTER);
     if (after.ref !== null) made.push(after);
-    checkSameDependencies(before, after);
+    const differences = packageDifferences(before, after);
     for (const tree of [before, after]) {
       log('side-by-side', `building ${tree.label}: ${describe(tree)}`);
       execFileSync('npx', ['tsc', '-p', 'tsconfig.build.json'], { cwd: tree.dir, stdio: 'inherit' });
@@ -182,7 +199,7 @@ export async function run(): Promise<string> {
     const rates = new Map(BENCHMARKS.map((b) => [b, { before: [] as number[], after: [] as number[] }]));
     for (let round = 0; round < ROUNDS; round++) {
       const order = round % 2 === 0 ? [before, after] : [after, before];
-      for (const bench of BENCHMARKS) {
+      for (const bench of SELECTED) {
         for (const tree of order) {
           const rate = await measure(bench, tree);
           rates.get(bench)![tree.label].push(rate);
@@ -191,7 +208,7 @@ export async function run(): Promise<string> {
       }
     }
 
-    const rows = BENCHMARKS.map((bench) => {
+    const rows = SELECTED.map((bench) => {
       const r = rates.get(bench)!;
       const ratios = r.after.map((x, i) => x / r.before[i]!);
       const ratio = median(ratios);
@@ -208,7 +225,8 @@ export async function run(): Promise<string> {
       ];
     });
     return [
-      `Before: ${describe(before)}. After: ${describe(after)}.`,
+      `Before: ${describe(before)}. After: ${describe(after)}.` +
+        (differences.length > 0 ? ` Their package.json differ in ${differences.join(', ')} (not dependencies).` : ''),
       `Machine: ${await machine()}; load average ${loadBefore} before the rounds, ${loadAverage()} after.`,
       `${ROUNDS} round(s), before first in rounds 1, 3, ...; B1 ${B1_MS} ms per measurement after 1 s of warm-up; ` +
         `B2 and B4 ${EVENTS.toLocaleString('en-US')} events of 256 bytes.`,

@@ -14,7 +14,7 @@
  *   group, its handler one INSERT in the consumer's transaction, timed from the first applied event
  *   to the last (events/s).
  *
- * Usage: node --import tsx bench/processes/side-by-side-measure.ts <b1|b2|b4> <tree> [<clients>]
+ * Usage: node --import tsx bench/processes/side-by-side-measure.ts <tree> <b1|b2|b4> [<clients>]
  * Environment: DATABASE_URL, KAFKA_BROKERS, BENCH_TOPIC (b2, b4), BENCH_EVENTS (b2, b4),
  * BENCH_B1_MS (b1).
  */
@@ -42,9 +42,9 @@ const RUN_TIMEOUT_MS = 20 * 60_000;
 const B4_CONCURRENCY = 3;
 const B4_POOL_SIZE = 4;
 
-const [kind, treeArg, clientsArg] = process.argv.slice(2);
+const [treeArg, kind, clientsArg] = process.argv.slice(2);
 if (!kind || !treeArg || !['b1', 'b2', 'b4'].includes(kind) || (kind === 'b1' && !clientsArg))
-  throw new Error('usage: side-by-side-measure.ts <b1|b2|b4> <tree> [<clients>]');
+  throw new Error('usage: side-by-side-measure.ts <tree> <b1|b2|b4> [<clients>]');
 const tree: string = treeArg;
 const env = (name: string): string => {
   const value = process.env[name];
@@ -89,7 +89,10 @@ async function b2(events: number): Promise<number> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 2 });
   try {
     await seedPending(pool, { topic: env('BENCH_TOPIC'), count: events, keys: 1_000, laneOf: core.laneOf });
-    // The seed's dirty pages are written now, not by the checkpointer during the drain.
+    // Every drain starts from the same state: the table's statistics taken (not by an autovacuum
+    // that may or may not come during the drain) and the seed's pages written (not by the
+    // checkpointer during the drain).
+    await pool.query('ANALYZE outboxkit.outbox_events');
     await pool.query('CHECKPOINT');
     const relay = startRelayDaemon(path.join(tree, pkg.bin.outboxkit!), databaseUrl, brokers);
     const kill = () => relay.kill('SIGKILL');
@@ -101,6 +104,10 @@ async function b2(events: number): Promise<number> {
           throw new Error(`the relay exited (${relay.exitCode ?? relay.signalCode}) before the drain ended`);
         if (performance.now() > deadline) throw new Error(`the drain did not end within ${RUN_TIMEOUT_MS} ms`);
       });
+      const { rows } = await pool.query<{ n: number }>(
+        'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NOT NULL',
+      );
+      if (rows[0]!.n !== events) throw new Error(`${events - rows[0]!.n} events were not published (parked)`);
       return events / (ms / 1_000);
     } finally {
       const exited = new Promise((r) => relay.once('exit', r));
