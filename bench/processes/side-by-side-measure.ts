@@ -36,7 +36,7 @@ import {
   timeDrain,
 } from '../support.js';
 
-/** Minutes a drain or a consumer run may take before the measurement fails. */
+/** How long (ms) a drain or a consumer run may take before the measurement fails. */
 const RUN_TIMEOUT_MS = 20 * 60_000;
 /** bench/consumer.ts's B4 set-up: 3 partitions consumed concurrently, a pool of 4. */
 const B4_CONCURRENCY = 3;
