@@ -33,9 +33,9 @@ import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
 import { createDedupConsumer, DEDUP_CONSUMER_DEFAULTS, type DedupConsumer } from '../consumer/index.js';
 import { inboxClaimText } from '../consumer/inbox-sql.js';
-import { compare, formatComparisons } from './lib.js';
-import { benchDatabase } from './support.js';
-import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
+import { clock, clockRate, compare, formatComparisons, median, withTimeout } from './lib.js';
+import { benchDatabase, produceEvents } from './support.js';
+import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 
 const EVENTS = Number(process.env.BENCH_CONSUMER_EVENTS ?? 200_000);
 const ROUNDS = Number(process.env.BENCH_CONSUMER_ROUNDS ?? 2);
@@ -46,59 +46,7 @@ const BATCH_MAX_MESSAGES = 50;
 const PARTITIONS = 3;
 const CONCURRENCY = 3;
 const POOL_SIZE = 4;
-const PRODUCE_BATCH = 2_000;
 const PROGRESS = process.env.BENCH_CONSUMER_PROGRESS === '1';
-/** One progress clock for a run: first and last processed message. */
-interface Clock {
-  count: number;
-  first: number;
-  last: number;
-  done: Promise<void>;
-  tick(): void;
-}
-
-function clock(total: number): Clock {
-  let resolve!: () => void;
-  const c: Clock = {
-    count: 0,
-    first: 0,
-    last: 0,
-    done: new Promise<void>((r) => (resolve = r)),
-    tick() {
-      const now = performance.now();
-      if (c.count === 0) c.first = now;
-      c.count += 1;
-      c.last = now;
-      if (c.count === total) resolve();
-    },
-  };
-  return c;
-}
-
-function rate(c: Clock): number {
-  return (c.count - 1) / ((c.last - c.first) / 1_000);
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
-
-async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      p,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
 const RUN_TIMEOUT_MS = 20 * 60_000;
 
 /** BENCH_CONSUMER_SQL_ONLY=1: the handler transaction with and without the inbox row, no Kafka. */
@@ -177,22 +125,8 @@ export async function run(): Promise<string> {
         { topic: `${topic}.dlq`, numPartitions: 1, replicationFactor: 1 },
       ],
     });
-    const producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1 });
-    await producer.connect();
     const producedAt = performance.now();
-    for (let i = 0; i < EVENTS; i += PRODUCE_BATCH) {
-      const n = Math.min(PRODUCE_BATCH, EVENTS - i);
-      await producer.send({
-        topic,
-        acks: -1,
-        messages: Array.from({ length: n }, (_, j) => ({
-          key: `order-${(i + j) % 10_000}`,
-          value: JSON.stringify({ orderId: `order-${(i + j) % 10_000}`, amount: i + j }),
-          headers: { [HEADER_EVENT_ID]: uuidv7(), [HEADER_EVENT_TYPE]: 'order.created' },
-        })),
-      });
-    }
-    await producer.disconnect();
+    await produceEvents(kafka, topic, EVENTS, (i) => JSON.stringify({ orderId: `order-${i % 10_000}`, amount: i }));
     const produceSeconds = (performance.now() - producedAt) / 1_000;
 
     const handlerSql = 'INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)';
@@ -244,7 +178,7 @@ export async function run(): Promise<string> {
       } finally {
         await consumer.disconnect();
       }
-      return rate(c);
+      return clockRate(c);
     }
 
     async function dedup(groupId: string, expect: 'applied' | 'duplicate', scope: Scope): Promise<number> {
@@ -275,7 +209,7 @@ export async function run(): Promise<string> {
         await consumer.stop();
       }
       if (unexpected > 0) throw new Error(`dedup run (${expect}, ${scope}): ${unexpected} unexpected outcomes`);
-      return rate(c);
+      return clockRate(c);
     }
 
     for (let round = 1; round <= ROUNDS; round++) {

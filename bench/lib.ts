@@ -35,10 +35,58 @@ export interface Comparison {
   baselineOpsPerSec: number;
 }
 
-function median(xs: number[]): number {
+export function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   const m = Math.floor(s.length / 2);
   return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+/** A progress clock of one run of `total` messages: times of the first and the last `tick()`. */
+export interface Clock {
+  count: number;
+  first: number;
+  last: number;
+  /** Resolves at the `total`-th tick. */
+  done: Promise<void>;
+  tick(): void;
+}
+
+export function clock(total: number): Clock {
+  let resolve!: () => void;
+  const c: Clock = {
+    count: 0,
+    first: 0,
+    last: 0,
+    done: new Promise<void>((r) => (resolve = r)),
+    tick() {
+      const now = performance.now();
+      if (c.count === 0) c.first = now;
+      c.count += 1;
+      c.last = now;
+      if (c.count === total) resolve();
+    },
+  };
+  return c;
+}
+
+/** Ticks per second from the first tick to the last (start-up before the first tick excluded). */
+export function clockRate(c: Clock): number {
+  return (c.count - 1) / ((c.last - c.first) / 1_000);
+}
+
+/** `p`, or a rejection naming `what` after `ms`. */
+export async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /**

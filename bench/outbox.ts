@@ -8,28 +8,17 @@ import pg from 'pg';
 import { createOutbox } from '../src/index.js';
 import { laneOf } from '../src/outbox/event.js';
 import { compare, formatComparisons, type Comparison } from './lib.js';
-import { benchDatabase, machine } from './support.js';
+import { benchDatabase, BUSINESS_TABLE_DDL, businessTransaction, machine } from './support.js';
 
 export async function run(): Promise<string> {
   const db = await benchDatabase();
   const pool = new pg.Pool({ connectionString: db.url, max: 32 });
-  await pool.query('CREATE TABLE biz (id uuid PRIMARY KEY, data text NOT NULL)');
+  await pool.query(BUSINESS_TABLE_DDL);
   const withNotify = createOutbox({ notify: true });
   const withoutNotify = createOutbox({ notify: false });
   const payload = { orderId: 'x', amount: 1234, currency: 'EUR', lines: [{ sku: 'a', qty: 1 }] };
 
-  const tx = async (body: (c: pg.PoolClient, id: string) => Promise<unknown>) => {
-    const c = await pool.connect();
-    try {
-      const id = randomUUID();
-      await c.query('BEGIN');
-      await c.query('INSERT INTO biz (id, data) VALUES ($1, $2)', [id, 'some business data']);
-      await body(c, id);
-      await c.query('COMMIT');
-    } finally {
-      c.release();
-    }
-  };
+  const tx = (body: (c: pg.PoolClient, id: string) => Promise<unknown>) => businessTransaction(pool, body);
   const viaEnqueue = (outbox: typeof withNotify) => () =>
     tx((c, id) => outbox.enqueue(c, { topic: 'orders', key: id, type: 'order.created', payload }));
   const byHand = () =>

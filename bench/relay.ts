@@ -6,7 +6,6 @@
  * - null publisher: the relay's database work alone (a producer that acknowledges at once).
  * Ratio = relay / min(raw, null publisher): how close the relay comes to its slower half.
  */
-import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
@@ -14,36 +13,18 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { laneOf } from '../src/outbox/event.js';
 import { Relay, SAFE_PRODUCER_CONFIG } from '../relay/index.js';
-import { benchDatabase, machine } from './support.js';
+import { benchDatabase, machine, pendingCount, seedPending, startRelayDaemon, timeDrain } from './support.js';
 
 const N = Number(process.env.BENCH_EVENTS ?? 200_000);
 const KEYS = 1_000;
 const BATCH = 500;
 
 async function seed(pool: pg.Pool, topic: string): Promise<void> {
-  const keys = Array.from({ length: KEYS }, (_, i) => `key-${i}`);
-  await pool.query(
-    `INSERT INTO outboxkit.outbox_events (event_id, topic, key, lane, type, payload)
-     SELECT gen_random_uuid(), $1, k.key, k.lane, 'bench', convert_to(rpad('x', 256, 'x'), 'UTF8')
-       FROM generate_series(1, $2::int) i
-       JOIN unnest($3::text[], $4::smallint[]) WITH ORDINALITY AS k(key, lane, n) ON k.n = (i % $5) + 1`,
-    [topic, N, keys, keys.map(laneOf), KEYS],
-  );
+  await seedPending(pool, { topic, count: N, keys: KEYS, laneOf });
 }
 
-async function pending(pool: pg.Pool): Promise<number> {
-  const { rows } = await pool.query<{ n: number }>(
-    // The pending index's predicate: counting does not scan the whole table during the drain.
-    'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NULL AND parked_at IS NULL',
-  );
-  return rows[0]!.n;
-}
-
-async function waitDrained(pool: pg.Pool, onTick?: () => void): Promise<void> {
-  while ((await pending(pool)) > 0) {
-    onTick?.();
-    await new Promise((r) => setTimeout(r, 100));
-  }
+async function waitDrained(pool: pg.Pool): Promise<void> {
+  while ((await pendingCount(pool)) > 0) await new Promise((r) => setTimeout(r, 100));
 }
 
 function rssMb(pid: number): number {
@@ -65,35 +46,10 @@ export async function run(): Promise<string> {
 
   // 1. The relay daemon, as a child process.
   await seed(pool, topic);
-  // The built CLI, as users run it (`outboxkit relay`): no TypeScript loader in its memory.
-  const child = spawn(
-    process.execPath,
-    [
-      // e.g. BENCH_RELAY_NODE_ARGS='--cpu-prof --cpu-prof-dir=/tmp/prof' to profile the daemon.
-      ...(process.env.BENCH_RELAY_NODE_ARGS ?? '').split(' ').filter(Boolean),
-      path.resolve('dist/cli/main.js'),
-      'relay',
-      '--metrics-port',
-      '-1',
-      '--log-level',
-      'warn',
-    ],
-    {
-      env: { ...process.env, DATABASE_URL: db.url, KAFKA_BROKERS: db.brokers.join(',') },
-      stdio: 'inherit',
-    },
-  );
-  // Timed from its first published event: process start-up and lane acquisition are not drain.
-  let t0 = 0;
-  let left = N;
+  // The built CLI, as users run it (`outboxkit relay`).
+  const child = startRelayDaemon(path.resolve('dist/cli/main.js'), db.url, db.brokers);
   let maxRss = 0;
-  while (left > 0) {
-    maxRss = Math.max(maxRss, rssMb(child.pid!));
-    await new Promise((r) => setTimeout(r, 50));
-    left = await pending(pool);
-    if (t0 === 0 && left < N) t0 = performance.now();
-  }
-  const relayMs = performance.now() - t0;
+  const relayMs = await timeDrain(pool, N, () => (maxRss = Math.max(maxRss, rssMb(child.pid!))));
   child.kill('SIGTERM');
   await new Promise((r) => child.once('exit', r));
 
@@ -101,7 +57,7 @@ export async function run(): Promise<string> {
   const producer = kafka.producer({ ...SAFE_PRODUCER_CONFIG, retry: { retries: 5 } });
   await producer.connect();
   const value = Buffer.from('x'.repeat(256));
-  t0 = performance.now();
+  let t0 = performance.now();
   for (let i = 0; i < N; i += BATCH) {
     const messages = Array.from({ length: Math.min(BATCH, N - i) }, (_, j) => ({
       key: `key-${(i + j) % KEYS}`,

@@ -1,8 +1,15 @@
-/** Shared set-up of benchmarks: a fresh migrated database and the services' addresses. */
-import { randomBytes } from 'node:crypto';
+/**
+ * Shared set-up of benchmarks: a fresh migrated database and the services' addresses, the pending
+ * events of the relay benchmarks, the events of the consumer benchmarks.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes, randomUUID } from 'node:crypto';
+import { type Kafka } from 'kafkajs';
 import pg from 'pg';
+import { v7 as uuidv7 } from 'uuid';
 import { ensureServices } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
+import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 
 export interface BenchDatabase {
   url: string;
@@ -10,8 +17,12 @@ export interface BenchDatabase {
   drop(): Promise<void>;
 }
 
-/** Creates and migrates a throwaway database for one benchmark; `drop()` removes it. */
-export async function benchDatabase(): Promise<BenchDatabase> {
+/**
+ * Creates and migrates a throwaway database for one benchmark; `drop()` removes it. With
+ * `migrated: false` the database is left empty (bench/side-by-side.ts migrates it with the code
+ * it measures).
+ */
+export async function benchDatabase(options: { migrated?: boolean } = {}): Promise<BenchDatabase> {
   const services = await ensureServices();
   const name = `outboxkit_bench_${randomBytes(4).toString('hex')}`;
   const admin = new pg.Client({ connectionString: services.databaseUrl });
@@ -20,7 +31,7 @@ export async function benchDatabase(): Promise<BenchDatabase> {
   await admin.end();
   const url = new URL(services.databaseUrl);
   url.pathname = `/${name}`;
-  await migrate({ connectionString: url.toString() });
+  if (options.migrated !== false) await migrate({ connectionString: url.toString() });
   return {
     url: url.toString(),
     brokers: services.kafkaBrokers,
@@ -37,4 +48,127 @@ export async function benchDatabase(): Promise<BenchDatabase> {
 export async function machine(): Promise<string> {
   const os = await import('node:os');
   return `${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}, ${new Date().toISOString().slice(0, 10)}`;
+}
+
+/** The business table of the write benchmarks: one row per transaction. */
+export const BUSINESS_TABLE_DDL = 'CREATE TABLE biz (id uuid PRIMARY KEY, data text NOT NULL)';
+
+/** One business transaction on a pooled client: BEGIN; a row into biz (a fresh UUID `id`); `body`; COMMIT. */
+export async function businessTransaction(
+  pool: pg.Pool,
+  body: (client: pg.PoolClient, id: string) => Promise<unknown>,
+): Promise<void> {
+  const client = await pool.connect();
+  try {
+    const id = randomUUID();
+    await client.query('BEGIN');
+    await client.query('INSERT INTO biz (id, data) VALUES ($1, $2)', [id, 'some business data']);
+    await body(client, id);
+    await client.query('COMMIT');
+  } finally {
+    client.release();
+  }
+}
+
+/** A JSON object of `fields` padded (member `pad`) to `bytes` bytes of JSON text, for fixed-size events. */
+export function paddedJson(fields: Record<string, unknown>, bytes: number): Record<string, unknown> {
+  const pad = bytes - Buffer.byteLength(JSON.stringify({ ...fields, pad: '' }));
+  if (pad < 0) throw new Error(`${JSON.stringify(fields)} is longer than ${bytes} bytes of JSON`);
+  return { ...fields, pad: 'x'.repeat(pad) };
+}
+
+/**
+ * Inserts `count` pending events of 256 bytes on `topic` into the outbox in one statement, keys
+ * `key-<i mod keys>` with their lanes from `laneOf` (the writer's, so the relay's lanes cover them).
+ */
+export async function seedPending(
+  pool: pg.Pool,
+  options: { topic: string; count: number; keys: number; laneOf: (key: string) => number },
+): Promise<void> {
+  const keys = Array.from({ length: options.keys }, (_, i) => `key-${i}`);
+  await pool.query(
+    `INSERT INTO outboxkit.outbox_events (event_id, topic, key, lane, type, payload)
+     SELECT gen_random_uuid(), $1, k.key, k.lane, 'bench', convert_to(rpad('x', 256, 'x'), 'UTF8')
+       FROM generate_series(1, $2::int) i
+       JOIN unnest($3::text[], $4::smallint[]) WITH ORDINALITY AS k(key, lane, n) ON k.n = (i % $5) + 1`,
+    [options.topic, options.count, keys, keys.map(options.laneOf), options.keys],
+  );
+}
+
+/** Events neither published nor parked. */
+export async function pendingCount(pool: pg.Pool): Promise<number> {
+  const { rows } = await pool.query<{ n: number }>(
+    // The pending index's predicate: counting does not scan the whole table during the drain.
+    'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE published_at IS NULL AND parked_at IS NULL',
+  );
+  return rows[0]!.n;
+}
+
+/**
+ * Polls the pending count every 50 ms until none of `count` seeded events is left, calling
+ * `onTick` before each poll (it may throw to give up). Returns the drain's duration in ms, from
+ * the first poll that saw fewer than `count` (the first published event; start-up and lane
+ * acquisition are not drain) to the poll that saw none.
+ */
+export async function timeDrain(pool: pg.Pool, count: number, onTick: () => void = () => {}): Promise<number> {
+  let t0 = 0;
+  let left = count;
+  while (left > 0) {
+    onTick();
+    await new Promise((r) => setTimeout(r, 50));
+    left = await pendingCount(pool);
+    if (t0 === 0 && left < count) t0 = performance.now();
+  }
+  return performance.now() - t0;
+}
+
+/**
+ * Spawns the built relay daemon (`node <cli> relay`, no TypeScript loader in its memory) on
+ * `databaseUrl`, metrics off, warnings only, its output inherited.
+ * BENCH_RELAY_NODE_ARGS adds Node.js flags, e.g. '--cpu-prof --cpu-prof-dir=/tmp/prof'.
+ */
+export function startRelayDaemon(cli: string, databaseUrl: string, brokers: string[]): ChildProcess {
+  return spawn(
+    process.execPath,
+    [
+      ...(process.env.BENCH_RELAY_NODE_ARGS ?? '').split(' ').filter(Boolean),
+      cli,
+      'relay',
+      '--metrics-port',
+      '-1',
+      '--log-level',
+      'warn',
+    ],
+    { env: { ...process.env, DATABASE_URL: databaseUrl, KAFKA_BROKERS: brokers.join(',') }, stdio: 'inherit' },
+  );
+}
+
+/**
+ * Produces `count` events to `topic` (idempotent producer, acks=all, 2,000 a request) as the
+ * outbox relay publishes them: key `order-<i mod 10,000>`, the `event-id` (UUIDv7) and
+ * `event-type` headers, `value(i)` as the value.
+ */
+export async function produceEvents(
+  kafka: Kafka,
+  topic: string,
+  count: number,
+  value: (i: number) => string,
+): Promise<void> {
+  const producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1 });
+  await producer.connect();
+  try {
+    for (let i = 0; i < count; i += 2_000) {
+      await producer.send({
+        topic,
+        acks: -1,
+        messages: Array.from({ length: Math.min(2_000, count - i) }, (_, j) => ({
+          key: `order-${(i + j) % 10_000}`,
+          value: value(i + j),
+          headers: { [HEADER_EVENT_ID]: uuidv7(), [HEADER_EVENT_TYPE]: 'order.created' },
+        })),
+      });
+    }
+  } finally {
+    await producer.disconnect();
+  }
 }
