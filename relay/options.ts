@@ -5,10 +5,19 @@
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
-import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
+import { z } from 'zod';
 import type { Logger } from '../src/logger.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
-import { quoteSchema } from '../src/schema-name.js';
+import {
+  boolean,
+  integer,
+  parseOptions,
+  retryDelays,
+  retryDelaysInOrder,
+  sentence,
+  SHARED_OPTIONS,
+  value,
+} from '../src/options.js';
 import type { Kafka } from '../src/kafka/kafkajs/client.js';
 import type { RelayProducer } from '../src/kafka/kafkajs/producer.js';
 import type { KafkaClient, ProducerSettings } from '../src/kafka/types.js';
@@ -90,27 +99,10 @@ export interface RelayOptions {
   logger?: Logger;
 }
 
-/** Resolved relay options. */
-export type ResolvedRelayOptions = Required<
-  Pick<
-    RelayOptions,
-    | 'schema'
-    | 'relayId'
-    | 'batchSize'
-    | 'maxBatchBytes'
-    | 'pollIntervalMs'
-    | 'listen'
-    | 'leaseMs'
-    | 'brokerTimeoutMs'
-    | 'retryInitialMs'
-    | 'retryMaxMs'
-    | 'verifyTopics'
-    | 'maxAttempts'
-    | 'holdKeyBehindFailure'
-    | 'publishedRetentionMs'
-    | 'cleanupIntervalMs'
-    | 'cleanupBatchSize'
-  >
+/** Resolved relay options: the settings, defaults applied (the connections and the logger are the caller's). */
+export type ResolvedRelayOptions = Omit<
+  z.output<typeof relayOptionsSchema>,
+  'connectionString' | 'pool' | 'brokers' | 'kafka' | 'producer' | 'producerOptions' | 'logger'
 >;
 
 /** Defaults of {@link RelayOptions}. */
@@ -132,44 +124,53 @@ export const RELAY_DEFAULTS = Object.freeze({
   cleanupBatchSize: 1_000,
 });
 
-/** Every option name of {@link RelayOptions}; the compiler keeps it in step with the interface. */
-const RELAY_OPTION_NAMES: readonly string[] = Object.keys({
-  connectionString: true,
-  pool: true,
-  brokers: true,
-  kafka: true,
-  producer: true,
-  producerOptions: true,
-  schema: true,
-  relayId: true,
-  batchSize: true,
-  maxBatchBytes: true,
-  pollIntervalMs: true,
-  listen: true,
-  leaseMs: true,
-  brokerTimeoutMs: true,
-  retryInitialMs: true,
-  retryMaxMs: true,
-  verifyTopics: true,
-  maxAttempts: true,
-  holdKeyBehindFailure: true,
-  publishedRetentionMs: true,
-  cleanupIntervalMs: true,
-  cleanupBatchSize: true,
-  logger: true,
-} satisfies Record<keyof RelayOptions, true>);
-
-/** The option names of `RelayOptions.producerOptions`; the compiler keeps it in step with the type. */
-const RELAY_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
-  requestTimeoutMs: true,
-  retries: true,
-  compression: true,
-} satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, true>);
-
-function positiveInt(name: string, value: number, min = 1): void {
-  if (!Number.isInteger(value) || value < min)
-    throw new InvalidOptionsError(`${name} must be an integer ≥ ${min}, got ${value}.`);
-}
+/** The relay's options, declared once: types, ranges, defaults and the rules between them. */
+const relayOptionsSchema = z
+  .strictObject({
+    connectionString: value<string>('a PostgreSQL connection string', (v) => typeof v === 'string').optional(),
+    pool: value<pg.Pool>('a pg.Pool', (v) => typeof v === 'object' && v !== null).optional(),
+    brokers: value<string[]>('an array of host:port strings', Array.isArray).optional(),
+    kafka: value<Kafka | KafkaClient>(
+      'a kafkajs Kafka or an outboxkit KafkaClient',
+      (v) => typeof v === 'object' && v !== null,
+    ).optional(),
+    producer: value<RelayProducer>(
+      'a producer with connect, send and disconnect',
+      (v) => typeof v === 'object' && v !== null,
+    ).optional(),
+    producerOptions: z
+      .strictObject({
+        requestTimeoutMs: z.number().optional(),
+        retries: z.number().optional(),
+        compression: z.union([z.string(), z.number()]).optional(),
+      } satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, z.ZodType>)
+      .optional(),
+    schema: SHARED_OPTIONS.schema,
+    relayId: z
+      .string({ error: 'must be a string' })
+      .default(() => `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`),
+    batchSize: integer(1).default(RELAY_DEFAULTS.batchSize),
+    maxBatchBytes: integer(1).default(RELAY_DEFAULTS.maxBatchBytes),
+    pollIntervalMs: integer(10).default(RELAY_DEFAULTS.pollIntervalMs),
+    listen: boolean().default(RELAY_DEFAULTS.listen),
+    leaseMs: integer(1_000).default(RELAY_DEFAULTS.leaseMs),
+    brokerTimeoutMs: integer(100).default(RELAY_DEFAULTS.brokerTimeoutMs),
+    ...retryDelays({ initialMs: RELAY_DEFAULTS.retryInitialMs, maxMs: RELAY_DEFAULTS.retryMaxMs }, 1),
+    verifyTopics: boolean().default(RELAY_DEFAULTS.verifyTopics),
+    maxAttempts: integer(1).default(RELAY_DEFAULTS.maxAttempts),
+    holdKeyBehindFailure: boolean().default(RELAY_DEFAULTS.holdKeyBehindFailure),
+    publishedRetentionMs: integer(0).default(RELAY_DEFAULTS.publishedRetentionMs),
+    cleanupIntervalMs: integer(100).default(RELAY_DEFAULTS.cleanupIntervalMs),
+    cleanupBatchSize: integer(1).default(RELAY_DEFAULTS.cleanupBatchSize),
+    logger: SHARED_OPTIONS.logger,
+  } satisfies Record<keyof RelayOptions, z.ZodType>)
+  .superRefine((o, ctx) => {
+    retryDelaysInOrder(o, ctx);
+    if (!o.pool && !o.connectionString) ctx.addIssue(sentence('The relay needs `connectionString` or `pool`.'));
+    if (!o.producer && !o.kafka && !(o.brokers && o.brokers.length > 0)) {
+      ctx.addIssue(sentence('The relay needs `brokers`, `kafka` or `producer`.'));
+    }
+  });
 
 /**
  * Validates relay options once (`new Relay()` and `createRelay()` call it before connecting).
@@ -178,45 +179,5 @@ function positiveInt(name: string, value: number, min = 1): void {
  *   `producerOptions`, listing the known ones), else the first invalid option.
  */
 export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
-  if (typeof options !== 'object' || options === null)
-    throw new InvalidOptionsError('The relay needs an options object.');
-  refuseUnknownOptions(options, RELAY_OPTION_NAMES, 'createRelay');
-  if (options.producerOptions !== undefined) {
-    if (typeof options.producerOptions !== 'object' || options.producerOptions === null) {
-      throw new InvalidOptionsError('producerOptions must be an object.');
-    }
-    refuseUnknownOptions(options.producerOptions, RELAY_PRODUCER_OPTION_NAMES, 'createRelay producerOptions');
-  }
-  const r = {
-    ...RELAY_DEFAULTS,
-    relayId: options.relayId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`,
-    ...Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)),
-  } as ResolvedRelayOptions;
-  quoteSchema(r.schema);
-  positiveInt('batchSize', r.batchSize);
-  positiveInt('maxBatchBytes', r.maxBatchBytes);
-  positiveInt('pollIntervalMs', r.pollIntervalMs, 10);
-  positiveInt('leaseMs', r.leaseMs, 1_000);
-  positiveInt('brokerTimeoutMs', r.brokerTimeoutMs, 100);
-  positiveInt('retryInitialMs', r.retryInitialMs);
-  positiveInt('retryMaxMs', r.retryMaxMs);
-  positiveInt('maxAttempts', r.maxAttempts);
-  if (r.retryMaxMs < r.retryInitialMs) {
-    throw new InvalidOptionsError(
-      `retryMaxMs (${r.retryMaxMs}) must be at least retryInitialMs (${r.retryInitialMs}).`,
-    );
-  }
-  for (const name of ['listen', 'verifyTopics', 'holdKeyBehindFailure'] as const) {
-    if (typeof r[name] !== 'boolean')
-      throw new InvalidOptionsError(`${name} must be true or false, got ${JSON.stringify(r[name])}.`);
-  }
-  positiveInt('publishedRetentionMs', r.publishedRetentionMs, 0);
-  positiveInt('cleanupIntervalMs', r.cleanupIntervalMs, 100);
-  positiveInt('cleanupBatchSize', r.cleanupBatchSize);
-  if (!options.pool && !options.connectionString)
-    throw new InvalidOptionsError('The relay needs `connectionString` or `pool`.');
-  if (!options.producer && !options.kafka && !(options.brokers && options.brokers.length > 0)) {
-    throw new InvalidOptionsError('The relay needs `brokers`, `kafka` or `producer`.');
-  }
-  return r;
+  return parseOptions(relayOptionsSchema, options, 'createRelay');
 }

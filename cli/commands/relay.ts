@@ -36,10 +36,13 @@ function relayOrFlagError(pool: pg.Pool, build: () => Relay): Relay {
   } catch (err) {
     void pool.end();
     if (!(err instanceof InvalidOptionsError)) throw err;
-    const flagged = err.message.replace(
-      /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|relayId|schema)\b/g,
-      (name) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`,
-    );
+    // The operator gave flags, not createRelay()'s options: named by flag, without the function.
+    const flagged = err.message
+      .replace(/^createRelay: /, '')
+      .replace(
+        /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|relayId|schema)\b/g,
+        (name) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`,
+      );
     throw new InvalidOptionsError(flagged, { cause: err });
   }
 }

@@ -2,7 +2,9 @@
  * The outbox writer: inserts events in the application's own transaction.
  */
 import { joinTransaction, type TransactionHandle } from '../database.js';
-import { InvalidEventError, InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { z } from 'zod';
+import { InvalidEventError } from '../errors.js';
+import { boolean, fn, integer, parseOptions, SHARED_OPTIONS, value } from '../options.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { notifyChannel, quoteSchema } from '../schema-name.js';
 import { activeContextHeaders } from '../tracing.js';
@@ -106,17 +108,6 @@ export interface Outbox {
 /** The largest value PostgreSQL stores in one field (1 GB), in bytes: the upper bound of the byte limits. */
 const MAX_FIELD_BYTES = 1_073_741_823;
 
-/** Every option name of {@link createOutbox}: any other name is refused (a typo must not pass silently). */
-const OUTBOX_OPTION_NAMES: readonly string[] = [
-  'schema',
-  'maxPayloadBytes',
-  'maxHeaderBytes',
-  'notify',
-  'encode',
-  'cloudEvents',
-  'traceContext',
-] satisfies (keyof OutboxOptions)[];
-
 /**
  * The bytes of the headers the relay publishes with the event (the stored ones, `event-id` and
  * `event-type`); throws {@link InvalidEventError} over `maxHeaderBytes`.
@@ -146,6 +137,20 @@ export const OUTBOX_DEFAULTS = Object.freeze({
   traceContext: true,
 });
 
+/**
+ * The writer's options, declared once. The byte limits stop at the largest value PostgreSQL stores
+ * in one field (1 GB); Kafka's own limits are far below.
+ */
+const outboxOptionsSchema = z.strictObject({
+  schema: SHARED_OPTIONS.schema,
+  maxPayloadBytes: integer(1, MAX_FIELD_BYTES).default(OUTBOX_DEFAULTS.maxPayloadBytes),
+  maxHeaderBytes: integer(1, MAX_FIELD_BYTES).default(OUTBOX_DEFAULTS.maxHeaderBytes),
+  notify: boolean().default(OUTBOX_DEFAULTS.notify),
+  encode: fn<PayloadEncoder>('(payload, event) => bytes | { value, contentType }').optional(),
+  cloudEvents: value<CloudEventsOptions>('an object { source }', (v) => typeof v === 'object' && v !== null).optional(),
+  traceContext: boolean().default(OUTBOX_DEFAULTS.traceContext),
+} satisfies Record<keyof OutboxOptions, z.ZodType>);
+
 export { notifyChannel };
 
 /** Orders keys by UTF-16 code units (a total order every writer shares); null keys first. */
@@ -161,27 +166,9 @@ function compareKeys(a: string | null, b: string | null): number {
  * @throws {@link InvalidOptionsError} on an invalid schema name or limit.
  */
 export function createOutbox(options: OutboxOptions = {}): Outbox {
-  refuseUnknownOptions(options ?? {}, OUTBOX_OPTION_NAMES, 'createOutbox');
-  const resolved = { ...OUTBOX_DEFAULTS, ...options };
+  const resolved = parseOptions(outboxOptionsSchema, options ?? {}, 'createOutbox');
   const table = `${quoteSchema(resolved.schema)}.outbox_events`;
-  for (const name of ['maxPayloadBytes', 'maxHeaderBytes'] as const) {
-    const value = resolved[name];
-    // PostgreSQL stores at most 1 GB in one field; Kafka's own limits are far below.
-    if (!Number.isInteger(value) || value <= 0 || value > MAX_FIELD_BYTES) {
-      throw new InvalidOptionsError(`${name} must be an integer from 1 to ${MAX_FIELD_BYTES} (bytes), got ${value}.`);
-    }
-  }
-  if (typeof resolved.notify !== 'boolean') {
-    throw new InvalidOptionsError(`notify must be true or false, got ${JSON.stringify(resolved.notify)}.`);
-  }
-  resolved.traceContext ??= OUTBOX_DEFAULTS.traceContext;
-  if (typeof resolved.traceContext !== 'boolean') {
-    throw new InvalidOptionsError(`traceContext must be true or false, got ${JSON.stringify(resolved.traceContext)}.`);
-  }
   const encoder = resolved.encode;
-  if (encoder !== undefined && typeof encoder !== 'function') {
-    throw new InvalidOptionsError('encode must be a function (payload, event) => bytes | { value, contentType }.');
-  }
   const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
   const verifyInTransaction = verifyInTransactionSql(table);
