@@ -275,7 +275,7 @@ export interface ReadPendingParams {
  * sum of payload bytes (the first row always comes, so one large event cannot stall a lane).
  *
  * Why there is no high-water mark: seq values are drawn before commit, so a row with a smaller seq
- * can become visible after a larger one was read (test/relay/relay.test.ts, "C01"). Every pass
+ * can become visible after a larger one was read (test/relay/relay.test.ts, "rows whose transactions commit late"). Every pass
  * reads all pending rows again from the index instead; rows of one key still come in commit order
  * because the writer locks the key before drawing seq. Only committed rows are visible to this
  * autocommit statement.

@@ -3,14 +3,14 @@
  *
  * outboxkit never opens a connection of its own for the application's writes: `enqueue()` and the
  * idempotency layer run their SQL inside the transaction the caller already holds, so that the
- * business rows, the idempotency record and the outbox events commit together (DESIGN G2).
+ * business rows, the idempotency record and the outbox events commit together (docs/guarantees.md, G2).
  *
  * Supported transaction handles (a small structural interface, like pg-boss's drizzle adapter):
  * - a `pg` client (`pg.Client` or a `pg.PoolClient`) inside `BEGIN`;
  * - a drizzle-orm transaction (`db.transaction(async (tx) => ...)`), node-postgres or postgres-js
  *   driver.
  *
- * What is refused, by type and at run time (case C23): a `pg.Pool`, a `pg` client outside a
+ * What is refused, by type and at run time (test/outbox/enqueue.test.ts, "phantom events"): a `pg.Pool`, a `pg` client outside a
  * transaction or in an aborted one, a top-level drizzle database, and a finished drizzle
  * node-postgres transaction. What cannot be detected: a finished drizzle **postgres-js**
  * transaction handle (the driver exposes no transaction status); do not keep `tx` past its callback.
@@ -221,7 +221,7 @@ export function joinTransaction(
 /**
  * Runs `fn` in a transaction on a client taken from `pool`, and returns the client to the pool in a
  * clean state whatever happens: COMMIT on success, ROLLBACK on error, and a client whose ROLLBACK
- * failed is destroyed rather than returned (case C24: a pooled client left in an aborted
+ * failed is destroyed rather than returned (test/database.test.ts: a pooled client left in an aborted
  * transaction would fail every later query on it).
  *
  * @param pool - a `pg.Pool`.

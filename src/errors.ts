@@ -127,7 +127,7 @@ export class InvalidEventError extends OutboxkitError {
 
 /**
  * The handle given where a transaction is required is not a live transaction: a `pg.Pool`, a
- * `pg.Client` outside BEGIN, or a top-level drizzle database. Thrown by `enqueue()` (case C23).
+ * `pg.Client` outside BEGIN, or a top-level drizzle database. Thrown by `enqueue()` (test/outbox/enqueue.test.ts, "phantom events").
  */
 export class NotInTransactionError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {

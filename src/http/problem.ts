@@ -1,6 +1,6 @@
 /**
  * RFC 9457 problem details for outboxkit's errors: the HTTP face of the idempotency contract
- * (DESIGN "HTTP contract"). Framework-neutral: adapters send `status`, `headers` and
+ * (docs/http-contract.md). Framework-neutral: adapters send `status`, `headers` and
  * `JSON.stringify(body)`.
  */
 import { isOutboxkitError, type ErrorCode } from '../errors.js';

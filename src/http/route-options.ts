@@ -43,7 +43,7 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
   /**
    * The authenticated caller's scope (account or tenant id). Return `undefined` (or `''`) when it
    * cannot be determined: the request is then refused with 400 (`tenant-unresolved`) rather than
-   * put in a shared scope (case C21). Called only for requests that carry a key. Authenticate
+   * put in a shared scope (test/idempotency/http-contract.test.ts, "keys are not shared between callers"). Called only for requests that carry a key. Authenticate
    * before the route (a hook or middleware that answers 401): an error it throws is logged
    * (`logger.error`) and answered with the generic 500 problem `internal`, its message withheld.
    */
@@ -179,8 +179,8 @@ export interface RouteRequest {
 export function abortOnClose(res: ServerResponse): { signal: AbortSignal; stop(): void } {
   const controller = new AbortController();
   const onClose = () => {
-    if (!res.writableFinished)
-      controller.abort(new Error('The client closed the request before its response was sent.'));
+    // The client closed the request before its response was sent: an AbortError (DOMException).
+    if (!res.writableFinished) controller.abort();
   };
   if (res.destroyed) onClose();
   else res.once('close', onClose);

@@ -2,7 +2,7 @@
  * `executeIdempotent()`: the one-transaction mode (the default) of idempotent execution.
  *
  * Claiming the key, the handler's business rows and outbox events, and the stored result commit
- * together or not at all (DESIGN G1, G2). The pure decisions are in ./state-machine.ts, the SQL
+ * together or not at all (docs/guarantees.md, G1 and G2). The pure decisions are in ./state-machine.ts, the SQL
  * in ./store.ts.
  */
 import { randomUUID } from 'node:crypto';

@@ -14,7 +14,7 @@
  * - `body` is the parsed JSON body, absent when the body is empty (zero bytes or only JSON
  *   whitespace), so an empty body and a JSON `null` body differ.
  *
- * ## Equivalence rules (case C19), all following RFC 8785
+ * ## Equivalence rules, all following RFC 8785 (test/unit/idempotency/fingerprint.test.ts, "the same JSON written differently")
  * - Member order is irrelevant: `{"a":1,"b":2}` ≡ `{"b":2,"a":1}` (nested objects too). Members
  *   are sorted by their UTF-16 code units (RFC 8785 §3.2.3), not by code points: `"\uFB01"` sorts
  *   after `"\uD83D\uDE00"` (😀), although U+FB01 < U+1F600.
@@ -101,7 +101,7 @@ const JSON_WS_ONLY = /^[ \t\n\r]*$/;
 
 /**
  * Computes the fingerprint of a request. See the module documentation for the canonical form,
- * the equivalence rules (case C19) and the refused bodies.
+ * the equivalence rules and the refused bodies.
  *
  * @returns `{ version: 1, digest }`, `digest` being 32 bytes.
  * @throws {@link BodyTooLargeError} when the body has more than `maxBodyBytes` bytes (413).

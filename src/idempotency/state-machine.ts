@@ -2,7 +2,7 @@
  * The idempotency state machine: pure decisions, no I/O. The SQL that applies them is in
  * ./store.ts, the orchestration in ./execute.ts.
  *
- * States (DESIGN "Idempotency keys"):
+ * States (docs/guarantees.md, G1; docs/http-contract.md):
  *
  * ```text
  *   (none) ──claim──▶ processing ──handler 2xx/3xx──▶ completed ──retry──▶ replay
@@ -18,7 +18,7 @@
  * ```
  *
  * In one-transaction mode the `processing` record is never visible to other transactions: it
- * commits together with the result, or rolls back with everything else (DESIGN G2). A stored 4xx
+ * commits together with the result, or rolls back with everything else (docs/guarantees.md, G2). A stored 4xx
  * first rolls the handler's writes back to the savepoint taken after the claim ({@link reject}).
  * Only an owner (by its token) or a reconciliation ever moves a record out of `processing` or
  * `uncertain`; elapsed time never does, and cleanup never deletes them.
@@ -70,7 +70,7 @@ export const REPLAYED_HEADER = 'idempotent-replayed';
  * - `failed`: a final rejection, stored and replayed (4xx other than the retriable ones below);
  * - `release`: not stored; the transaction is rolled back (the handler's writes too) and the key
  *   stays free for a retry (5xx, and 408 Request Timeout, 409 Conflict, 425 Too Early,
- *   429 Too Many Requests: the same request may succeed later, case C22).
+ *   429 Too Many Requests: the same request may succeed later; test/unit/idempotency/state-machine.test.ts, "which outcomes are stored").
  *
  * A stored 4xx never commits the handler's writes: they are rolled back to the savepoint taken
  * right after the claim, and only the record (with the rejection) commits. See {@link reject}.
@@ -112,7 +112,7 @@ export interface Rejection extends HandlerResponse {
  *
  * - `store: true` (default): the handler's business writes and outbox events made after the claim
  *   are rolled back to a SAVEPOINT taken right after the claim, and the rejection is stored as a
- *   `failed` record and replayed, byte for byte, to every retry of the key (DESIGN "States").
+ *   `failed` record and replayed, byte for byte, to every retry of the key (docs/http-contract.md).
  * - `store: false`: the whole transaction rolls back, nothing is recorded, the response is
  *   answered once, and a retry with the same key executes again.
  *

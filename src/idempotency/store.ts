@@ -60,7 +60,8 @@ export async function setClaimLockTimeout(db: Queryable, timeoutMs: number): Pro
  * parameters: `timeoutMs` is a validated integer, the only value in the text).
  */
 export function claimBeginSql(timeoutMs: number): string {
-  if (!Number.isSafeInteger(timeoutMs) || timeoutMs < 1) throw new RangeError(`Invalid lock timeout ${timeoutMs}`);
+  if (!Number.isSafeInteger(timeoutMs) || timeoutMs < 1)
+    throw new InvalidOptionsError(`lockTimeoutMs must be an integer ≥ 1 (ms), got ${timeoutMs}.`);
   return `BEGIN; SELECT set_config('${RESTORE_LOCK_TIMEOUT_SETTING}', p.previous, true), set_config('lock_timeout', '${timeoutMs}ms', true) FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) p`;
 }
 
@@ -86,7 +87,7 @@ export interface Claim {
  *   its committed record; when it rolls back, this INSERT proceeds and claims the key.
  * - `DO UPDATE ... WHERE` takes over only a terminal (`completed`/`failed`) record past its
  *   `expires_at`; a `processing` or `uncertain` record is never taken over by elapsed time
- *   (DESIGN: "elapsed time alone never deletes a processing record"). Even when the WHERE is
+ *   (docs/guarantees.md, G1: elapsed time alone never deletes a processing record). Even when the WHERE is
  *   false, ON CONFLICT DO UPDATE locks the conflicting row, so the record cannot change or be
  *   cleaned up between this statement and {@link readRecord}.
  * - `set_config` in the outer SELECT runs only for the returned (claimed) row, after the insert
@@ -164,7 +165,7 @@ export async function claimKeyWithSavepoint(
   retentionMs: number,
 ): Promise<Claim | undefined> {
   if (!Number.isSafeInteger(fingerprint.version) || !Number.isSafeInteger(retentionMs)) {
-    throw new RangeError('Invalid fingerprint version or retention');
+    throw new InvalidOptionsError('The fingerprint version and retentionMs must be safe integers.');
   }
   const text = `${claimSql(table, [
     escapeLiteral(scope.tenant),
@@ -319,7 +320,7 @@ export interface Completion {
 
 /**
  * Stores the result and moves the record from `processing` to `completed`/`failed`, in the
- * request's transaction, so that it commits with the business rows (DESIGN G2).
+ * request's transaction, so that it commits with the business rows (docs/guarantees.md, G2).
  *
  * Fenced by the owner token: it updates zero rows when the record is no longer this execution's
  * (lease mode: a takeover issued a new token). The retention is counted from completion.

@@ -1,6 +1,6 @@
 /**
  * Validation of the strings the idempotency layer stores as PostgreSQL `text` (tenant, operation),
- * before any SQL runs (DESIGN G6). PostgreSQL text cannot hold U+0000 (SQLSTATE 22021); a lone
+ * before any SQL runs (docs/guarantees.md, G6). PostgreSQL text cannot hold U+0000 (SQLSTATE 22021); a lone
  * UTF-16 surrogate is silently turned into U+FFFD by the UTF-8 encoder, so two different tenants
  * would share one scope; and the primary key (tenant, operation, key) is a b-tree, whose entries
  * must stay well below a third of a page (about 2,700 bytes). The key itself is validated by

@@ -9,15 +9,17 @@
  * whole step (connect, create, wait for every partition's leader) with p-retry.
  */
 import pRetry from 'p-retry';
-import { InvalidOptionsError } from '../errors.js';
+import { BrokerUnavailableError, InvalidOptionsError, isOutboxkitError } from '../errors.js';
 import { KAFKA_TOPIC_NAME } from '../outbox/event.js';
 import { kafkaClientOf, type Kafka } from './kafkajs/client.js';
 import type { KafkaClient, TopicSpec } from './types.js';
 
-/** Some topics are still missing a partition or a partition leader after CreateTopics. */
-class TopicsNotReadyError extends Error {
-  override name = 'TopicsNotReadyError';
-  readonly retriable = true;
+/**
+ * Some topics still miss a partition or a partition leader after CreateTopics: the cluster cannot
+ * serve them yet (retriable; thrown once the retries are spent).
+ */
+function topicsNotReady(message: string): BrokerUnavailableError {
+  return new BrokerUnavailableError(message);
 }
 
 /** Options of {@link ensureTopics}. */
@@ -86,9 +88,7 @@ export async function ensureTopics(
           const partitions = metadata.find((m) => m.name === t.topic)?.partitions ?? [];
           const wanted = Math.max(1, t.numPartitions ?? 1);
           if (partitions.length < wanted || partitions.some((p) => p.leader === null)) {
-            throw new TopicsNotReadyError(
-              `topic ${t.topic}: ${partitions.length} of ${wanted} partitions with leaders`,
-            );
+            throw topicsNotReady(`topic ${t.topic}: ${partitions.length} of ${wanted} partitions with leaders`);
           }
         }
       } finally {
@@ -100,7 +100,7 @@ export async function ensureTopics(
       minTimeout: 200,
       maxTimeout: 2_000,
       factor: 2,
-      shouldRetry: ({ error }) => error instanceof TopicsNotReadyError || client.isRetriable(error),
+      shouldRetry: ({ error }) => isOutboxkitError(error, 'OUTBOXKIT_BROKER_UNAVAILABLE') || client.isRetriable(error),
     },
   );
   return { created: names.filter((n) => created.has(n)), existing: names.filter((n) => !created.has(n)) };

@@ -103,8 +103,8 @@ export const PRODUCER_SETTING_NAMES: readonly string[] = Object.keys({
 
 /**
  * A producer. Sends are serialised (at most one in flight, whoever calls): an idempotent producer
- * can assign broken sequence numbers under concurrent sends (kafkajs does, case C09 of
- * test/relay/cases.test.ts).
+ * can assign broken sequence numbers under concurrent sends (kafkajs does: test/relay/cases.test.ts,
+ * "concurrent sends on an idempotent producer").
  */
 export interface KafkaProducer {
   /**

@@ -85,7 +85,7 @@ export interface Outbox {
    *
    * Per-key order: for each distinct key, a transaction-scoped advisory lock is taken before the
    * row's sequence value is drawn, so events of one key take their positions in the order their
-   * transactions commit (DESIGN G3). Keys are locked in sorted order within a call; two
+   * transactions commit (docs/guarantees.md, G3). Keys are locked in sorted order within a call; two
    * transactions that enqueue the same keys in opposite orders across *separate* calls can still
    * deadlock (PostgreSQL then aborts one with SQLSTATE 40P01, and it can be retried).
    *
@@ -93,7 +93,7 @@ export interface Outbox {
    *   top-level db).
    * @param events - one event or several.
    * @returns the written events, with their event ids, in the order given.
-   * @throws {@link NotInTransactionError} when `tx` is not a live transaction (case C23).
+   * @throws {@link NotInTransactionError} when `tx` is not a live transaction (test/outbox/enqueue.test.ts, "phantom events").
    * @throws {@link EventEncodingError} when the `encode` hook fails for an event (nothing is written).
    * @throws {@link InvalidEventError} when an event is invalid (payload over `maxPayloadBytes`,
    *   headers over `maxHeaderBytes`, ...), or when an `eventId` already exists in the outbox.
