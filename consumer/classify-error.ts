@@ -7,15 +7,8 @@
  * such failures are retried with backoff for as long as they last, holding only their partition.
  */
 import { isOutboxkitError } from '../src/errors.js';
+import { CONNECTION_EXCEPTION_CLASS, CONNECTION_LOST_SQLSTATES } from '../src/postgres.js';
 
-/** SQLSTATE values and classes (PostgreSQL, Appendix A) that mean the connection, not the data. */
-const CONNECTION_SQLSTATE_CLASS = '08'; // connection_exception
-const CONNECTION_SQLSTATES = new Set([
-  '57P01', // admin_shutdown
-  '57P02', // crash_shutdown
-  '57P03', // cannot_connect_now
-  '53300', // too_many_connections
-]);
 /** Node.js socket errors (errno codes) seen when the database is unreachable. */
 const SOCKET_ERROR_CODES = new Set([
   'ECONNREFUSED',
@@ -39,7 +32,7 @@ export function* codesOf(err: unknown): Generator<string> {
 /** True when `err` (or its cause) says the database connection failed, not the statement. */
 export function isConnectionError(err: unknown): boolean {
   for (const code of codesOf(err)) {
-    if (code.length === 5 && (code.startsWith(CONNECTION_SQLSTATE_CLASS) || CONNECTION_SQLSTATES.has(code)))
+    if (code.length === 5 && (code.startsWith(CONNECTION_EXCEPTION_CLASS) || CONNECTION_LOST_SQLSTATES.has(code)))
       return true;
     if (SOCKET_ERROR_CODES.has(code)) return true;
   }
@@ -49,4 +42,26 @@ export function isConnectionError(err: unknown): boolean {
 /** True when a handler declared its message unusable: dead-letter now, retrying cannot help. */
 export function isInvalidMessage(err: unknown): boolean {
   return isOutboxkitError(err, 'OUTBOXKIT_INVALID_MESSAGE');
+}
+
+/**
+ * An error of the application's handler, as opposed to one of the consumer's own statements: what
+ * the handler threw (`error`), or a failed statement it swallowed ({@link swallowedFailure}). Only
+ * these count as attempts.
+ */
+export class HandlerFailure extends Error {
+  constructor(readonly error: unknown) {
+    super('The handler failed', { cause: error });
+  }
+}
+
+/** The handler returned normally although one of its statements had failed and aborted the transaction. */
+export function swallowedFailure(cause: unknown): HandlerFailure {
+  return new HandlerFailure(
+    new Error(
+      'The handler returned normally, but its transaction had failed (a failed statement was caught and ignored); ' +
+        'its effects were rolled back. Let statement errors propagate out of the handler.',
+      { cause },
+    ),
+  );
 }

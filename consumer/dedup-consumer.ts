@@ -48,7 +48,8 @@ import {
 import { isOutboxkitError, LifecycleError, TopicMissingError } from '../src/errors.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../src/crash-point.js';
-import { codesOf, isConnectionError, isInvalidMessage } from './classify-error.js';
+import { codesOf, HandlerFailure, isConnectionError, isInvalidMessage, swallowedFailure } from './classify-error.js';
+import { MISSING_RELATION_SQLSTATES, SQLSTATE, sqlStateOf } from '../src/postgres.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
 import { createKafkajsClient } from '../src/kafka/kafkajs/client.js';
@@ -165,15 +166,6 @@ const DEAD_LETTER_HEADROOM_BYTES = 2_048;
 const DEFAULT_STOP_TIMEOUT_MS = 30_000;
 /** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
 const DLQ_PRODUCER_RETRIES = 5;
-/** SQLSTATEs of a missing inbox table or schema: undefined_table, invalid_schema_name. */
-const MISSING_RELATION = new Set(['42P01', '3F000']);
-
-/** An error thrown by the application's handler (as opposed to one of the consumer's own statements). */
-class HandlerFailure extends Error {
-  constructor(readonly error: unknown) {
-    super('The handler failed', { cause: error });
-  }
-}
 
 /** The retry bookkeeping of the one unresolved message of a partition. */
 interface PendingMessage {
@@ -229,8 +221,6 @@ interface NestingTransaction {
 type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; delayMs: number };
 /** Subtransaction ids PostgreSQL caches per transaction (`PGPROC_MAX_CACHED_SUBXIDS`, src/include/storage/proc.h). */
 const PG_CACHED_SUBXIDS = 64;
-/** SQLSTATE 25P02 in_failed_sql_transaction: a statement of the transaction already failed. */
-const IN_FAILED_SQL_TRANSACTION = '25P02';
 
 const DONE: Step = { kind: 'done' };
 const INTERRUPTED: Step = { kind: 'interrupted' };
@@ -397,7 +387,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         if (recordProgress) await probeProgress(q, schemaSql);
       });
     } catch (err) {
-      if ([...codesOf(err)].some((code) => MISSING_RELATION.has(code))) {
+      if ([...codesOf(err)].some((code) => MISSING_RELATION_SQLSTATES.has(code))) {
         const what =
           table === 'inbox'
             ? `The inbox table "${schema}".inbox does not exist in this database`
@@ -1087,7 +1077,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
                * back, and it fails as the handler's failure (an attempt), not as a database error.
                */
               const swallowedBy = async (err: unknown, savepoint: number): Promise<boolean> => {
-                if (![...codesOf(err)].includes(IN_FAILED_SQL_TRANSACTION)) return false;
+                if (sqlStateOf(err) !== SQLSTATE.IN_FAILED_SQL_TRANSACTION) return false;
                 await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${savepoint}`);
                 const last = done.pop()!;
                 failure = { prepared: last.prepared, error: swallowedFailure(err) };
@@ -1331,17 +1321,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   async #send(topic: string, message: ProducerMessage): Promise<KafkaFailure | undefined> {
     return firstFailure(await this.#producer.send([{ ...message, topic }]));
   }
-}
-
-/** The handler returned normally although one of its statements had failed and aborted the transaction. */
-function swallowedFailure(cause: unknown): HandlerFailure {
-  return new HandlerFailure(
-    new Error(
-      'The handler returned normally, but its transaction had failed (a failed statement was caught and ignored); ' +
-        'its effects were rolled back. Let statement errors propagate out of the handler.',
-      { cause },
-    ),
-  );
 }
 
 /** A `pg.Pool` (or a pool shaped like it), as opposed to a drizzle database. */

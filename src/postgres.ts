@@ -60,6 +60,20 @@ export const CONNECTION_SETTING_SQLSTATES: ReadonlySet<string> = new Set([
   SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
 ]);
 
+/** SQLSTATE class 08, `connection_exception`: the connection failed, not the statement. */
+export const CONNECTION_EXCEPTION_CLASS = '08';
+
+/**
+ * The server ended the session or refuses new ones (a shutdown, recovery, too many connections):
+ * outside class 08, yet the connection failed, not the statement.
+ */
+export const CONNECTION_LOST_SQLSTATES: ReadonlySet<string> = new Set([
+  SQLSTATE.ADMIN_SHUTDOWN,
+  SQLSTATE.CRASH_SHUTDOWN,
+  SQLSTATE.CANNOT_CONNECT_NOW,
+  SQLSTATE.TOO_MANY_CONNECTIONS,
+]);
+
 const SQLSTATE_PATTERN = /^[0-9A-Z]{5}$/;
 
 /** Errors, their causes and (for AggregateError) their members, up to a small depth. */
