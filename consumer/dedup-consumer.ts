@@ -45,11 +45,11 @@ import {
   type TransactionHandle,
   type TransactionOf,
 } from '../src/database.js';
-import { isOutboxkitError, LifecycleError, TopicMissingError } from '../src/errors.js';
+import { isOutboxkitError, LifecycleError } from '../src/errors.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../src/crash-point.js';
-import { codesOf, HandlerFailure, isConnectionError, isInvalidMessage, swallowedFailure } from './classify-error.js';
-import { MISSING_RELATION_SQLSTATES, SQLSTATE, sqlStateOf } from '../src/postgres.js';
+import { HandlerFailure, isConnectionError, isInvalidMessage, swallowedFailure } from './classify-error.js';
+import { SQLSTATE, sqlStateOf } from '../src/postgres.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
 import { createKafkajsClient } from '../src/kafka/kafkajs/client.js';
@@ -58,27 +58,25 @@ import type {
   GroupConsumer,
   InboundBatch,
   InboundMessage,
-  KafkaAdmin,
   KafkaClient,
   KafkaFailure,
   KafkaProducer,
   ProducerMessage,
 } from '../src/kafka/types.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
-import { InboxUnavailableError } from './errors.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
 import {
   assertTransactionUsable,
   claimedByLast,
   claimInboxRow,
   inboxClaimText,
-  probeInbox,
   readInboxEntry,
   setTransactionLockTimeout,
   type InboxEntry,
   type InboxRow,
 } from './inbox-sql.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
+import { checkInbox, checkTopics } from './preflight.js';
 import {
   beginBatch,
   claimWithProgressText,
@@ -86,7 +84,6 @@ import {
   markDeadLettered,
   markWritten,
   newPartitionProgress,
-  probeProgress,
   progressAfter,
   readProgress,
   writeProgress,
@@ -154,14 +151,6 @@ export interface DedupConsumer {
  */
 export const CRASH_POINT_AFTER_COMMIT = 'consumer:after-commit';
 
-/** The topic configuration that bounds how far back Kafka can redeliver (Kafka topic configs). */
-const TOPIC_RETENTION_CONFIG = 'retention.ms';
-const TOPIC_MAX_MESSAGE_BYTES_CONFIG = 'max.message.bytes';
-/**
- * Room a dead letter needs above the largest record of its consumed topic, in bytes: the `dlq-*`
- * headers (a reason of up to 1,000 characters, the original position, attempts, time, group).
- */
-const DEAD_LETTER_HEADROOM_BYTES = 2_048;
 /** Default of `stop({ timeoutMs })`. */
 const DEFAULT_STOP_TIMEOUT_MS = 30_000;
 /** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
@@ -338,9 +327,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   async #start(): Promise<void> {
     const { topics, fromBeginning, partitionsConsumedConcurrently, autoCommitIntervalMs } = this.#o;
-    await this.#checkInbox();
+    await checkInbox(this.#o);
     this.#throwIfStopping();
-    await this.#checkTopics();
+    await checkTopics(this.#client, this.#o, this.#events);
     this.#throwIfStopping();
     await this.#producer.connect();
     await this.#consumer.connect();
@@ -370,154 +359,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     if (this.#stopController.signal.aborted) {
       throw new LifecycleError(`The dedup consumer of group "${this.groupId}" was stopped while starting.`);
     }
-  }
-
-  async #checkInbox(): Promise<void> {
-    const { database, schema, schemaSql, recordProgress } = this.#o;
-    let table = 'inbox';
-    try {
-      // Through runTransaction() on purpose: for a pg.Pool it also adds outboxkit's 'error'
-      // listener (once per pool), so PostgreSQL terminating an idle connection cannot crash the
-      // process (test/consumer/pool-idle-terminated.test.ts). The handler transactions below use
-      // withPgTransaction() directly, which does not.
-      await runTransaction(database, async (tx) => {
-        const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-        await probeInbox(q, schemaSql);
-        table = 'consumer_progress';
-        if (recordProgress) await probeProgress(q, schemaSql);
-      });
-    } catch (err) {
-      if ([...codesOf(err)].some((code) => MISSING_RELATION_SQLSTATES.has(code))) {
-        const what =
-          table === 'inbox'
-            ? `The inbox table "${schema}".inbox does not exist in this database`
-            : `The table "${schema}".consumer_progress, which recordProgress writes, does not exist in this database ` +
-              '(migration 0001_consumer_progress not applied)';
-        throw new InboxUnavailableError(
-          `${what}; apply outboxkit's migrations (\`outboxkit migrate\`, or migrate() from outboxkit) or set the ` +
-            '`schema` option to the schema that holds it.',
-          { cause: err },
-        );
-      }
-      throw new InboxUnavailableError(
-        `PostgreSQL did not answer the dedup consumer's inbox check (${(err as Error)?.message ?? String(err)}); ` +
-          'check the database connection and start again.',
-        { cause: err, retriable: true },
-      );
-    }
-  }
-
-  async #checkTopics(): Promise<void> {
-    const admin = this.#client.admin();
-    await admin.connect();
-    try {
-      // listTopics reads metadata for all topics: unlike a metadata request naming the topics,
-      // it can never auto-create one.
-      this.#requireTopics(new Set(await admin.listTopics()));
-      await this.#checkRetention(admin);
-      await this.#checkDeadLetterLimits(admin);
-    } finally {
-      await admin.disconnect();
-    }
-  }
-
-  #requireTopics(existing: Set<string>): void {
-    const needed = [...this.#o.topics, ...this.#o.deadLetterTopics.values()];
-    const missing = needed.filter((topic) => !existing.has(topic));
-    if (missing.length > 0) {
-      const names = missing.map((t) => JSON.stringify(t)).join(', ');
-      throw new TopicMissingError(
-        `Kafka topic${missing.length > 1 ? 's' : ''} ${names} ${missing.length > 1 ? 'do' : 'does'} not exist. The dedup consumer ` +
-          'needs every consumed topic and its dead-letter topic, and never creates topics. Create them with ' +
-          '`outboxkit topics ensure` or, for each, `kafka-topics.sh --bootstrap-server <broker> --create --topic <name> --partitions <n>`.',
-      );
-    }
-  }
-
-  /**
-   * Warns about each consumed topic whose `retention.ms` is not shorter than the inbox retention:
-   * Kafka could then redeliver (offset reset, replay from the earliest offset) an event whose
-   * inbox row was already cleaned up, and it would be applied again. A broker that refuses
-   * DescribeConfigs (ACLs) costs a warning, not the start.
-   */
-  async #checkRetention(admin: KafkaAdmin): Promise<void> {
-    const { topics, inboxRetentionMs, logger } = this.#o;
-    const retention = await this.#describeTopics(admin, topics, TOPIC_RETENTION_CONFIG, 'the inbox retention');
-    for (const [topic, value] of retention) {
-      const topicRetentionMs = value < 0 ? null : value;
-      if (topicRetentionMs !== null && topicRetentionMs < inboxRetentionMs) continue;
-      logger.warn(
-        { groupId: this.groupId, topic, topicRetentionMs, inboxRetentionMs },
-        `Topic ${topic} keeps messages ${topicRetentionMs === null ? 'forever' : `for ${topicRetentionMs} ms`}, ` +
-          `not less than the inbox keeps rows (${inboxRetentionMs} ms): a redelivery of an older message would be applied ` +
-          "again. Lower the topic's retention.ms or raise inboxRetentionMs (and the cleanup's retention).",
-      );
-      this.#events.emit('consumer:retention-warning', { topic, topicRetentionMs, inboxRetentionMs });
-    }
-  }
-
-  /**
-   * Warns about each dead-letter topic whose `max.message.bytes` is below its consumed topic's: the
-   * larger messages would be dead-lettered without their value (`dlq-omitted`; equal limits leave
-   * that to the few messages within {@link DEAD_LETTER_HEADROOM_BYTES} of the limit).
-   */
-  async #checkDeadLetterLimits(admin: KafkaAdmin): Promise<void> {
-    const { topics, deadLetterTopics, logger } = this.#o;
-    const limits = await this.#describeTopics(
-      admin,
-      [...new Set([...topics, ...deadLetterTopics.values()])],
-      TOPIC_MAX_MESSAGE_BYTES_CONFIG,
-      "the dead-letter topics' size limits",
-    );
-    for (const topic of topics) {
-      const deadLetterTopic = deadLetterTopics.get(topic);
-      const sourceMax = limits.get(topic);
-      const deadLetterMax = deadLetterTopic === undefined ? undefined : limits.get(deadLetterTopic);
-      if (sourceMax === undefined || deadLetterMax === undefined || deadLetterMax >= sourceMax) continue;
-      logger.warn(
-        {
-          groupId: this.groupId,
-          topic,
-          deadLetterTopic,
-          maxMessageBytes: sourceMax,
-          deadLetterMaxMessageBytes: deadLetterMax,
-        },
-        `Dead-letter topic ${deadLetterTopic} accepts records of up to ${deadLetterMax} bytes, less than ${topic} ` +
-          `(${sourceMax}): a message larger than the dead-letter topic takes would be dead-lettered without its ` +
-          `value (dlq-omitted). Give it at least ${topic}'s max.message.bytes plus ${DEAD_LETTER_HEADROOM_BYTES} for the dlq-* headers.`,
-      );
-    }
-  }
-
-  /**
-   * One numeric configuration of each of `topics` (DescribeConfigs), by topic; topics whose value is
-   * missing or not a number are left out. A refused request costs a warning naming `what`, and an
-   * empty map.
-   */
-  async #describeTopics(
-    admin: KafkaAdmin,
-    topics: readonly string[],
-    configName: string,
-    what: string,
-  ): Promise<Map<string, number>> {
-    const values = new Map<string, number>();
-    let described: Map<string, Record<string, string | null>>;
-    try {
-      described = await admin.describeTopicConfigs(topics, [configName]);
-    } catch (err) {
-      this.#o.logger.warn(
-        { groupId: this.groupId, err },
-        `Could not read the topics' ${configName} (DescribeConfigs refused?); ${what} is not checked.`,
-      );
-      return values;
-    }
-    for (const [topic, configs] of described) {
-      const configValue = configs[configName];
-      if (configValue === undefined || configValue === null) continue;
-      const value = Number(configValue);
-      if (Number.isFinite(value)) values.set(topic, value);
-    }
-    return values;
   }
 
   async #stop(timeoutMs: number): Promise<void> {
