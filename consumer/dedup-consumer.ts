@@ -46,12 +46,11 @@ import {
   type TransactionOf,
 } from '../src/database.js';
 import { isOutboxkitError, LifecycleError } from '../src/errors.js';
-import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../src/crash-point.js';
-import { HandlerFailure, isConnectionError, isInvalidMessage, swallowedFailure } from './classify-error.js';
+import { HandlerFailure, swallowedFailure } from './classify-error.js';
 import { SQLSTATE, sqlStateOf } from '../src/postgres.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
-import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reasonOf, reducedDeadLetter } from './dead-letter.js';
+import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reducedDeadLetter } from './dead-letter.js';
 import { createKafkajsClient } from '../src/kafka/kafkajs/client.js';
 import { firstFailure, isTooLarge } from '../src/kafka/outcomes.js';
 import type {
@@ -91,6 +90,7 @@ import {
   type RecordIdentity,
   type StoredProgress,
 } from './progress.js';
+import { partitionKey, Retries, type PendingMessage } from './retry.js';
 import { runHandler } from './tracing.js';
 import {
   resolveDedupConsumerOptions,
@@ -156,17 +156,6 @@ const DEFAULT_STOP_TIMEOUT_MS = 30_000;
 /** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
 const DLQ_PRODUCER_RETRIES = 5;
 
-/** The retry bookkeeping of the one unresolved message of a partition. */
-interface PendingMessage {
-  offset: string;
-  /** Failed handler runs (count towards maxAttempts). */
-  attempts: number;
-  /** Failures outside the handler (never dead-lettered; only pace the backoff). */
-  infraFailures: number;
-  /** Set once the consumer gave up, so a failed DLQ send retries the send, not the handler. */
-  deadLetter?: { reason: string; error: unknown };
-}
-
 /** A message read for processing (see `#prepare`). */
 type Prepared = DeadLetterPrepared | EventPrepared;
 interface DeadLetterPrepared {
@@ -227,10 +216,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #consumer: GroupConsumer;
   readonly #producer: KafkaProducer;
   readonly #stopController = new AbortController();
-  readonly #pending = new Map<string, PendingMessage>();
+  /** Attempts, backoff and paused partitions (retry.ts). */
+  readonly #retries: Retries;
   /** `recordProgress`: what this process knows of each partition it consumes (see progress.ts). */
   readonly #progress = new Map<string, PartitionProgress>();
-  readonly #resumeTimers = new Set<NodeJS.Timeout>();
   #state: State = 'new';
   #startPromise: Promise<void> | undefined;
   #stopPromise: Promise<void> | undefined;
@@ -251,6 +240,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.groupId = this.#o.groupId;
     this.topics = Object.freeze([...this.#o.topics]);
     this.#events = new TypedEmitter(this.#o.logger);
+    this.#retries = new Retries(this.#o);
     this.#beginSql = `BEGIN; SET LOCAL lock_timeout = '${this.#o.lockTimeoutMs}ms'`;
     this.#claimText = inboxClaimText(this.#o.schemaSql, this.#o.groupId);
     this.#claimWithProgressText = claimWithProgressText(this.#o.schemaSql, this.#o.groupId, this.#claimText);
@@ -365,8 +355,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const previous = this.#state;
     this.#state = 'stopping';
     this.#stopController.abort(new LifecycleError(`The dedup consumer of group "${this.groupId}" is stopping.`));
-    for (const timer of this.#resumeTimers) clearTimeout(timer);
-    this.#resumeTimers.clear();
+    this.#retries.cancelResumes();
     if (previous === 'new' || previous === 'stopped') {
       this.#state = 'stopped';
       return;
@@ -396,7 +385,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     } finally {
       clearTimeout(watchdog);
       this.#state = 'stopped';
-      this.#pending.clear();
+      this.#retries.clear();
       this.#progress.clear();
     }
     this.#o.logger.info({ groupId: this.groupId }, 'Dedup consumer stopped.');
@@ -420,10 +409,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // A new generation: the next batch of each partition reads its stored progress again.
     this.#progress.clear();
     // Forget the retry state of partitions this member no longer owns.
-    for (const key of this.#pending.keys()) {
-      const [topic, partition] = splitKey(key);
-      if (!assignment[topic]?.includes(partition)) this.#pending.delete(key);
-    }
+    this.#retries.keepOnly(assignment);
     this.#o.logger.info({ groupId: this.groupId, assignment }, 'Dedup consumer joined its group.');
     this.#joined?.resolve();
   }
@@ -538,7 +524,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   /** A redelivered record that the partition's progress proves handled: skipped, no transaction. */
   #skipHandled(topic: string, partition: number, message: InboundMessage): void {
     const eventId = readEventId(decodeHeaders(message.headers), this.#o.eventIdHeader);
-    this.#pending.delete(partitionKey(topic, partition));
+    this.#retries.forget({ topic, partition, offset: message.offset });
     this.#o.logger.debug(
       { groupId: this.groupId, topic, partition, offset: message.offset, eventId },
       'Redelivered record skipped: the recorded progress proves it handled.',
@@ -627,19 +613,12 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   /** Pauses the partition of the current batch and resumes it after `delayMs`. */
   #pauseFor(pause: () => () => void, delayMs: number): void {
-    const resume = pause();
-    const timer = setTimeout(() => {
-      this.#resumeTimers.delete(timer);
-      try {
-        resume();
-      } catch (err) {
-        this.#o.logger.debug(
-          { groupId: this.groupId, err },
-          'Resuming a partition failed (consumer restarted); ignored.',
-        );
-      }
-    }, delayMs);
-    this.#resumeTimers.add(timer);
+    this.#retries.pauseFor(pause, delayMs, (err) =>
+      this.#o.logger.debug(
+        { groupId: this.groupId, err },
+        'Resuming a partition failed (consumer restarted); ignored.',
+      ),
+    );
   }
 
   /**
@@ -661,7 +640,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         attempts: 0,
       };
     }
-    const pending = this.#pendingOf(position);
+    const pending = this.#retries.pendingOf(position);
     if (pending.deadLetter) {
       return {
         kind: 'dead-letter',
@@ -709,59 +688,55 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * What follows a failed run of a message (rolled back): interrupted (stop or rebalance: not an
-   * attempt), retried later (partition paused for a backoff delay), or dead-lettered (an
-   * `InvalidMessageError`, or `maxAttempts` handler failures). Failures outside the handler
-   * (database, connection) are retried, never dead-lettered.
+   * What follows a failed run of a message (rolled back), as retry.ts decides: interrupted (stop
+   * or rebalance: not an attempt), retried later (partition paused for a backoff delay), or
+   * dead-lettered (an `InvalidMessageError`, or `maxAttempts` handler failures). Failures outside
+   * the handler (database, connection) are retried, never dead-lettered.
    */
   async #failed(prepared: EventPrepared, err: unknown, signal: AbortSignal): Promise<Step> {
-    const { maxAttempts, retryInitialMs, retryMaxMs, logger } = this.#o;
+    const { logger } = this.#o;
     const { message, position, event, pending, attempt } = prepared;
     const fields = { groupId: this.groupId, ...position, eventId: event.id, attempt };
-    // In batch mode later messages were prepared meanwhile: this one is the partition's unresolved one.
-    this.#pending.set(partitionKey(position.topic, position.partition), pending);
-    if (signal.aborted) {
-      // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
-      logger.debug({ ...fields, err }, 'Handler interrupted; the event will run again.');
-      return INTERRUPTED;
-    }
-    if (err instanceof HandlerFailure && !isConnectionError(err.error)) {
-      pending.attempts = attempt;
-      if (isInvalidMessage(err.error) || attempt >= maxAttempts) {
-        pending.deadLetter = { reason: reasonOf(err.error, message.value), error: err.error };
-        return this.#deadLetter(message, position, event.id, pending.deadLetter.reason, attempt, err.error);
+    const decision = this.#retries.afterFailure(position, pending, {
+      attempt,
+      error: err,
+      aborted: signal.aborted,
+      value: message.value,
+    });
+    switch (decision.kind) {
+      case 'interrupted':
+        // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
+        logger.debug({ ...fields, err }, 'Handler interrupted; the event will run again.');
+        return INTERRUPTED;
+      case 'dead-letter':
+        return this.#deadLetter(message, position, event.id, decision.reason, attempt, decision.error);
+      case 'retry': {
+        const { delayMs, error } = decision;
+        logger.warn({ ...fields, err: error, delayMs }, 'Handler failed; rolled back, retrying later.');
+        this.#events.emit('consumer:retry', { event, attempt, delayMs, error });
+        return { kind: 'retry-later', delayMs };
       }
-      const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs);
-      logger.warn({ ...fields, err: err.error, delayMs }, 'Handler failed; rolled back, retrying later.');
-      this.#events.emit('consumer:retry', { event, attempt, delayMs, error: err.error });
-      return { kind: 'retry-later', delayMs };
+      case 'error':
+        return this.#errorStep(
+          position,
+          { ...fields, err: decision.error, delayMs: decision.delayMs },
+          'Processing failed outside the handler (database); retrying later.',
+        );
     }
-    return this.#retryLater(
-      pending,
-      position,
-      fields,
-      err instanceof HandlerFailure ? err.error : err,
-      'Processing failed outside the handler (database); retrying later.',
-    );
   }
 
   /**
-   * A failure that is not the message's (database, dead-letter send): never an attempt; the
-   * partition waits a backoff that grows with the message's run of such failures, and the
-   * message goes again. Logged at error and emitted as `consumer:error`.
+   * A failure that is not the message's (database, dead-letter send): the partition waits
+   * `fields.delayMs` and the message goes again. Logged at error and emitted as `consumer:error`.
    */
-  #retryLater(
-    pending: PendingMessage,
+  #errorStep(
     position: MessagePosition,
-    fields: Record<string, unknown>,
-    error: unknown,
+    fields: Record<string, unknown> & { err: unknown; delayMs: number },
     message: string,
   ): Step {
-    pending.infraFailures += 1;
-    const delayMs = fullJitterBackoffMs(pending.infraFailures, this.#o.retryInitialMs, this.#o.retryMaxMs);
-    this.#o.logger.error({ ...fields, err: error, delayMs }, message);
-    this.#events.emit('consumer:error', { ...position, error, delayMs });
-    return { kind: 'retry-later', delayMs };
+    this.#o.logger.error(fields, message);
+    this.#events.emit('consumer:error', { ...position, error: fields.err, delayMs: fields.delayMs });
+    return { kind: 'retry-later', delayMs: fields.delayMs };
   }
 
   /**
@@ -776,8 +751,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     firstApplied: InboxEntry | null = null,
   ): void {
     const { position, event, attempt } = prepared;
-    const pending = this.#pending.get(partitionKey(position.topic, position.partition));
-    if (pending?.offset === position.offset) this.#pending.delete(partitionKey(position.topic, position.partition));
+    this.#retries.resolved(position);
     if (outcome === 'applied') {
       this.#o.logger.debug(
         { groupId: this.groupId, ...position, eventId: event.id, attempt, durationMs },
@@ -802,17 +776,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       }
       this.#events.emit('consumer:duplicate', { event, firstApplied, elsewhere });
     }
-  }
-
-  /** The retry state of the partition's unresolved message (fresh when the message changed). */
-  #pendingOf(position: MessagePosition): PendingMessage {
-    const key = partitionKey(position.topic, position.partition);
-    let pending = this.#pending.get(key);
-    if (pending?.offset !== position.offset) {
-      pending = { offset: position.offset, attempts: 0, infraFailures: 0 };
-      this.#pending.set(key, pending);
-    }
-    return pending;
   }
 
   /** Runs the application's handler; what it throws comes out wrapped in a {@link HandlerFailure}. */
@@ -1133,15 +1096,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       }
       if (failure) throw failure.error;
     } catch (err) {
-      return this.#retryLater(
-        this.#pendingOf(position),
+      return this.#errorStep(
         position,
-        fields,
-        err,
+        { ...fields, err, delayMs: this.#retries.afterError(this.#retries.pendingOf(position)) },
         'Dead-letter send failed; the partition waits and tries again (offset unresolved, handler not run again).',
       );
     }
-    this.#pending.delete(partitionKey(position.topic, position.partition));
+    this.#retries.forget(position);
     // Never inside a progress range: rewinding the offsets re-drives it, as without progress.
     markDeadLettered(this.#progress.get(partitionKey(position.topic, position.partition)), BigInt(position.offset));
     this.#o.logger.error({ ...fields, reason, attempts, omitted }, 'Message dead-lettered.');
@@ -1186,15 +1147,6 @@ function identityOf(message: InboundMessage, eventIdHeader: string): RecordIdent
     eventId: readEventId(decodeHeaders(message.headers), eventIdHeader),
     timestamp: timestampOf(message),
   };
-}
-
-function partitionKey(topic: string, partition: number): string {
-  return `${partition}:${topic}`;
-}
-
-function splitKey(key: string): [string, number] {
-  const colon = key.indexOf(':');
-  return [key.slice(colon + 1), Number(key.slice(0, colon))];
 }
 
 /**
