@@ -32,7 +32,7 @@ import { Kafka, logLevel, type Consumer } from 'kafkajs';
 import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
 import { createDedupConsumer, DEDUP_CONSUMER_DEFAULTS, type DedupConsumer } from '../consumer/index.js';
-import { inboxClaimText } from '../consumer/inbox-sql.js';
+import { inboxClaimSql, inlineLiterals } from '../consumer/inbox-sql.js';
 import { clock, clockRate, compare, formatComparisons, median, withTimeout } from './lib.js';
 import { benchDatabase, produceEvents } from './support.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
@@ -62,7 +62,14 @@ async function runSqlOnly(): Promise<string> {
     );
     const value = JSON.stringify({ orderId: 'order-1', amount: 1 });
     let offset = 0;
-    const claims = new Map(['outboxkit', 'noidx'].map((schema) => [schema, inboxClaimText(schema, 'bench-group')]));
+    const inline = inlineLiterals();
+    const claims = new Map(
+      ['outboxkit', 'noidx'].map((schema) => [
+        schema,
+        (row: { eventId: string; topic: string; partition: number; offset: string }) =>
+          inboxClaimSql({ schemaSql: schema, row: { ...row, groupId: 'bench-group' } }, inline).text,
+      ]),
+    );
     const transaction = (schema: string | null) => async () => {
       const client = await pool.connect();
       try {
@@ -71,7 +78,7 @@ async function runSqlOnly(): Promise<string> {
         await client.query(
           claim === null
             ? 'BEGIN'
-            : `BEGIN; SET LOCAL lock_timeout = '5000ms'; ${claim({ groupId: '', eventId: id, topic: 'bench', partition: 0, offset: String(offset++) })}`,
+            : `BEGIN; SET LOCAL lock_timeout = '5000ms'; ${claim({ eventId: id, topic: 'bench', partition: 0, offset: String(offset++) })}`,
         );
         await client.query('INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)', [id, value]);
         await client.query('COMMIT');

@@ -66,30 +66,31 @@ import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
 import {
   assertTransactionUsable,
+  bindParameters,
   claimedByLast,
-  claimInboxRow,
-  inboxClaimText,
+  inboxClaimSql,
+  inlineLiterals,
+  isClaimed,
+  lockTimeoutSql,
   readInboxEntry,
-  setTransactionLockTimeout,
   type InboxEntry,
   type InboxRow,
+  type SqlValueWriter,
 } from './inbox-sql.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
 import { checkInbox, checkTopics } from './preflight.js';
 import {
   beginBatch,
-  claimWithProgressText,
   isProvenHandled,
   markDeadLettered,
   markWritten,
   newPartitionProgress,
   progressAfter,
-  readProgress,
-  writeProgress,
   type PartitionProgress,
   type RecordIdentity,
-  type StoredProgress,
 } from './progress.js';
+import { claimWithProgressSql, readProgress, type StoredProgress } from './progress-sql.js';
+import type { SqlStatement } from '../src/postgres.js';
 import { partitionKey, Retries, type PendingMessage } from './retry.js';
 import { runHandler } from './tracing.js';
 import {
@@ -225,15 +226,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   #stopPromise: Promise<void> | undefined;
   #joined: { resolve(): void; reject(err: unknown): void } | undefined;
   /**
-   * What opens a handler transaction on a `pg.Pool`, before the inbox claim in the same string.
-   * lockTimeoutMs is a validated integer: safe to inline. SET LOCAL ends with the transaction
-   * and never leaks into the pooled session.
+   * What opens a handler transaction on a `pg.Pool`, before the inbox claim in the same string
+   * (values inlined for the simple query protocol, see `inlineLiterals()`).
    */
   readonly #beginSql: string;
-  /** The inbox claim's text with its values inlined (for the simple query protocol). */
-  readonly #claimText: (row: InboxRow) => string;
-  /** The same claim writing the partition's progress when it inserts (`recordProgress`). */
-  readonly #claimWithProgressText: (row: InboxRow, progress: StoredProgress) => string;
 
   constructor(options: DedupConsumerOptions<D>) {
     this.#o = resolveDedupConsumerOptions(options);
@@ -241,9 +237,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.topics = Object.freeze([...this.#o.topics]);
     this.#events = new TypedEmitter(this.#o.logger);
     this.#retries = new Retries(this.#o);
-    this.#beginSql = `BEGIN; SET LOCAL lock_timeout = '${this.#o.lockTimeoutMs}ms'`;
-    this.#claimText = inboxClaimText(this.#o.schemaSql, this.#o.groupId);
-    this.#claimWithProgressText = claimWithProgressText(this.#o.schemaSql, this.#o.groupId, this.#claimText);
+    this.#beginSql = `BEGIN; ${lockTimeoutSql(this.#o.lockTimeoutMs, inlineLiterals()).text}`;
     if (this.#o.transactionScope === 'batch' && this.#o.batchMaxMessages > PG_CACHED_SUBXIDS) {
       this.#o.logger.warn(
         { groupId: this.groupId, batchMaxMessages: this.#o.batchMaxMessages },
@@ -504,13 +498,12 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   async #storedProgress(topic: string, partition: number): Promise<StoredProgress | null> {
     try {
       return await runTransaction(this.#o.database, (tx) =>
-        readProgress(
-          joinTransaction(tx as TransactionHandle, 'the dedup consumer'),
-          this.#o.schemaSql,
-          this.groupId,
+        readProgress(joinTransaction(tx as TransactionHandle, 'the dedup consumer'), {
+          schemaSql: this.#o.schemaSql,
+          groupId: this.groupId,
           topic,
           partition,
-        ),
+        }),
       );
     } catch (err) {
       this.#o.logger.warn(
@@ -919,7 +912,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       } else {
         await runTransaction(database, async (tx) => {
           const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-          await setTransactionLockTimeout(q, lockTimeoutMs);
+          const lockTimeout = lockTimeoutSql(lockTimeoutMs);
+          await q.query(lockTimeout.text, lockTimeout.values);
           for (let current: EventPrepared | null = first; current !== null; current = takeNext()) {
             const p: EventPrepared = current;
             const startedAt = performance.now();
@@ -928,13 +922,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
               let firstApplied: InboxEntry | null | undefined;
               const outcome = await (tx as unknown as NestingTransaction).transaction(async (sp) => {
                 const spq = joinTransaction(sp, 'the dedup consumer');
-                const claimed = await claimInboxRow(spq, schemaSql, rowOf(p));
-                if (!claimed) {
-                  firstApplied = await readInboxEntry(spq, schemaSql, groupId, p.event.id);
+                const claim = this.#claimSql(p.progress, rowOf(p), bindParameters());
+                if (!isClaimed(await spq.query(claim.text, claim.values))) {
+                  firstApplied = await readInboxEntry(spq, { schemaSql, groupId, eventId: p.event.id });
                   return 'duplicate' as const;
                 }
-                if (p.progress)
-                  await writeProgress(spq, schemaSql, groupId, p.event.topic, p.event.partition, p.progress);
                 await this.#runHandler(sp as TransactionOf<D>, p.event, signal, p.attempt);
                 try {
                   await assertTransactionUsable(joinTransaction(sp, 'the dedup consumer'));
@@ -968,8 +960,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * C24).
    *
    * With a `pg.Pool` the transaction costs the handler's statements plus two round trips, as
-   * many as a bare `BEGIN` ... `COMMIT`: `BEGIN; SET LOCAL lock_timeout; INSERT INTO inbox ...`
-   * travel as one simple-protocol query string (values inlined, see `inboxClaimText`), then
+   * many as a bare `BEGIN` ... `COMMIT`: `BEGIN; SELECT set_config('lock_timeout', ...); INSERT INTO inbox ...`
+   * travel as one simple-protocol query string (values inlined, see `inlineLiterals`), then
    * COMMIT. If that string fails (a lock timeout on the inbox row), the transaction is rolled back.
    * A handler that swallowed a failed statement is caught by COMMIT itself: PostgreSQL answers
    * the COMMIT of an aborted transaction with ROLLBACK, which `withPgTransaction` turns into an
@@ -987,7 +979,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     progress?: StoredProgress,
     partitionProgress?: PartitionProgress,
   ): Promise<{ outcome: 'applied' | 'duplicate'; firstApplied?: InboxEntry | null }> {
-    const { database, schemaSql, groupId, lockTimeoutMs } = this.#o;
+    const { database, groupId, lockTimeoutMs } = this.#o;
     const pool = isPgPool(database);
     let handlerReturned = false;
     let firstApplied: InboxEntry | null | undefined;
@@ -1002,9 +994,10 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         claimed = claimedByLast(begun);
       } else {
         const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-        await setTransactionLockTimeout(q, lockTimeoutMs);
-        claimed = await claimInboxRow(q, schemaSql, row);
-        if (claimed && progress) await writeProgress(q, schemaSql, groupId, event.topic, event.partition, progress);
+        const lockTimeout = lockTimeoutSql(lockTimeoutMs);
+        await q.query(lockTimeout.text, lockTimeout.values);
+        const claim = this.#claimSql(progress, row, bindParameters());
+        claimed = isClaimed(await q.query(claim.text, claim.values));
       }
       if (!claimed) {
         firstApplied = await this.#firstApplied(tx as TransactionHandle, event);
@@ -1043,7 +1036,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   /** The inbox row of a duplicate, read in its transaction (see `readInboxEntry`). */
   #firstApplied(tx: TransactionHandle, event: ConsumedEvent): Promise<InboxEntry | null> {
-    return readInboxEntry(joinTransaction(tx, 'the dedup consumer'), this.#o.schemaSql, this.groupId, event.id);
+    return readInboxEntry(joinTransaction(tx, 'the dedup consumer'), {
+      schemaSql: this.#o.schemaSql,
+      groupId: this.groupId,
+      eventId: event.id,
+    });
   }
 
   /**
@@ -1110,9 +1107,17 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     return DONE;
   }
 
-  /** The inbox claim's text, writing the partition's progress too when there is a row to write. */
+  /** The inbox claim, or the progress claim built on it when there is a progress row to write. */
+  #claimSql(progress: StoredProgress | undefined, row: InboxRow, values: SqlValueWriter): SqlStatement {
+    const { schemaSql } = this.#o;
+    return progress
+      ? claimWithProgressSql({ schemaSql, row, progress }, values)
+      : inboxClaimSql({ schemaSql, row }, values);
+  }
+
+  /** The claim's text with its values inlined, for the simple-protocol string it travels in. */
   #claimOf(progress: StoredProgress | undefined, row: InboxRow): string {
-    return progress ? this.#claimWithProgressText(row, progress) : this.#claimText(row);
+    return this.#claimSql(progress, row, inlineLiterals()).text;
   }
 
   /**

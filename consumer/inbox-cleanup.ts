@@ -6,7 +6,7 @@ import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionH
 import { InvalidOptionsError } from '../src/errors.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
-import { deleteExpiredInboxRows } from './inbox-sql.js';
+import { deleteExpiredInboxRowsSql } from './inbox-sql.js';
 
 /**
  * Default inbox retention: 8 days, one day above Kafka's default topic retention
@@ -76,14 +76,10 @@ export async function cleanupInbox(
   }
   let deleted = 0;
   for (let batch = 0; batch < maxBatches; batch++) {
-    const n = await runTransaction(db, (tx) =>
-      deleteExpiredInboxRows(
-        joinTransaction(tx as TransactionHandle, 'cleanupInbox()'),
-        schemaSql,
-        retentionMs,
-        batchSize,
-        group,
-      ),
+    const { text, values } = deleteExpiredInboxRowsSql({ schemaSql, retentionMs, batchSize, consumerGroup: group });
+    const n = await runTransaction(
+      db,
+      async (tx) => (await joinTransaction(tx as TransactionHandle, 'cleanupInbox()').query(text, values)).rowCount,
     );
     deleted += n;
     if (n < batchSize) return { deleted, more: false };

@@ -12,9 +12,9 @@ import { MISSING_RELATION_SQLSTATES } from '../src/postgres.js';
 import { codesOf } from './classify-error.js';
 import { InboxUnavailableError } from './errors.js';
 import type { DedupConsumerEvents, TypedEmitter } from './events.js';
-import { probeInbox } from './inbox-sql.js';
+import { probeInboxSql } from './inbox-sql.js';
 import type { ResolvedDedupConsumerOptions } from './options.js';
-import { probeProgress } from './progress.js';
+import { probeProgressSql } from './progress-sql.js';
 
 /** The topic configuration that bounds how far back Kafka can redeliver (Kafka topic configs). */
 const TOPIC_RETENTION_CONFIG = 'retention.ms';
@@ -54,9 +54,9 @@ export async function checkInbox(o: Options): Promise<void> {
     // (test/consumer/pool-idle-terminated.test.ts).
     await runTransaction(database, async (tx) => {
       const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-      await probeInbox(q, schemaSql);
+      await q.query(probeInboxSql(schemaSql).text);
       table = 'consumer_progress';
-      if (recordProgress) await probeProgress(q, schemaSql);
+      if (recordProgress) await q.query(probeProgressSql(schemaSql).text);
     });
   } catch (err) {
     if ([...codesOf(err)].some((code) => MISSING_RELATION_SQLSTATES.has(code))) {

@@ -38,27 +38,13 @@
  * Not covered (documented in README "Partition progress"): unclean leader election
  * (`unclean.leader.election.enable=true`), which can replace records at offsets already consumed.
  */
-import pg from 'pg';
-import {
-  joinTransaction,
-  runTransaction,
-  type DatabaseHandle,
-  type Queryable,
-  type TransactionHandle,
-} from '../src/database.js';
+import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
 import { InvalidOptionsError, refuseUnknownOptions, schemaMissingOr } from '../src/errors.js';
 import { quoteSchema } from '../src/schema-name.js';
-import { UUID_TEXT, type InboxRow } from './inbox-sql.js';
+import { deleteProgressSql, type StoredProgress } from './progress-sql.js';
 
-/** A stored progress row (see the module doc). Offsets and timestamps as bigint. */
-export interface StoredProgress {
-  rangeStart: bigint;
-  lastOffset: bigint;
-  lastEventId: string;
-  /** Kafka timestamp of the record at `lastOffset`, in ms since the epoch. */
-  lastTimestamp: bigint;
-}
+export type { StoredProgress } from './progress-sql.js';
 
 /** What this process knows of one partition it consumes (see the module doc). */
 export interface PartitionProgress {
@@ -157,116 +143,6 @@ export function markDeadLettered(p: PartitionProgress | undefined, offset: bigin
   if (p !== undefined && offset + 1n > p.batch.start) p.batch.start = offset + 1n;
 }
 
-// ---------------------------------------------------------------------------------------------
-// SQL
-// ---------------------------------------------------------------------------------------------
-
-/** Reads the stored progress of one partition, or null. */
-export async function readProgress(
-  q: Queryable,
-  schemaSql: string,
-  groupId: string,
-  topic: string,
-  partition: number,
-): Promise<StoredProgress | null> {
-  const { rows } = await q.query<{
-    range_start: string;
-    last_offset: string;
-    last_event_id: string;
-    last_timestamp: string;
-  }>(
-    `SELECT range_start::text, last_offset::text, last_event_id::text, last_timestamp::text
-       FROM ${schemaSql}.consumer_progress WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
-    [groupId, topic, partition],
-  );
-  const row = rows[0];
-  if (row === undefined) return null;
-  return {
-    rangeStart: BigInt(row.range_start),
-    lastOffset: BigInt(row.last_offset),
-    lastEventId: row.last_event_id,
-    lastTimestamp: BigInt(row.last_timestamp),
-  };
-}
-
-/** Fails unless the progress table exists in the schema (`recordProgress` needs migration 0001). */
-export async function probeProgress(q: Queryable, schemaSql: string): Promise<void> {
-  await q.query(`SELECT 1 FROM ${schemaSql}.consumer_progress LIMIT 0`);
-}
-
-/** The upsert's tail, shared by both statement forms. */
-const UPSERT_TAIL =
-  'ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET range_start = EXCLUDED.range_start, ' +
-  'last_offset = EXCLUDED.last_offset, last_event_id = EXCLUDED.last_event_id, ' +
-  'last_timestamp = EXCLUDED.last_timestamp, updated_at = EXCLUDED.updated_at';
-
-/**
- * Writes a partition's progress (drizzle databases; a `pg.Pool` uses {@link claimWithProgressText}).
- * Call only in the transaction of the effects of the message at `row.lastOffset`.
- */
-export async function writeProgress(
-  q: Queryable,
-  schemaSql: string,
-  groupId: string,
-  topic: string,
-  partition: number,
-  row: StoredProgress,
-): Promise<void> {
-  await q.query(
-    `INSERT INTO ${schemaSql}.consumer_progress
-       (consumer_group, topic, partition, range_start, last_offset, last_event_id, last_timestamp, updated_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, now()) ${UPSERT_TAIL}`,
-    [
-      groupId,
-      topic,
-      partition,
-      row.rangeStart.toString(),
-      row.lastOffset.toString(),
-      row.lastEventId,
-      row.lastTimestamp.toString(),
-    ],
-  );
-}
-
-/**
- * The inbox claim and the progress write as one statement with every value inlined (for the
- * simple query protocol, in the same string as BEGIN or SAVEPOINT): the progress row is written
- * only when the claim inserted the inbox row, so a duplicate still writes nothing (no
- * transaction id, no WAL flush at its COMMIT). Its result is one row `claimed` (1 or 0); read it
- * with `claimedByLast()`.
- *
- * @param claimText - the inbox claim's text builder (`inboxClaimText()`); its values are checked there.
- * @throws {Error} from the returned function when a value is not of its strict shape.
- */
-export function claimWithProgressText(
-  schemaSql: string,
-  groupId: string,
-  claimText: (row: InboxRow) => string,
-): (row: InboxRow, progress: StoredProgress) => string {
-  const group = pg.escapeLiteral(groupId);
-  const topics = new Map<string, string>();
-  return (row, progress) => {
-    const claim = claimText(row).replace(/ RETURNING 1 AS claimed$/, ' RETURNING 1');
-    let topic = topics.get(row.topic);
-    if (topic === undefined) {
-      topic = pg.escapeLiteral(row.topic);
-      topics.set(row.topic, topic);
-    }
-    // claimText() checked the row's values; the progress offsets and timestamp are bigints
-    // (printed as digits); its event id (the row's own, or the trusted row's anchor) is checked here.
-    if (!UUID_TEXT.test(progress.lastEventId)) {
-      throw new Error(`Refusing to inline the progress event id ${JSON.stringify(progress.lastEventId)}.`);
-    }
-    return (
-      `WITH claim AS (${claim}), progress AS (INSERT INTO ${schemaSql}.consumer_progress ` +
-      '(consumer_group, topic, partition, range_start, last_offset, last_event_id, last_timestamp, updated_at) ' +
-      `SELECT ${group}, ${topic}, ${row.partition}, ${progress.rangeStart}, ${progress.lastOffset}, ` +
-      `'${progress.lastEventId}', ${progress.lastTimestamp}, now() WHERE EXISTS (SELECT 1 FROM claim) ${UPSERT_TAIL}) ` +
-      'SELECT count(*)::int AS claimed FROM claim'
-    );
-  };
-}
-
 /** Options of {@link resetConsumerProgress}. */
 export interface ResetConsumerProgressOptions {
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
@@ -311,10 +187,8 @@ export async function resetConsumerProgress(
   const schemaSql = quoteSchema(schema);
   try {
     return await runTransaction(db, async (tx) => {
-      const { rowCount } = await joinTransaction(tx as TransactionHandle, 'resetConsumerProgress').query(
-        `DELETE FROM ${schemaSql}.consumer_progress WHERE consumer_group = $1 AND ($2::text IS NULL OR topic = $2::text)`,
-        [consumerGroup, topic ?? null],
-      );
+      const { text, values } = deleteProgressSql({ schemaSql, consumerGroup, topic: topic ?? null });
+      const { rowCount } = await joinTransaction(tx as TransactionHandle, 'resetConsumerProgress').query(text, values);
       return rowCount;
     });
   } catch (err) {

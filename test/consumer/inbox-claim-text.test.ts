@@ -4,8 +4,13 @@
  * ever inlined.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { claimedByLast, inboxClaimText } from '../../consumer/inbox-sql.js';
+import { claimedByLast, inboxClaimSql, inlineLiterals, type InboxRow } from '../../consumer/inbox-sql.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+
+/** The claim of `group` with its values inlined, as the pg.Pool transaction sends it (the row's own group ignored). */
+function inboxClaimText(schemaSql: string, group: string): (row: InboxRow) => string {
+  return (row) => inboxClaimSql({ schemaSql, row: { ...row, groupId: group } }, inlineLiterals()).text;
+}
 
 describe('inboxClaimText', () => {
   let db: TestDatabase;

@@ -5,7 +5,6 @@
 import { describe, expect, it } from 'vitest';
 import {
   beginBatch,
-  claimWithProgressText,
   isProvenHandled,
   markDeadLettered,
   markWritten,
@@ -14,7 +13,8 @@ import {
   type RecordIdentity,
   type StoredProgress,
 } from '../../../consumer/progress.js';
-import { inboxClaimText } from '../../../consumer/inbox-sql.js';
+import { inlineLiterals, type InboxRow } from '../../../consumer/inbox-sql.js';
+import { claimWithProgressSql } from '../../../consumer/progress-sql.js';
 
 const ID_A = '0190a1b2-0000-7000-8000-00000000000a';
 const ID_B = '0190a1b2-0000-7000-8000-00000000000b';
@@ -141,7 +141,12 @@ describe('progressAfter: the row a batch writes', () => {
 });
 
 describe('claimWithProgressText', () => {
-  const text = claimWithProgressText('"outboxkit"', "it's a group", inboxClaimText('"outboxkit"', "it's a group"));
+  // The progress claim of the group "it's a group", its values inlined (the row's own group ignored).
+  const text = (row: InboxRow, progress: StoredProgress): string =>
+    claimWithProgressSql(
+      { schemaSql: '"outboxkit"', row: { ...row, groupId: "it's a group" }, progress },
+      inlineLiterals(),
+    ).text;
   const row = { groupId: 'ignored', eventId: ID_A, topic: "o'rders", partition: 2, offset: '20' };
 
   it('writes the progress only when the claim inserted, and answers one row `claimed`', () => {
