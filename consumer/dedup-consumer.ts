@@ -8,7 +8,15 @@
  * `INSERT ... ON CONFLICT DO NOTHING`, run the handler with the same transaction only if the row
  * is new, commit. Only then is the message's offset resolved, and so committable. A message that
  * has no usable event id, or whose handler keeps failing, is produced to a dead-letter topic
- * first, and only then resolved.
+ * first, and only then resolved. With `transactionScope: 'batch'` one transaction holds a run of
+ * consecutive messages of a batch, each in a savepoint of its own; `'message'` is the same path
+ * with runs of one message and no savepoint.
+ *
+ * Where the parts live: the transaction of each driver (claim, savepoints, handler, commit) in
+ * inbox-transaction.ts, with inbox-transaction-pg.ts and inbox-transaction-drizzle.ts; the
+ * statements in inbox-sql.ts and progress-sql.ts; the start-up checks in preflight.ts; attempt
+ * counting, backoff and paused partitions in retry.ts. This file keeps start and stop, the batch
+ * loop and the wiring.
  *
  * **The offset rule.** An offset is resolved only after its message was applied (transaction
  * committed), skipped as a duplicate (committed inbox row), or dead-lettered (broker acknowledged
@@ -40,15 +48,13 @@ import type pg from 'pg';
 import {
   joinTransaction,
   runTransaction,
-  withPgTransaction,
   type DatabaseHandle,
   type TransactionHandle,
   type TransactionOf,
 } from '../src/database.js';
-import { isOutboxkitError, LifecycleError } from '../src/errors.js';
+import { LifecycleError } from '../src/errors.js';
 import { crashPoint } from '../src/crash-point.js';
-import { HandlerFailure, swallowedFailure } from './classify-error.js';
-import { SQLSTATE, sqlStateOf } from '../src/postgres.js';
+import { HandlerFailure } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reducedDeadLetter } from './dead-letter.js';
 import { createKafkajsClient } from '../src/kafka/kafkajs/client.js';
@@ -64,19 +70,15 @@ import type {
 } from '../src/kafka/types.js';
 import { HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { TypedEmitter, type DedupConsumerEvents, type DedupConsumerListener, type MessagePosition } from './events.js';
+import type { InboxEntry } from './inbox-sql.js';
 import {
-  assertTransactionUsable,
-  bindParameters,
-  claimedByLast,
-  inboxClaimSql,
-  inlineLiterals,
-  isClaimed,
-  lockTimeoutSql,
-  readInboxEntry,
-  type InboxEntry,
-  type InboxRow,
-  type SqlValueWriter,
-} from './inbox-sql.js';
+  runInboxTransaction,
+  type InboxClaim,
+  type InboxTransaction,
+  type InboxTransactionOptions,
+} from './inbox-transaction.js';
+import { drizzleInboxTransaction } from './inbox-transaction-drizzle.js';
+import { pgPoolInboxTransaction } from './inbox-transaction-pg.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
 import { checkInbox, checkTopics } from './preflight.js';
 import {
@@ -89,8 +91,7 @@ import {
   type PartitionProgress,
   type RecordIdentity,
 } from './progress.js';
-import { claimWithProgressSql, readProgress, type StoredProgress } from './progress-sql.js';
-import type { SqlStatement } from '../src/postgres.js';
+import { readProgress, type StoredProgress } from './progress-sql.js';
 import { partitionKey, Retries, type PendingMessage } from './retry.js';
 import { runHandler } from './tracing.js';
 import {
@@ -156,6 +157,8 @@ export const CRASH_POINT_AFTER_COMMIT = 'consumer:after-commit';
 const DEFAULT_STOP_TIMEOUT_MS = 30_000;
 /** Finite producer retries: with idempotence kafkajs would otherwise retry (nearly) forever. */
 const DLQ_PRODUCER_RETRIES = 5;
+/** Subtransaction ids PostgreSQL caches per transaction (`PGPROC_MAX_CACHED_SUBXIDS`, src/include/storage/proc.h). */
+const PG_CACHED_SUBXIDS = 64;
 
 /** A message read for processing (see `#prepare`). */
 type Prepared = DeadLetterPrepared | EventPrepared;
@@ -176,30 +179,11 @@ interface EventPrepared {
   pending: PendingMessage;
   /** This run's attempt number, from 1. */
   attempt: number;
-  /** `recordProgress`: the progress row its transaction writes when it is applied. */
-  progress?: StoredProgress;
-}
-
-/** What one batch-mode transaction did (see `#applyRun`). */
-interface Run {
-  done: {
-    prepared: EventPrepared;
-    outcome: 'applied' | 'duplicate';
-    durationMs: number;
-    /** A duplicate's inbox row (see `readInboxEntry`). */
-    firstApplied?: InboxEntry | null;
-  }[];
-  failure?: { prepared: EventPrepared; error: unknown };
-}
-
-/** A drizzle transaction, whose `transaction()` opens a savepoint. */
-interface NestingTransaction {
-  transaction<T>(fn: (tx: TransactionHandle) => Promise<T>): Promise<T>;
+  /** Its inbox claim, with (`recordProgress`) the progress row its transaction writes when it is applied. */
+  claim: InboxClaim;
 }
 
 type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; delayMs: number };
-/** Subtransaction ids PostgreSQL caches per transaction (`PGPROC_MAX_CACHED_SUBXIDS`, src/include/storage/proc.h). */
-const PG_CACHED_SUBXIDS = 64;
 
 const DONE: Step = { kind: 'done' };
 const INTERRUPTED: Step = { kind: 'interrupted' };
@@ -216,6 +200,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #client: KafkaClient;
   readonly #consumer: GroupConsumer;
   readonly #producer: KafkaProducer;
+  /** The transaction of the database's driver (inbox-transaction.ts), chosen here once. */
+  readonly #inbox: InboxTransaction<TransactionOf<D>>;
   readonly #stopController = new AbortController();
   /** Attempts, backoff and paused partitions (retry.ts). */
   readonly #retries: Retries;
@@ -225,19 +211,14 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   #startPromise: Promise<void> | undefined;
   #stopPromise: Promise<void> | undefined;
   #joined: { resolve(): void; reject(err: unknown): void } | undefined;
-  /**
-   * What opens a handler transaction on a `pg.Pool`, before the inbox claim in the same string
-   * (values inlined for the simple query protocol, see `inlineLiterals()`).
-   */
-  readonly #beginSql: string;
 
   constructor(options: DedupConsumerOptions<D>) {
     this.#o = resolveDedupConsumerOptions(options);
     this.groupId = this.#o.groupId;
     this.topics = Object.freeze([...this.#o.topics]);
     this.#events = new TypedEmitter(this.#o.logger);
+    this.#inbox = inboxTransactionOf(this.#o);
     this.#retries = new Retries(this.#o);
-    this.#beginSql = `BEGIN; ${lockTimeoutSql(this.#o.lockTimeoutMs, inlineLiterals()).text}`;
     if (this.#o.transactionScope === 'batch' && this.#o.batchMaxMessages > PG_CACHED_SUBXIDS) {
       this.#o.logger.warn(
         { groupId: this.groupId, batchMaxMessages: this.#o.batchMaxMessages },
@@ -427,36 +408,62 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   // Processing
   // ------------------------------------------------------------------------------------------
 
+  /**
+   * One fetched batch of one partition, in order: each message is skipped (proven handled by the
+   * partition's progress), dead-lettered (no usable event id, or given up on), or run in a
+   * transaction (see {@link #applyRun}) with the messages after it that may join (`transactionScope:
+   * 'batch'`; one message in `'message'` scope). The batch ends early on stop, seek or
+   * rebalance, and at a message that must wait for a retry (its partition paused).
+   */
   async #runBatch(batch: InboundBatch): Promise<void> {
     const keepAlive = startKeepAlive(batch.heartbeat, this.#o.heartbeatIntervalMs, this.#consumer.isRebalance);
     // What the handlers of this batch see: aborted on stop() or when the partitions may go.
     const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
     try {
       const partitionProgress = this.#o.recordProgress ? await this.#progressOf(batch) : undefined;
-      if (this.#o.transactionScope === 'batch') {
-        await this.#runBatchInTransactions(batch, keepAlive, signal, partitionProgress);
-        return;
-      }
-      for (const message of batch.messages) {
+      let next = 0;
+      while (next < batch.messages.length) {
         // Stop promptly: on stop(), or when a seek made the rest of this batch stale.
         if (this.#mustStop(batch)) return;
         // The group is rebalancing: leave the rest to whoever owns the partition next.
         keepAlive.throwIfLost();
+        const message = batch.messages[next]!;
+        let step: Step = DONE;
+        let resolved = 1;
         if (isProvenHandled(partitionProgress, BigInt(message.offset))) {
           this.#skipHandled(batch.topic, batch.partition, message);
+          batch.markProcessed(message.offset);
         } else {
-          const step = await this.#process(batch.topic, batch.partition, message, signal, partitionProgress);
-          if (step.kind === 'interrupted') {
-            keepAlive.throwIfLost();
-            return;
-          }
-          if (step.kind === 'retry-later') {
-            this.#pauseFor(batch.pause, step.delayMs);
-            return;
+          const first = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
+          if (first.kind === 'dead-letter') {
+            // Nothing of an earlier transaction is left open: dead-letter it, then resolve it.
+            step = await this.#deadLetter(first);
+            if (step.kind === 'done') batch.markProcessed(message.offset);
+          } else {
+            ({ step, resolved } = await this.#applyRun(first, {
+              batch,
+              from: next,
+              keepAlive,
+              signal,
+              partitionProgress,
+            }));
           }
         }
-        // Applied, duplicate, dead-lettered or proven handled: now, and only now, the offset may be committed.
-        batch.markProcessed(message.offset);
+        if (step.kind === 'interrupted') {
+          keepAlive.throwIfLost();
+          return;
+        }
+        if (step.kind === 'retry-later') {
+          this.#retries.pauseFor(batch.pause, step.delayMs, (err) =>
+            this.#o.logger.debug(
+              { groupId: this.groupId, err },
+              'Resuming a partition failed (consumer restarted); ignored.',
+            ),
+          );
+          return;
+        }
+        // Applied, duplicate, dead-lettered or proven handled: resolved, so its offset may be committed.
+        next += resolved;
         // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
         await batch.heartbeat();
         await batch.commitIfDue();
@@ -496,10 +503,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   /** The partition's stored progress row, or null (also when it cannot be read: logged). */
   async #storedProgress(topic: string, partition: number): Promise<StoredProgress | null> {
+    const { database, schemaSql } = this.#o;
     try {
-      return await runTransaction(this.#o.database, (tx) =>
+      return await runTransaction(database, (tx) =>
         readProgress(joinTransaction(tx as TransactionHandle, 'the dedup consumer'), {
-          schemaSql: this.#o.schemaSql,
+          schemaSql,
           groupId: this.groupId,
           topic,
           partition,
@@ -531,93 +539,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * `transactionScope: 'batch'`: the batch's messages in runs, one transaction per run (see
-   * {@link #applyRun}). The offsets of a run are resolved only after its COMMIT, in order, and a
-   * message that failed ends its run: the messages before it commit and are resolved, and it is
-   * retried (partition paused) or dead-lettered exactly as in `'message'` mode.
-   */
-  async #runBatchInTransactions(
-    batch: InboundBatch,
-    keepAlive: KeepAlive,
-    signal: AbortSignal,
-    partitionProgress: PartitionProgress | undefined,
-  ): Promise<void> {
-    let next = 0;
-    while (next < batch.messages.length) {
-      if (this.#mustStop(batch)) return;
-      keepAlive.throwIfLost();
-      const message = batch.messages[next]!;
-      if (isProvenHandled(partitionProgress, BigInt(message.offset))) {
-        this.#skipHandled(batch.topic, batch.partition, message);
-        batch.markProcessed(message.offset);
-        next += 1;
-        await batch.heartbeat();
-        await batch.commitIfDue();
-        continue;
-      }
-      const first = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
-      let step: Step = DONE;
-      let resolved = 0;
-      if (first.kind === 'dead-letter') {
-        // Nothing of an earlier run is left open: dead-letter it, then resolve it.
-        step = await this.#process(batch.topic, batch.partition, message, signal, partitionProgress);
-        if (step.kind === 'done') resolved = 1;
-      } else {
-        const run = await this.#applyRun(batch, first, next, keepAlive, signal, partitionProgress);
-        // The run's transaction wrote the progress of its last applied message (if any).
-        const lastApplied = run.done.findLast((d) => d.outcome === 'applied');
-        if (lastApplied?.prepared.progress) markWritten(partitionProgress, lastApplied.prepared.progress);
-        // Committed: run the after-commit hook of each message and resolve it, in order.
-        for (const done of run.done) {
-          try {
-            await this.#afterCommit(done.prepared.event, done.outcome);
-          } catch (err) {
-            step = await this.#failed(done.prepared, err, signal);
-            break;
-          }
-          this.#succeeded(done.prepared, done.outcome, done.durationMs, done.firstApplied);
-          batch.markProcessed(done.prepared.message.offset);
-          resolved += 1;
-        }
-        if (step.kind === 'done' && run.failure) {
-          step = await this.#failed(run.failure.prepared, run.failure.error, signal);
-          if (step.kind === 'done') {
-            // Dead-lettered after the messages before it committed.
-            batch.markProcessed(run.failure.prepared.message.offset);
-            resolved += 1;
-          }
-        }
-      }
-      if (step.kind === 'interrupted') {
-        keepAlive.throwIfLost();
-        return;
-      }
-      if (step.kind === 'retry-later') {
-        this.#pauseFor(batch.pause, step.delayMs);
-        return;
-      }
-      if (step.kind === 'done' && first.kind === 'dead-letter') batch.markProcessed(message.offset);
-      next += resolved;
-      // Throws when the group rebalances; kafkajs then commits what is resolved and rejoins.
-      await batch.heartbeat();
-      await batch.commitIfDue();
-    }
-  }
-
-  /** Pauses the partition of the current batch and resumes it after `delayMs`. */
-  #pauseFor(pause: () => () => void, delayMs: number): void {
-    this.#retries.pauseFor(pause, delayMs, (err) =>
-      this.#o.logger.debug(
-        { groupId: this.groupId, err },
-        'Resuming a partition failed (consumer restarted); ignored.',
-      ),
-    );
-  }
-
-  /**
-   * Reads what processing a message needs: its event id and retry state. A message without a
-   * usable event id (case C16: never guess one), or one the consumer already gave up on, only
-   * needs dead-lettering.
+   * Reads what processing a message needs: its event id, retry state and inbox claim. A message
+   * without a usable event id (case C16: never guess one), or one the consumer already gave up
+   * on, only needs dead-lettering.
    */
   #prepare(topic: string, partition: number, message: InboundMessage, partitionProgress?: PartitionProgress): Prepared {
     const position: MessagePosition = { topic, partition, offset: message.offset };
@@ -654,30 +578,94 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
             eventId,
             timestamp: timestampOf(message),
           });
-    return { kind: 'event', message, position, event, pending, attempt: pending.attempts + 1, progress };
+    const row = {
+      groupId: this.groupId,
+      eventId: event.id,
+      topic: event.topic,
+      partition: event.partition,
+      offset: event.offset,
+    };
+    return {
+      kind: 'event',
+      message,
+      position,
+      event,
+      pending,
+      attempt: pending.attempts + 1,
+      claim: { row, progress },
+    };
   }
 
-  async #process(
-    topic: string,
-    partition: number,
-    message: InboundMessage,
-    signal: AbortSignal,
-    partitionProgress?: PartitionProgress,
-  ): Promise<Step> {
-    const prepared = this.#prepare(topic, partition, message, partitionProgress);
-    if (prepared.kind === 'dead-letter') {
-      const { position, eventId, reason, attempts, error } = prepared;
-      return this.#deadLetter(message, position, eventId, reason, attempts, error);
+  /**
+   * Runs `first` in one transaction, with the messages after it in the batch that may join
+   * (`transactionScope: 'batch'`, see inbox-transaction.ts; one message in `'message'` scope).
+   * A message joins unless the transaction holds `batchMaxMessages`, has been open for
+   * `batchMaxMs`, the batch must stop (stop, seek, rebalance), or the message is proven handled or
+   * only needs dead-lettering. After the COMMIT, in order: each message's after-commit hook,
+   * bookkeeping and offset; then the failed message that ended the run, if any, is retried
+   * (partition paused) or dead-lettered, after the messages before it committed.
+   *
+   * @returns the step that follows, and how many messages of the batch, from `first` on, were resolved.
+   */
+  async #applyRun(
+    first: EventPrepared,
+    {
+      batch,
+      from,
+      keepAlive,
+      signal,
+      partitionProgress,
+    }: {
+      batch: InboundBatch;
+      /** Where `first` is in the batch. */
+      from: number;
+      keepAlive: KeepAlive;
+      signal: AbortSignal;
+      partitionProgress: PartitionProgress | undefined;
+    },
+  ): Promise<{ step: Step; resolved: number }> {
+    const { batchMaxMessages, batchMaxMs } = this.#o;
+    const openedAt = performance.now();
+    let taken = 1;
+    /** The next message that may join the run, or null when the run ends here. */
+    const takeNext = (): EventPrepared | null => {
+      const message = batch.messages[from + taken];
+      if (message === undefined || taken >= batchMaxMessages) return null;
+      if (performance.now() - openedAt >= batchMaxMs) return null;
+      if (this.#mustStop(batch) || keepAlive.signal.aborted) return null;
+      // Proven handled: skipped by the batch loop, outside any transaction.
+      if (isProvenHandled(partitionProgress, BigInt(message.offset))) return null;
+      const next = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
+      if (next.kind !== 'event') return null;
+      taken += 1;
+      return next;
+    };
+    const run = await runInboxTransaction(this.#inbox, first, takeNext, (p, tx) =>
+      this.#runHandler(tx, p.event, signal, p.attempt),
+    );
+    // Committed: the progress row the run wrote last, that of its last applied message (before any hook may fail).
+    const lastApplied = run.done.findLast((d) => d.outcome === 'applied');
+    if (lastApplied?.message.claim.progress) markWritten(partitionProgress, lastApplied.message.claim.progress);
+    let resolved = 0;
+    // Run the after-commit hook of each message and resolve it, in order.
+    for (const done of run.done) {
+      try {
+        await this.#afterCommit(done.message.event, done.outcome);
+      } catch (err) {
+        return { step: await this.#failed(done.message, err, signal), resolved };
+      }
+      this.#succeeded(done.message, done.outcome, done.durationMs, done.firstApplied);
+      batch.markProcessed(done.message.message.offset);
+      resolved += 1;
     }
-    const startedAt = performance.now();
-    let applied: { outcome: 'applied' | 'duplicate'; firstApplied?: InboxEntry | null };
-    try {
-      applied = await this.#applyOnce(prepared.event, signal, prepared.attempt, prepared.progress, partitionProgress);
-    } catch (err) {
-      return this.#failed(prepared, err, signal);
+    if (!run.failure) return { step: DONE, resolved };
+    const step = await this.#failed(run.failure.message, run.failure.error, signal);
+    if (step.kind === 'done') {
+      // Dead-lettered after the messages before it committed.
+      batch.markProcessed(run.failure.message.message.offset);
+      resolved += 1;
     }
-    this.#succeeded(prepared, applied.outcome, performance.now() - startedAt, applied.firstApplied);
-    return DONE;
+    return { step, resolved };
   }
 
   /**
@@ -701,8 +689,18 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
         logger.debug({ ...fields, err }, 'Handler interrupted; the event will run again.');
         return INTERRUPTED;
-      case 'dead-letter':
-        return this.#deadLetter(message, position, event.id, decision.reason, attempt, decision.error);
+      case 'dead-letter': {
+        const { reason, error } = decision;
+        return this.#deadLetter({
+          kind: 'dead-letter',
+          message,
+          position,
+          eventId: event.id,
+          reason,
+          attempts: attempt,
+          error,
+        });
+      }
       case 'retry': {
         const { delayMs, error } = decision;
         logger.warn({ ...fields, err: error, delayMs }, 'Handler failed; rolled back, retrying later.');
@@ -789,261 +787,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   }
 
   /**
-   * `transactionScope: 'batch'`: one transaction over `first` and the messages that follow it in
-   * the batch, each inside its own SAVEPOINT (`outboxkit_<n>`, a new name per message, so that a
-   * ROLLBACK TO can only ever undo the message it belongs to: it fails, and the whole transaction
-   * rolls back, if that savepoint was never made). The run ends before a message when it holds
-   * `batchMaxMessages`, when it has been open for `batchMaxMs`, on stop/seek/rebalance, or when
-   * the next message only needs dead-lettering; it ends after a message whose claim or handler
-   * failed, rolled back to its savepoint. Then COMMIT.
-   *
-   * With a `pg.Pool`, per message: `RELEASE SAVEPOINT` (of the previous one), `SAVEPOINT` and the
-   * inbox claim as one simple-protocol query (merged into BEGIN for the first), then the handler;
-   * a handler that swallowed a failed statement is seen without a round trip (the connection
-   * reports the transaction as failed). With drizzle, each message is a nested `tx.transaction()`
-   * (drizzle's savepoints) and a `SELECT 1` proves each one still works.
-   *
-   * @returns the messages committed, in order, and the failed message that ended the run (if
-   *   any). When the transaction as a whole failed (BEGIN, a ROLLBACK TO, COMMIT), nothing is
-   *   committed and the failure is the first message's.
-   */
-  async #applyRun(
-    batch: InboundBatch,
-    first: EventPrepared,
-    from: number,
-    keepAlive: KeepAlive,
-    signal: AbortSignal,
-    partitionProgress: PartitionProgress | undefined,
-  ): Promise<Run> {
-    const { database, schemaSql, groupId, lockTimeoutMs, batchMaxMessages, batchMaxMs } = this.#o;
-    const openedAt = performance.now();
-    let done: Run['done'] = [];
-    let failure: Run['failure'];
-    const rowOf = (p: EventPrepared): InboxRow => ({
-      groupId,
-      eventId: p.event.id,
-      topic: p.event.topic,
-      partition: p.event.partition,
-      offset: p.event.offset,
-    });
-    /** The next message that may join the run, or null when the run ends here. */
-    const takeNext = (): EventPrepared | null => {
-      const message = batch.messages[from + done.length];
-      if (message === undefined || done.length >= batchMaxMessages) return null;
-      if (performance.now() - openedAt >= batchMaxMs) return null;
-      if (this.#mustStop(batch) || keepAlive.signal.aborted) return null;
-      // Proven handled: skipped by the caller, outside any transaction.
-      if (isProvenHandled(partitionProgress, BigInt(message.offset))) return null;
-      const next = this.#prepare(batch.topic, batch.partition, message, partitionProgress);
-      return next.kind === 'event' ? next : null;
-    };
-    try {
-      if (isPgPool(database)) {
-        await withPgTransaction(
-          database,
-          async (client, begun) => {
-            let claimed = claimedByLast(begun);
-            let current = first;
-            for (let n = 0; ;) {
-              const startedAt = performance.now();
-              try {
-                let firstApplied: InboxEntry | null | undefined;
-                if (claimed) {
-                  await this.#runHandler(client as TransactionOf<D>, current.event, signal, current.attempt);
-                  // 'E': a statement failed inside the handler, which caught it. pg learns the
-                  // status from ReadyForQuery, which may arrive after the failed statement's
-                  // answer: a miss here is caught by the next statement (see below).
-                  if (client.getTransactionStatus() === 'E') throw swallowedFailure(new Error('Transaction status E'));
-                } else {
-                  firstApplied = await this.#firstApplied(client, current.event);
-                }
-                done.push({
-                  prepared: current,
-                  outcome: claimed ? 'applied' : 'duplicate',
-                  durationMs: performance.now() - startedAt,
-                  firstApplied,
-                });
-              } catch (err) {
-                await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
-                failure = { prepared: current, error: err };
-                return;
-              }
-              /**
-               * The statement after a message's handler failed with 25P02 (the transaction is
-               * aborted): that handler swallowed a failed statement. Only its savepoint is rolled
-               * back, and it fails as the handler's failure (an attempt), not as a database error.
-               */
-              const swallowedBy = async (err: unknown, savepoint: number): Promise<boolean> => {
-                if (sqlStateOf(err) !== SQLSTATE.IN_FAILED_SQL_TRANSACTION) return false;
-                await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${savepoint}`);
-                const last = done.pop()!;
-                failure = { prepared: last.prepared, error: swallowedFailure(err) };
-                return true;
-              };
-              const next = takeNext();
-              if (next === null) {
-                // Proves the last message's savepoint sound before the COMMIT of the run.
-                try {
-                  await client.query(`RELEASE SAVEPOINT outboxkit_${n}`);
-                } catch (err) {
-                  if (await swallowedBy(err, n)) return;
-                  throw err;
-                }
-                return;
-              }
-              current = next;
-              n += 1;
-              try {
-                const claim = await client.query(
-                  `RELEASE SAVEPOINT outboxkit_${n - 1}; SAVEPOINT outboxkit_${n}; ${this.#claimOf(current.progress, rowOf(current))}`,
-                );
-                claimed = claimedByLast(claim as pg.QueryResult | pg.QueryResult[]);
-              } catch (err) {
-                // RELEASE failed: nothing of the string ran, savepoint n - 1 is still there.
-                if (await swallowedBy(err, n - 1)) return;
-                await client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
-                failure = { prepared: current, error: err };
-                return;
-              }
-            }
-          },
-          { beginSql: `${this.#beginSql}; SAVEPOINT outboxkit_0; ${this.#claimOf(first.progress, rowOf(first))}` },
-        );
-      } else {
-        await runTransaction(database, async (tx) => {
-          const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-          const lockTimeout = lockTimeoutSql(lockTimeoutMs);
-          await q.query(lockTimeout.text, lockTimeout.values);
-          for (let current: EventPrepared | null = first; current !== null; current = takeNext()) {
-            const p: EventPrepared = current;
-            const startedAt = performance.now();
-            try {
-              // A nested drizzle transaction is a savepoint, rolled back when the callback throws.
-              let firstApplied: InboxEntry | null | undefined;
-              const outcome = await (tx as unknown as NestingTransaction).transaction(async (sp) => {
-                const spq = joinTransaction(sp, 'the dedup consumer');
-                const claim = this.#claimSql(p.progress, rowOf(p), bindParameters());
-                if (!isClaimed(await spq.query(claim.text, claim.values))) {
-                  firstApplied = await readInboxEntry(spq, { schemaSql, groupId, eventId: p.event.id });
-                  return 'duplicate' as const;
-                }
-                await this.#runHandler(sp as TransactionOf<D>, p.event, signal, p.attempt);
-                try {
-                  await assertTransactionUsable(joinTransaction(sp, 'the dedup consumer'));
-                } catch (err) {
-                  throw swallowedFailure(err);
-                }
-                return 'applied' as const;
-              });
-              done.push({ prepared: p, outcome, durationMs: performance.now() - startedAt, firstApplied });
-            } catch (err) {
-              // drizzle answers the COMMIT of an aborted transaction without an error: prove the
-              // ROLLBACK TO worked before the messages run so far are committed.
-              await assertTransactionUsable(q);
-              failure = { prepared: p, error: err };
-              return;
-            }
-          }
-        });
-      }
-    } catch (err) {
-      // The transaction as a whole rolled back: none of the run is applied.
-      done = [];
-      failure = { prepared: first, error: err };
-    }
-    return { done, failure };
-  }
-
-  /**
-   * One run: inbox claim, handler, commit, all in one transaction (the transaction helpers roll
-   * back on any error and never return a client left in a failed transaction to the pool — case
-   * C24).
-   *
-   * With a `pg.Pool` the transaction costs the handler's statements plus two round trips, as
-   * many as a bare `BEGIN` ... `COMMIT`: `BEGIN; SELECT set_config('lock_timeout', ...); INSERT INTO inbox ...`
-   * travel as one simple-protocol query string (values inlined, see `inlineLiterals`), then
-   * COMMIT. If that string fails (a lock timeout on the inbox row), the transaction is rolled back.
-   * A handler that swallowed a failed statement is caught by COMMIT itself: PostgreSQL answers
-   * the COMMIT of an aborted transaction with ROLLBACK, which `withPgTransaction` turns into an
-   * error. A drizzle database gives no such answer, so there a `SELECT 1` after the handler
-   * proves the transaction still works (SQLSTATE 25P02 otherwise).
-   *
-   * @throws {@link HandlerFailure} wrapping what the handler threw (or the swallowed failure);
-   *   anything else is the consumer's own statements (connection, lock timeout on the inbox row,
-   *   commit).
-   */
-  async #applyOnce(
-    event: ConsumedEvent,
-    signal: AbortSignal,
-    attempt: number,
-    progress?: StoredProgress,
-    partitionProgress?: PartitionProgress,
-  ): Promise<{ outcome: 'applied' | 'duplicate'; firstApplied?: InboxEntry | null }> {
-    const { database, groupId, lockTimeoutMs } = this.#o;
-    const pool = isPgPool(database);
-    let handlerReturned = false;
-    let firstApplied: InboxEntry | null | undefined;
-    const row = { groupId, eventId: event.id, topic: event.topic, partition: event.partition, offset: event.offset };
-    const body = async (
-      tx: TransactionOf<D>,
-      begun?: pg.QueryResult | pg.QueryResult[],
-    ): Promise<'applied' | 'duplicate'> => {
-      let claimed: boolean;
-      if (begun !== undefined) {
-        // pg.Pool: the claim travelled with BEGIN (see #beginSql).
-        claimed = claimedByLast(begun);
-      } else {
-        const q = joinTransaction(tx as TransactionHandle, 'the dedup consumer');
-        const lockTimeout = lockTimeoutSql(lockTimeoutMs);
-        await q.query(lockTimeout.text, lockTimeout.values);
-        const claim = this.#claimSql(progress, row, bindParameters());
-        claimed = isClaimed(await q.query(claim.text, claim.values));
-      }
-      if (!claimed) {
-        firstApplied = await this.#firstApplied(tx as TransactionHandle, event);
-        return 'duplicate';
-      }
-      await this.#runHandler(tx, event, signal, attempt);
-      if (!pool) {
-        try {
-          await assertTransactionUsable(joinTransaction(tx as TransactionHandle, 'the dedup consumer'));
-        } catch (err) {
-          throw swallowedFailure(err);
-        }
-      }
-      handlerReturned = true;
-      return 'applied';
-    };
-    let outcome: 'applied' | 'duplicate';
-    try {
-      outcome = pool
-        ? await withPgTransaction(
-            database,
-            body as (c: pg.PoolClient, begun: pg.QueryResult | pg.QueryResult[]) => Promise<'applied' | 'duplicate'>,
-            { beginSql: `${this.#beginSql}; ${this.#claimOf(progress, row)}` },
-          )
-        : await runTransaction(database, body);
-    } catch (err) {
-      // After the handler returned, the only NotInTransactionError is COMMIT answered with ROLLBACK.
-      if (handlerReturned && isOutboxkitError(err, 'OUTBOXKIT_NOT_IN_TRANSACTION')) throw swallowedFailure(err);
-      throw err;
-    }
-    // Committed: the partition's known progress row (before any hook may fail).
-    if (outcome === 'applied' && progress) markWritten(partitionProgress, progress);
-    await this.#afterCommit(event, outcome);
-    return { outcome, firstApplied };
-  }
-
-  /** The inbox row of a duplicate, read in its transaction (see `readInboxEntry`). */
-  #firstApplied(tx: TransactionHandle, event: ConsumedEvent): Promise<InboxEntry | null> {
-    return readInboxEntry(joinTransaction(tx, 'the dedup consumer'), {
-      schemaSql: this.#o.schemaSql,
-      groupId: this.groupId,
-      eventId: event.id,
-    });
-  }
-
-  /**
    * Produces the message to its dead-letter topic and waits for the broker's acknowledgement.
    *
    * A dead letter the broker refuses as too large (the original plus the `dlq-*` headers is over
@@ -1057,14 +800,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    *
    * @returns DONE once the dead letter is acknowledged, else a `retry-later` step.
    */
-  async #deadLetter(
-    message: InboundMessage,
-    position: MessagePosition,
-    eventId: string | null,
-    reason: string,
-    attempts: number,
-    error?: unknown,
-  ): Promise<Step> {
+  async #deadLetter(prepared: DeadLetterPrepared): Promise<Step> {
+    const { message, position, eventId, reason, attempts, error } = prepared;
     const deadLetterTopic = this.#o.deadLetterTopics.get(position.topic);
     if (deadLetterTopic === undefined)
       throw new Error(`No dead-letter topic for ${position.topic} (not a consumed topic).`);
@@ -1107,19 +844,6 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     return DONE;
   }
 
-  /** The inbox claim, or the progress claim built on it when there is a progress row to write. */
-  #claimSql(progress: StoredProgress | undefined, row: InboxRow, values: SqlValueWriter): SqlStatement {
-    const { schemaSql } = this.#o;
-    return progress
-      ? claimWithProgressSql({ schemaSql, row, progress }, values)
-      : inboxClaimSql({ schemaSql, row }, values);
-  }
-
-  /** The claim's text with its values inlined, for the simple-protocol string it travels in. */
-  #claimOf(progress: StoredProgress | undefined, row: InboxRow): string {
-    return this.#claimSql(progress, row, inlineLiterals()).text;
-  }
-
   /**
    * Sends one record and says why it was not written, if it was not. The producer sends one at a
    * time; a refused send of one record (a dead letter is one) leaves it usable: kafkajs gives back
@@ -1128,6 +852,25 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   async #send(topic: string, message: ProducerMessage): Promise<KafkaFailure | undefined> {
     return firstFailure(await this.#producer.send([{ ...message, topic }]));
   }
+}
+
+/**
+ * The inbox transaction of the database's driver, chosen once: inbox-transaction-pg.ts for a
+ * `pg.Pool`, inbox-transaction-drizzle.ts for a drizzle database. With savepoints (one per
+ * message) in `transactionScope: 'batch'`.
+ */
+function inboxTransactionOf<D extends DatabaseHandle>(
+  o: ResolvedDedupConsumerOptions<D>,
+): InboxTransaction<TransactionOf<D>> {
+  const options: InboxTransactionOptions = {
+    schemaSql: o.schemaSql,
+    lockTimeoutMs: o.lockTimeoutMs,
+    savepoints: o.transactionScope === 'batch',
+  };
+  const inbox = isPgPool(o.database)
+    ? pgPoolInboxTransaction(o.database, options)
+    : drizzleInboxTransaction(o.database, options);
+  return inbox as unknown as InboxTransaction<TransactionOf<D>>;
 }
 
 /** A `pg.Pool` (or a pool shaped like it), as opposed to a drizzle database. */

@@ -37,7 +37,8 @@ function counter(registry: client.Registry, name: string, help: string): client.
  * - `outboxkit_consumer_errors_total`: failures outside the handler (database down, lock
  *   timeout on the inbox row), retried without counting as attempts.
  * - `outboxkit_consumer_handler_duration_seconds`: time to apply one event (inbox claim,
- *   handler and commit), for applied events.
+ *   handler and commit), for applied events. With `transactionScope: 'batch'`, the event's part
+ *   of the shared transaction (its claim and handler), the COMMIT counted with the last event.
  *
  * Every series is labelled `group` and `topic`, and starts at 0 for each consumed topic.
  *

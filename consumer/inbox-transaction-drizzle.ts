@@ -1,0 +1,94 @@
+/**
+ * The inbox transaction on a drizzle database, node-postgres or postgres-js driver (see
+ * inbox-transaction.ts). The handler gets drizzle's `tx`; with savepoints, each message is a
+ * nested `tx.transaction()` (drizzle's savepoint, rolled back when its callback throws) and its
+ * handler gets that nested `tx`. Statements take bind parameters; the lock timeout and each claim
+ * are statements of their own.
+ *
+ * A handler that swallowed a failed statement: drizzle answers the COMMIT of an aborted
+ * transaction (or the release of an aborted savepoint) without an error, so a `SELECT 1` after
+ * each handler proves the transaction still works (SQLSTATE 25P02 otherwise).
+ */
+import {
+  joinTransaction,
+  runTransaction,
+  type DatabaseHandle,
+  type Queryable,
+  type TransactionHandle,
+} from '../src/database.js';
+import { swallowedFailure } from './classify-error.js';
+import { assertTransactionUsable, bindParameters, isClaimed, lockTimeoutSql, readInboxEntry } from './inbox-sql.js';
+import {
+  claimSql,
+  type InboxClaim,
+  type InboxTransaction,
+  type InboxTransactionOptions,
+  type InboxTransactionScope,
+  type MessageResult,
+} from './inbox-transaction.js';
+
+/** A drizzle transaction, whose `transaction()` opens a savepoint. */
+interface NestingTransaction {
+  transaction<T>(fn: (tx: TransactionHandle) => Promise<T>): Promise<T>;
+}
+
+const WHAT = 'the dedup consumer';
+
+/** The inbox transaction of a drizzle database. */
+export function drizzleInboxTransaction(
+  db: DatabaseHandle,
+  options: InboxTransactionOptions,
+): InboxTransaction<TransactionHandle> {
+  const { schemaSql, lockTimeoutMs, savepoints } = options;
+
+  /** Claims `claim` in `tx` and runs its handler there (see InboxTransactionScope.message). */
+  async function claimAndRun(
+    tx: TransactionHandle,
+    claim: InboxClaim,
+    handler: (tx: TransactionHandle) => Promise<void>,
+  ): Promise<MessageResult> {
+    const q = joinTransaction(tx, WHAT);
+    const { text, values } = claimSql(schemaSql, claim, bindParameters());
+    if (!isClaimed(await q.query(text, values))) {
+      const { groupId, eventId } = claim.row;
+      return { outcome: 'duplicate', firstApplied: await readInboxEntry(q, { schemaSql, groupId, eventId }) };
+    }
+    await handler(tx);
+    try {
+      await assertTransactionUsable(q);
+    } catch (err) {
+      throw swallowedFailure(err);
+    }
+    return { outcome: 'applied' };
+  }
+
+  function scopeOf(tx: TransactionHandle, q: Queryable): InboxTransactionScope<TransactionHandle> {
+    return {
+      async message(claim, handler) {
+        // Without savepoints, a failure rolls back the whole transaction (its one message).
+        if (!savepoints) return claimAndRun(tx, claim, handler);
+        try {
+          return await (tx as unknown as NestingTransaction).transaction((sp) => claimAndRun(sp, claim, handler));
+        } catch (error) {
+          // drizzle answers the COMMIT of an aborted transaction without an error: prove the
+          // ROLLBACK TO worked before the messages run so far are committed.
+          await assertTransactionUsable(q);
+          return { outcome: 'failed', error };
+        }
+      },
+      // Each message proved itself (SELECT 1), and drizzle released its savepoint at its end.
+      settle: () => Promise.resolve(undefined),
+    };
+  }
+
+  return {
+    savepoints,
+    run: (_first, body) =>
+      runTransaction(db, async (tx) => {
+        const q = joinTransaction(tx as TransactionHandle, WHAT);
+        const { text, values } = lockTimeoutSql(lockTimeoutMs);
+        await q.query(text, values);
+        return body(scopeOf(tx as TransactionHandle, q));
+      }),
+  };
+}
