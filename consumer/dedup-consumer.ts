@@ -21,7 +21,8 @@
  * **The offset rule.** An offset is resolved only after its message was applied (transaction
  * committed), skipped as a duplicate (committed inbox row), or dead-lettered (broker acknowledged
  * the DLQ record). Messages of one partition are processed one at a time, in order, so a
- * committed offset never passes a message that is not done (case C12).
+ * committed offset never passes a message that is not done
+ * (test/consumer/c12-slow-message-crash.test.ts).
  *
  * **Why batches.** The group consumer hands over one partition's batch at a time, of which the
  * consumer marks each offset itself (`markProcessed`), and tells when to stop a batch promptly on
@@ -39,10 +40,10 @@
  *
  * **Why retries pause the partition instead of sleeping.** kafkajs fetches again only after every
  * batch of the previous fetch is done, so a handler sleeping between attempts would hold up every
- * partition (case C13). A failed message leaves its offset unresolved, its partition is paused
- * for the backoff delay and then resumed, and kafkajs fetches it again from the resolved offset.
- * Other partitions go on meanwhile. Attempt counts live in memory: after a rebalance or restart
- * the new owner counts from 1 again.
+ * partition (test/consumer/c13-poison-message.test.ts). A failed message leaves its offset
+ * unresolved, its partition is paused for the backoff delay and then resumed, and kafkajs fetches
+ * it again from the resolved offset. Other partitions go on meanwhile. Attempt counts live in
+ * memory: after a rebalance or restart the new owner counts from 1 again.
  */
 import type pg from 'pg';
 import {
@@ -540,8 +541,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   /**
    * Reads what processing a message needs: its event id, retry state and inbox claim. A message
-   * without a usable event id (case C16: never guess one), or one the consumer already gave up
-   * on, only needs dead-lettering.
+   * without a usable event id (never guess one: test/consumer/c16-missing-event-id.test.ts), or
+   * one the consumer already gave up on, only needs dead-lettering.
    */
   #prepare(topic: string, partition: number, message: InboundMessage, partitionProgress?: PartitionProgress): Prepared {
     const position: MessagePosition = { topic, partition, offset: message.offset };

@@ -106,8 +106,8 @@ export function lockTimeoutSql(lockTimeoutMs: number, values: SqlValueWriter = b
  * two deliveries of one event both see "absent". A concurrent delivery of the same event whose
  * transaction is still open holds the primary key: this insert waits for it (bounded by the lock
  * timeout), then does nothing if that transaction committed, or inserts if it rolled back.
- * `ON CONFLICT DO NOTHING` also makes a second delivery inside one batch a plain skip (case C15),
- * never a "cannot affect row a second time" error.
+ * `ON CONFLICT DO NOTHING` also makes a second delivery inside one batch a plain skip, never a
+ * "cannot affect row a second time" error (test/consumer/c15-duplicate-in-batch.test.ts).
  */
 export function inboxInsertText(schemaSql: string, row: InboxRow, values: SqlValueWriter): string {
   return (

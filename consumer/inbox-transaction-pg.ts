@@ -1,7 +1,8 @@
 /**
  * The inbox transaction on a `pg.Pool` (see inbox-transaction.ts). The handler gets the
  * `pg.PoolClient` inside BEGIN; the transaction is run by `withPgTransaction()`, which rolls back
- * on any error and never returns a client left in a failed transaction to the pool (case C24).
+ * on any error and never returns a client left in a failed transaction to the pool
+ * (test/consumer/c24-aborted-transaction.test.ts).
  *
  * **Round trips.** The first message's claim travels with BEGIN, in one simple-protocol query
  * string whose values are inlined (`inlineLiterals()`): `BEGIN; SELECT set_config('lock_timeout',
