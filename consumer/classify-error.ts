@@ -6,7 +6,7 @@
  * message: dead-lettering on it would empty a topic into its DLQ during a PostgreSQL outage, so
  * such failures are retried with backoff for as long as they last, holding only their partition.
  */
-import { isOutboxkitError } from '../src/errors.js';
+import { isOutboxkitError, NotInTransactionError } from '../src/errors.js';
 import { CONNECTION_EXCEPTION_CLASS, CONNECTION_LOST_SQLSTATES } from '../src/postgres.js';
 
 /** Node.js socket errors (errno codes) seen when the database is unreachable. */
@@ -47,7 +47,8 @@ export function isInvalidMessage(err: unknown): boolean {
 /**
  * An error of the application's handler, as opposed to one of the consumer's own statements: what
  * the handler threw (`error`), or a failed statement it swallowed ({@link swallowedFailure}). Only
- * these count as attempts.
+ * these count as attempts. Internal: the consumer unwraps it (its `error` is what users see, in
+ * `consumer:failed` events, logs and dead-letter reasons); it never leaves the consumer.
  */
 export class HandlerFailure extends Error {
   constructor(readonly error: unknown) {
@@ -58,7 +59,7 @@ export class HandlerFailure extends Error {
 /** The handler returned normally although one of its statements had failed and aborted the transaction. */
 export function swallowedFailure(cause: unknown): HandlerFailure {
   return new HandlerFailure(
-    new Error(
+    new NotInTransactionError(
       'The handler returned normally, but its transaction had failed (a failed statement was caught and ignored); ' +
         'its effects were rolled back. Let statement errors propagate out of the handler.',
       { cause },

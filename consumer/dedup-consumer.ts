@@ -805,7 +805,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const { message, position, eventId, reason, attempts, error } = prepared;
     const deadLetterTopic = this.#o.deadLetterTopics.get(position.topic);
     if (deadLetterTopic === undefined)
-      throw new Error(`No dead-letter topic for ${position.topic} (not a consumed topic).`);
+      throw new LifecycleError(`No dead-letter topic for ${position.topic} (not a consumed topic).`);
     const fields = { groupId: this.groupId, ...position, eventId, deadLetterTopic };
     const record = deadLetterMessage(message, {
       reason,

@@ -6,6 +6,7 @@
  */
 import pg from 'pg';
 import type { Queryable } from '../src/database.js';
+import { InvalidOptionsError } from '../src/errors.js';
 import type { SqlStatement } from '../src/postgres.js';
 
 /** The inbox row that records that a consumer group applied an event. */
@@ -65,13 +66,13 @@ const OFFSET_TEXT = /^[0-9]{1,19}$/;
  * `pg.escapeLiteral`, every other value only after it matches its strict shape (a bigint prints
  * as digits).
  *
- * @throws {Error} from a method, "Refusing to inline ...", when a UUID is not in lower case, an
+ * @throws {@link InvalidOptionsError} from a method, "Refusing to inline ...", when a UUID is not in lower case, an
  *   integer not a non-negative safe integer, or an int64's text not a non-negative int64 in
  *   decimal (the consumer validates them first; this is the last guard before SQL).
  */
 export function inlineLiterals(): SqlValueWriter {
   const refuse = (name: string, value: unknown): never => {
-    throw new Error(`Refusing to inline ${name} ${JSON.stringify(value)}.`);
+    throw new InvalidOptionsError(`Refusing to inline ${name} ${JSON.stringify(value)}.`);
   };
   return {
     values: [],

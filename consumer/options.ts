@@ -1,13 +1,26 @@
 /**
- * Options of the dedup consumer: one interface, one frozen defaults object, one validation.
+ * Options of the dedup consumer: one interface (what each option means, its unit and default), one
+ * frozen defaults object, one declaration of the values (src/options.ts).
  */
+import { z } from 'zod';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { is } from 'drizzle-orm';
 import { PgTransaction } from 'drizzle-orm/pg-core';
 import type { Kafka } from '../src/kafka/kafkajs/client.js';
 import type { DatabaseHandle, TransactionOf } from '../src/database.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
+import { InvalidOptionsError } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
+import {
+  boolean,
+  fn,
+  integer,
+  parseOptions,
+  retryDelays,
+  retryDelaysInOrder,
+  sentence,
+  SHARED_OPTIONS,
+  value,
+} from '../src/options.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
 import { quoteSchema } from '../src/schema-name.js';
@@ -224,66 +237,88 @@ export interface ResolvedDedupConsumerOptions<D extends DatabaseHandle> extends 
   hooks: DedupConsumerHooks;
 }
 
-function fail(message: string): never {
-  throw new InvalidOptionsError(`createDedupConsumer: ${message}`);
-}
-
-/**
- * Every option name of {@link DedupConsumerOptions}. The `satisfies` keeps it in step with the
- * interface: a key missing here, or one the interface lacks, fails the typecheck.
- */
-const KNOWN_OPTIONS = Object.keys({
-  kafka: true,
-  groupId: true,
-  topics: true,
-  database: true,
-  handler: true,
-  schema: true,
-  deadLetterTopic: true,
-  maxAttempts: true,
-  retryInitialMs: true,
-  retryMaxMs: true,
-  lockTimeoutMs: true,
-  transactionScope: true,
-  batchMaxMessages: true,
-  batchMaxMs: true,
-  partitionsConsumedConcurrently: true,
-  eventIdHeader: true,
-  sessionTimeoutMs: true,
-  heartbeatIntervalMs: true,
-  fetchMaxWaitMs: true,
-  autoCommitIntervalMs: true,
-  fromBeginning: true,
-  inboxRetentionMs: true,
-  recordProgress: true,
-  logger: true,
-  hooks: true,
-  decode: true,
-  tracing: true,
-} satisfies Record<keyof DedupConsumerOptions<DatabaseHandle>, true>);
-
-function integer(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    fail(`${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}.`);
-  }
-  return value;
-}
-
-function checkDatabase(database: unknown): void {
-  if (typeof database !== 'object' || database === null) fail('database must be a pg.Pool or a drizzle database.');
-  if (is(database, PgTransaction)) {
-    fail(
-      'database must be a pg.Pool or a drizzle database, not a transaction: the consumer opens one transaction per message.',
-    );
-  }
+function isDatabase(database: unknown): boolean {
+  if (typeof database !== 'object' || database === null || is(database, PgTransaction)) return false;
   const isPool = typeof (database as { connect?: unknown }).connect === 'function' && 'totalCount' in database;
   const isDrizzle = typeof (database as { transaction?: unknown }).transaction === 'function';
-  if (!isPool && !isDrizzle) {
-    fail(
-      'database must be a pg.Pool or a drizzle database (a pg.Client cannot run one transaction per message concurrently).',
-    );
-  }
+  return isPool || isDrizzle;
 }
+
+/** The consumer's options, declared once: types, ranges, defaults and the rules between them. */
+const dedupConsumerSchema = z
+  .strictObject({
+    kafka: value<Kafka>(
+      'a kafkajs Kafka instance (new Kafka({ clientId, brokers }))',
+      (k) =>
+        typeof k === 'object' &&
+        k !== null &&
+        ['consumer', 'producer', 'admin'].every((m) => typeof (k as Record<string, unknown>)[m] === 'function'),
+    ),
+    groupId: z
+      .string({ error: 'must be a string of 1-255 characters' })
+      .min(1, { error: 'must be a string of 1-255 characters' })
+      .max(255, { error: 'must be a string of 1-255 characters' }),
+    topics: z
+      .array(z.unknown(), { error: 'must be a non-empty array of topic names' })
+      .min(1, { error: 'must be a non-empty array of topic names' })
+      .superRefine((topics, ctx) => {
+        for (const topic of topics) {
+          if (typeof topic !== 'string' || !KAFKA_TOPIC_NAME.test(topic)) {
+            ctx.addIssue(
+              sentence(
+                `invalid topic ${JSON.stringify(topic)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
+              ),
+            );
+            return;
+          }
+        }
+        if (new Set(topics).size !== topics.length) ctx.addIssue(sentence('topics must not repeat a topic.'));
+      })
+      .transform((topics) => topics as string[]),
+    database: value<DatabaseHandle>(
+      'a pg.Pool or a drizzle database (not a transaction, nor a pg.Client: the consumer opens one transaction per message)',
+      isDatabase,
+    ),
+    handler: fn<DedupHandler<DatabaseHandle>>('({ tx, event, signal, attempt }) => Promise<void>'),
+    schema: SHARED_OPTIONS.schema,
+    deadLetterTopic: fn<(topic: string) => string>('(topic) => dead-letter topic name').default(
+      () => DEDUP_CONSUMER_DEFAULTS.deadLetterTopic,
+    ),
+    maxAttempts: integer(1, 1_000).default(DEDUP_CONSUMER_DEFAULTS.maxAttempts),
+    ...retryDelays({ initialMs: DEDUP_CONSUMER_DEFAULTS.retryInitialMs, maxMs: DEDUP_CONSUMER_DEFAULTS.retryMaxMs }),
+    lockTimeoutMs: integer(0, 2_147_483_647).default(DEDUP_CONSUMER_DEFAULTS.lockTimeoutMs),
+    transactionScope: z
+      .enum(['message', 'batch'], { error: "must be 'message' or 'batch'" })
+      .default(DEDUP_CONSUMER_DEFAULTS.transactionScope),
+    batchMaxMessages: integer(1, 10_000).default(DEDUP_CONSUMER_DEFAULTS.batchMaxMessages),
+    batchMaxMs: integer(0, 2_147_483_647).default(DEDUP_CONSUMER_DEFAULTS.batchMaxMs),
+    partitionsConsumedConcurrently: integer(1, 1_000).default(DEDUP_CONSUMER_DEFAULTS.partitionsConsumedConcurrently),
+    eventIdHeader: z
+      .string({ error: 'must be a non-empty string' })
+      .min(1, { error: 'must be a non-empty string' })
+      .default(DEDUP_CONSUMER_DEFAULTS.eventIdHeader),
+    sessionTimeoutMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.sessionTimeoutMs),
+    heartbeatIntervalMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.heartbeatIntervalMs),
+    fetchMaxWaitMs: integer(0).default(DEDUP_CONSUMER_DEFAULTS.fetchMaxWaitMs),
+    autoCommitIntervalMs: integer(0).default(DEDUP_CONSUMER_DEFAULTS.autoCommitIntervalMs),
+    fromBeginning: boolean().default(DEDUP_CONSUMER_DEFAULTS.fromBeginning),
+    inboxRetentionMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.inboxRetentionMs),
+    recordProgress: boolean().default(DEDUP_CONSUMER_DEFAULTS.recordProgress),
+    logger: SHARED_OPTIONS.logger,
+    hooks: value<DedupConsumerHooks>('an object', (h) => typeof h === 'object' && h !== null).default(() => ({})),
+    decode: fn<EventDecoder>('(value, event) => decoded value').optional(),
+    tracing: boolean().default(DEDUP_CONSUMER_DEFAULTS.tracing),
+  } satisfies Record<keyof DedupConsumerOptions<DatabaseHandle>, z.ZodType>)
+  .superRefine((o, ctx) => {
+    retryDelaysInOrder(o, ctx);
+    if (o.heartbeatIntervalMs >= o.sessionTimeoutMs) {
+      ctx.addIssue(
+        sentence(
+          `heartbeatIntervalMs (${o.heartbeatIntervalMs}) must be below sessionTimeoutMs (${o.sessionTimeoutMs}); a third of it is usual.`,
+        ),
+      );
+    }
+  });
 
 /**
  * Applies defaults and validates once.
@@ -294,133 +329,28 @@ function checkDatabase(database: unknown): void {
 export function resolveDedupConsumerOptions<D extends DatabaseHandle>(
   options: DedupConsumerOptions<D>,
 ): ResolvedDedupConsumerOptions<D> {
-  if (typeof options !== 'object' || options === null) fail('options must be an object.');
-  refuseUnknownOptions(options, KNOWN_OPTIONS, 'createDedupConsumer');
-  const d = DEDUP_CONSUMER_DEFAULTS;
-  const { kafka, groupId, topics, database, handler } = options;
-
-  const k = kafka as unknown as Record<string, unknown> | undefined;
-  if (!k || typeof k.consumer !== 'function' || typeof k.producer !== 'function' || typeof k.admin !== 'function') {
-    fail('kafka must be a kafkajs Kafka instance (new Kafka({ clientId, brokers })).');
-  }
-  if (typeof groupId !== 'string' || groupId.length === 0 || groupId.length > 255) {
-    fail('groupId must be a string of 1-255 characters.');
-  }
-  if (!Array.isArray(topics) || topics.length === 0) fail('topics must be a non-empty array of topic names.');
-  for (const topic of topics) {
-    if (typeof topic !== 'string' || !KAFKA_TOPIC_NAME.test(topic)) {
-      fail(
-        `invalid topic ${JSON.stringify(topic)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
-      );
-    }
-  }
-  if (new Set(topics).size !== topics.length) fail('topics must not repeat a topic.');
-  checkDatabase(database);
-  if (typeof handler !== 'function')
-    fail('handler must be an async function ({ tx, event, signal, attempt }) => void.');
-
-  const schema = options.schema ?? d.schema;
-  const schemaSql = quoteSchema(schema);
-
-  const namer = options.deadLetterTopic ?? d.deadLetterTopic;
-  if (typeof namer !== 'function') fail('deadLetterTopic must be a function (topic) => dead-letter topic name.');
+  const { deadLetterTopic: namer, ...o } = parseOptions(dedupConsumerSchema, options, 'createDedupConsumer');
   const deadLetterTopics = new Map<string, string>();
-  for (const topic of topics) {
+  for (const topic of o.topics) {
     const dlq = namer(topic);
     if (typeof dlq !== 'string' || !KAFKA_TOPIC_NAME.test(dlq)) {
-      fail(
-        `deadLetterTopic(${JSON.stringify(topic)}) returned ${JSON.stringify(dlq)}, which is not a legal Kafka topic name.`,
+      throw new InvalidOptionsError(
+        `createDedupConsumer: deadLetterTopic(${JSON.stringify(topic)}) returned ${JSON.stringify(dlq)}, which is not a legal Kafka topic name.`,
       );
     }
-    if (topics.includes(dlq)) {
-      fail(
-        `deadLetterTopic(${JSON.stringify(topic)}) returned a consumed topic (${dlq}); a failing message would loop forever.`,
+    if (o.topics.includes(dlq)) {
+      throw new InvalidOptionsError(
+        `createDedupConsumer: deadLetterTopic(${JSON.stringify(topic)}) returned a consumed topic (${dlq}); a failing message would loop forever.`,
       );
     }
     deadLetterTopics.set(topic, dlq);
   }
-
-  const maxAttempts = integer('maxAttempts', options.maxAttempts ?? d.maxAttempts, 1, 1_000);
-  const retryInitialMs = integer('retryInitialMs', options.retryInitialMs ?? d.retryInitialMs, 0);
-  const retryMaxMs = integer('retryMaxMs', options.retryMaxMs ?? d.retryMaxMs, 0);
-  if (retryMaxMs < retryInitialMs)
-    fail(`retryMaxMs (${retryMaxMs}) must not be below retryInitialMs (${retryInitialMs}).`);
-  const lockTimeoutMs = integer('lockTimeoutMs', options.lockTimeoutMs ?? d.lockTimeoutMs, 0, 2_147_483_647);
-  const transactionScope = options.transactionScope ?? d.transactionScope;
-  if (transactionScope !== 'message' && transactionScope !== 'batch') {
-    fail(`transactionScope must be 'message' or 'batch', got ${JSON.stringify(transactionScope)}.`);
-  }
-  const batchMaxMessages = integer('batchMaxMessages', options.batchMaxMessages ?? d.batchMaxMessages, 1, 10_000);
-  const batchMaxMs = integer('batchMaxMs', options.batchMaxMs ?? d.batchMaxMs, 0, 2_147_483_647);
-  const partitionsConsumedConcurrently = integer(
-    'partitionsConsumedConcurrently',
-    options.partitionsConsumedConcurrently ?? d.partitionsConsumedConcurrently,
-    1,
-    1_000,
-  );
-  const eventIdHeader = options.eventIdHeader ?? d.eventIdHeader;
-  if (typeof eventIdHeader !== 'string' || eventIdHeader.length === 0)
-    fail('eventIdHeader must be a non-empty string.');
-  const sessionTimeoutMs = integer('sessionTimeoutMs', options.sessionTimeoutMs ?? d.sessionTimeoutMs, 1);
-  const heartbeatIntervalMs = integer('heartbeatIntervalMs', options.heartbeatIntervalMs ?? d.heartbeatIntervalMs, 1);
-  if (heartbeatIntervalMs >= sessionTimeoutMs) {
-    fail(
-      `heartbeatIntervalMs (${heartbeatIntervalMs}) must be below sessionTimeoutMs (${sessionTimeoutMs}); a third of it is usual.`,
-    );
-  }
-  const fetchMaxWaitMs = integer('fetchMaxWaitMs', options.fetchMaxWaitMs ?? d.fetchMaxWaitMs, 0);
-  const autoCommitIntervalMs = integer(
-    'autoCommitIntervalMs',
-    options.autoCommitIntervalMs ?? d.autoCommitIntervalMs,
-    0,
-  );
-  const fromBeginning = options.fromBeginning ?? d.fromBeginning;
-  if (typeof fromBeginning !== 'boolean') fail('fromBeginning must be a boolean.');
-  const inboxRetentionMs = integer('inboxRetentionMs', options.inboxRetentionMs ?? d.inboxRetentionMs, 1);
-  const recordProgress = options.recordProgress ?? d.recordProgress;
-  if (typeof recordProgress !== 'boolean') fail('recordProgress must be a boolean.');
-  const logger = options.logger ?? d.logger;
-  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
-    if (typeof (logger as unknown as Record<string, unknown>)?.[level] !== 'function') {
-      fail(`logger must have debug, info, warn and error methods (a pino logger fits); ${level} is missing.`);
-    }
-  }
-  const hooks = options.hooks ?? {};
-  if (typeof hooks !== 'object' || hooks === null) fail('hooks must be an object.');
-  const decode = options.decode;
-  if (decode !== undefined && typeof decode !== 'function')
-    fail('decode must be a function (value, event) => decoded value.');
-  const tracing = options.tracing ?? d.tracing;
-  if (typeof tracing !== 'boolean') fail('tracing must be a boolean.');
-
   return {
-    kafka,
-    groupId,
-    topics: [...topics],
-    database,
-    handler,
-    schema,
-    schemaSql,
+    ...o,
+    database: o.database as D,
+    handler: o.handler as unknown as DedupHandler<D>,
+    decode: o.decode,
+    schemaSql: quoteSchema(o.schema),
     deadLetterTopics,
-    maxAttempts,
-    retryInitialMs,
-    retryMaxMs,
-    lockTimeoutMs,
-    transactionScope,
-    batchMaxMessages,
-    batchMaxMs,
-    partitionsConsumedConcurrently,
-    eventIdHeader,
-    sessionTimeoutMs,
-    heartbeatIntervalMs,
-    fetchMaxWaitMs,
-    autoCommitIntervalMs,
-    fromBeginning,
-    inboxRetentionMs,
-    recordProgress,
-    logger,
-    hooks,
-    decode,
-    tracing,
   };
 }
