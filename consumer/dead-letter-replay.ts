@@ -1,5 +1,5 @@
 /**
- * Reading and re-driving a dead-letter topic (DESIGN G5: dead letters stay visible and can be
+ * Reading and re-driving a dead-letter topic (docs/guarantees.md, G5: dead letters stay visible and can be
  * replayed). Used by `outboxkit dlq list|replay`.
  *
  * Reading uses a throwaway consumer group (kafkajs has no manual partition assignment): it reads

@@ -1,5 +1,5 @@
 /**
- * The dead-letter record: what the consumer writes when it gives up on a message (DESIGN G5).
+ * The dead-letter record: what the consumer writes when it gives up on a message (docs/guarantees.md, G5).
  * Pure logic, no I/O.
  */
 import type { InboundMessage, ProducerMessage, RecordHeaders } from '../src/kafka/types.js';
@@ -35,7 +35,7 @@ export function topicOfDeadLetterTopic(deadLetterTopic: string): string | null {
   return topic === '' || topic === '.' || topic === '..' ? null : topic;
 }
 
-/** The `dlq-reason` of a message without a usable event id (case C16). */
+/** The `dlq-reason` of a message without a usable event id (test/consumer/c16-missing-event-id.test.ts). */
 export const DEAD_LETTER_REASON_INVALID_EVENT_ID = 'missing or invalid event id';
 
 /** Longest `dlq-reason` written, in characters; longer error messages are cut. */
@@ -217,7 +217,7 @@ function byteLength(value: string | Buffer | (string | Buffer)[] | null | undefi
  * 1,024 bytes), no value, nothing else, and a {@link HEADER_DLQ_OMITTED} header that says what was
  * left out. Its size is bounded (under 3 KiB with the consumer's reasons, cut to 1,000
  * characters of ASCII), whatever the original's: the failure stays visible with its reason and position, and the
- * partition moves on (DESIGN G5).
+ * partition moves on (docs/guarantees.md, G5).
  */
 export function reducedDeadLetter(letter: ProducerMessage, keep: readonly string[]): ProducerMessage {
   const headers: RecordHeaders = {};

@@ -1,5 +1,5 @@
 /**
- * The dedup consumer (DESIGN "Consumer dedup", guarantees G4-G6): a Kafka group consumer whose
+ * The dedup consumer (docs/guarantees.md, G4-G6): a Kafka group consumer whose
  * handler's effects happen once per (consumer group, event id). It talks to Kafka through
  * outboxkit's interfaces (src/kafka/types.ts: `GroupConsumer`, `KafkaProducer`, `KafkaAdmin`),
  * made by the kafkajs adapter from the `kafka` option; what follows describes kafkajs's behaviour.

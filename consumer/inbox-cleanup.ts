@@ -1,5 +1,5 @@
 /**
- * Retention cleanup of the consumer inbox (DESIGN "Consumer dedup": inbox retention is
+ * Retention cleanup of the consumer inbox (docs/guarantees.md, G4: inbox retention is
  * configurable, must exceed the longest redelivery horizon, and cleanup runs in bounded batches).
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../src/database.js';

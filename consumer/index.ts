@@ -1,5 +1,5 @@
 /**
- * `outboxkit/consumer`: the dedup consumer (DESIGN guarantees G4-G6).
+ * `outboxkit/consumer`: the dedup consumer (docs/guarantees.md, G4-G6).
  */
 export { createDedupConsumer, type DedupConsumer } from './dedup-consumer.js';
 export {

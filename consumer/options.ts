@@ -160,7 +160,7 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   /** Where a group without committed offsets starts: the earliest message (true) or new ones only. @defaultValue false */
   fromBeginning?: boolean;
   /**
-   * How long the inbox keeps an applied event's row, in ms: the dedup window of G4. It must
+   * How long the inbox keeps an applied event's row, in ms: the dedup window of G4 (docs/guarantees.md). It must
    * exceed the longest redelivery horizon (the topics' `retention.ms`, the relay's republish
    * window); at start the consumer reads each topic's `retention.ms` and warns (log and
    * `consumer:retention-warning`) when it is not shorter. The consumer does not delete rows
