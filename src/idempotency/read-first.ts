@@ -14,7 +14,7 @@ import type pg from 'pg';
 import { toDrizzleSql, type DatabaseHandle, type Queryable, type QueryResult } from '../database.js';
 import type { Fingerprint } from './fingerprint.js';
 import { decideOnExisting, type ExistingRecordDecision } from './state-machine.js';
-import { lookupTerminalRecord, type KeyScope } from './store.js';
+import { lookupTerminalRecord, type RecordRef } from './store.js';
 
 /** Whether `db` is a `pg.Pool` (the structural test of src/database.ts). @internal */
 export function isPgPool(db: unknown): db is pg.Pool {
@@ -85,15 +85,14 @@ function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
  */
 export async function readFirst(
   db: DatabaseHandle,
-  table: string,
-  scope: KeyScope,
+  record: RecordRef,
   fingerprint: Fingerprint,
 ): Promise<Exclude<ExistingRecordDecision, { kind: 'in-progress' }> | undefined> {
   const q = autocommitQueryable(db);
   if (q === undefined) return undefined;
-  const record = await lookupTerminalRecord(q, table, scope);
-  if (record === undefined) return undefined;
-  const decision = decideOnExisting(record, fingerprint);
+  const stored = await lookupTerminalRecord(q, record);
+  if (stored === undefined) return undefined;
+  const decision = decideOnExisting(stored, fingerprint);
   // A terminal record is never in progress; should it ever be, the claim path decides.
   return decision.kind === 'in-progress' ? undefined : decision;
 }

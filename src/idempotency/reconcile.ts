@@ -13,14 +13,8 @@ import {
   resolveUncertain,
   type UncertainRecord,
 } from './lease-store.js';
-import {
-  headersToStore,
-  normaliseResponse,
-  REPLAYED_HEADER,
-  type HandlerResponse,
-  type IdempotentResponse,
-} from './state-machine.js';
-import { idempotencyTable } from './store.js';
+import { normaliseResponse, REPLAYED_HEADER, type HandlerResponse, type IdempotentResponse } from './state-machine.js';
+import { completionOf, idempotencyTable } from './store.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { assertValidOperation, assertValidTenant } from './text.js';
 
@@ -129,20 +123,12 @@ export async function reconcileUncertain(
         `The reconciliation hook returned '${answer.outcome}' with status ${response.status}; use 2xx/3xx for completed and 4xx/5xx for failed.`,
       );
     }
+    const scope = { tenant: record.tenant, operation: record.operation, key: record.key };
     const ok = await inTx((q) =>
       resolveUncertain(
         q,
-        table,
-        channel,
-        { tenant: record.tenant, operation: record.operation, key: record.key },
-        record.ownerToken,
-        {
-          state: answer.outcome,
-          status: response.status,
-          headers: headersToStore(response.headers, opts.replayHeaders),
-          body: response.body,
-        },
-        opts.retentionMs,
+        { table, channel, scope, ownerToken: record.ownerToken },
+        completionOf(response, answer.outcome, opts),
       ),
     ).catch((err: unknown) => {
       throw toSchemaMissing(err, opts.schema);
