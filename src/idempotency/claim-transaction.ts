@@ -5,6 +5,7 @@
  */
 import type pg from 'pg';
 import {
+  isPgPool,
   joinTransaction,
   runTransaction,
   withPgTransaction,
@@ -13,7 +14,6 @@ import {
   type TransactionHandle,
   type TransactionOf,
 } from '../database.js';
-import { isPgPool } from './read-first.js';
 import { claimBeginSql, setClaimLockTimeout } from './store.js';
 
 /**

@@ -10,22 +10,18 @@
  * elsewhere: see `executeIdempotent()`.)
  */
 import type { SQL } from 'drizzle-orm';
-import type pg from 'pg';
-import { toDrizzleSql, type DatabaseHandle, type Queryable, type QueryResult } from '../database.js';
+import {
+  drizzleQueryResult,
+  isPgPool,
+  pgQuery,
+  toDrizzleSql,
+  type DatabaseHandle,
+  type Queryable,
+  type QueryResult,
+} from '../database.js';
 import type { Fingerprint } from './fingerprint.js';
 import { decideOnExisting, type ExistingRecordDecision } from './state-machine.js';
 import { lookupTerminalRecord, type RecordRef } from './store.js';
-
-/** Whether `db` is a `pg.Pool` (the structural test of src/database.ts). @internal */
-export function isPgPool(db: unknown): db is pg.Pool {
-  return (
-    typeof db === 'object' &&
-    db !== null &&
-    'totalCount' in db &&
-    'idleCount' in db &&
-    typeof (db as { connect?: unknown }).connect === 'function'
-  );
-}
 
 type DrizzleExecutor = { execute(query: SQL): Promise<unknown> };
 
@@ -49,17 +45,8 @@ const autocommit = new WeakMap<object, Queryable | undefined>();
 function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
   if (isPgPool(db)) {
     return {
-      async query<R>(
-        text: string,
-        values: readonly unknown[] = [],
-        options?: { name?: string },
-      ): Promise<QueryResult<R>> {
-        const r =
-          options?.name === undefined
-            ? await db.query(text, values as unknown[])
-            : await db.query({ name: options.name, text, values: values as unknown[] });
-        return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
-      },
+      query: <R>(text: string, values: readonly unknown[] = [], options?: { name?: string }): Promise<QueryResult<R>> =>
+        pgQuery<R>(db, text, values, options?.name),
     };
   }
   const drizzleDb = db as Partial<DrizzleExecutor>;
@@ -67,14 +54,7 @@ function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
   const execute = drizzleDb.execute.bind(drizzleDb);
   return {
     async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
-      const result = await execute(toDrizzleSql(text, values));
-      if (Array.isArray(result)) {
-        // postgres-js: an array of rows with a `count`.
-        const count = (result as unknown as { count?: number }).count;
-        return { rows: result as R[], rowCount: count ?? result.length };
-      }
-      const r = result as { rows: R[]; rowCount: number | null };
-      return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
+      return drizzleQueryResult<R>(await execute(toDrizzleSql(text, values)));
     },
   };
 }
