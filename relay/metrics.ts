@@ -8,7 +8,7 @@ import type pg from 'pg';
 import type { Relay } from './relay.js';
 import { backlog, laneOwners } from './sql.js';
 import { quoteSchema } from '../src/schema-name.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../src/errors.js';
 
 /** Bucket bounds of the send latency histogram, in seconds (1 ms to 30 s). */
 export const PUBLISH_DURATION_BUCKETS = Object.freeze([
@@ -65,9 +65,7 @@ export interface RelayMetricsOptions {
 }
 
 /** Every option name of {@link relayMetrics}. */
-const METRICS_OPTION_NAMES: readonly string[] = Object.keys({
-  refreshMs: true,
-} satisfies Record<keyof RelayMetricsOptions, true>);
+const METRICS_OPTION_NAMES = optionNames<RelayMetricsOptions>({ refreshMs: true });
 
 /**
  * Metrics of one relay, registered on `registry`:
@@ -185,10 +183,10 @@ export interface RelayReadiness {
 }
 
 /** Every option name of {@link relayReadiness}. */
-const READINESS_OPTION_NAMES: readonly string[] = Object.keys({
+const READINESS_OPTION_NAMES = optionNames<NonNullable<Parameters<typeof relayReadiness>[2]>>({
   timeoutMs: true,
   refreshMs: true,
-} satisfies Record<keyof NonNullable<Parameters<typeof relayReadiness>[2]>, true>);
+});
 
 /**
  * The relay daemon's readiness check: ready only when PostgreSQL answers (`SELECT 1` on `pool`
@@ -247,9 +245,7 @@ export interface ServeMetricsOptions {
 }
 
 /** Every option name of {@link serveMetrics}. */
-const SERVE_OPTION_NAMES: readonly string[] = Object.keys({
-  host: true,
-} satisfies Record<keyof ServeMetricsOptions, true>);
+const SERVE_OPTION_NAMES = optionNames<ServeMetricsOptions>({ host: true });
 
 /**
  * Serves `/metrics` (Prometheus text format), `/healthz` (the process answers) and `/readyz`

@@ -30,7 +30,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import type { LeaseContext } from '../idempotency/lease.js';
 import type { HandlerResponse } from '../idempotency/state-machine.js';
@@ -182,10 +182,7 @@ export interface RawJsonBodyOptions {
 }
 
 /** Every option name of {@link RawJsonBodyOptions}; the compiler keeps it in step with the interface. */
-const RAW_JSON_BODY_OPTION_NAMES: readonly string[] = Object.keys({
-  contentType: true,
-  bodyLimit: true,
-} satisfies Record<keyof RawJsonBodyOptions, true>);
+const RAW_JSON_BODY_OPTION_NAMES = optionNames<RawJsonBodyOptions>({ contentType: true, bodyLimit: true });
 
 /** The part of a Fastify instance {@link registerRawJsonBody} uses. */
 export interface ContentTypeParserHost {

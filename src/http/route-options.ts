@@ -5,7 +5,7 @@
  * `GET`.
  */
 import type { DatabaseHandle, TransactionOf } from '../database.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import { noopLogger, type Logger } from '../logger.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import type { LeaseContext } from '../idempotency/lease.js';
@@ -66,7 +66,7 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
  * Every option name of {@link RouteIdempotencyOptions}; the compiler keeps it in step with the
  * interface.
  */
-const ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+const ROUTE_OPTION_NAMES = optionNames<RouteIdempotencyOptions<DatabaseHandle, unknown>>({
   ...IDEMPOTENCY_OPTION_KEYS,
   db: true,
   operation: true,
@@ -74,7 +74,7 @@ const ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
   semanticHeaders: true,
   required: true,
   maxBodyBytes: true,
-} satisfies Record<keyof RouteIdempotencyOptions<DatabaseHandle, unknown>, true>);
+});
 
 /**
  * Refuses a non-object and unknown option names of an adapter's options, at the adapter (the
@@ -175,7 +175,7 @@ export interface RouteLeaseOptions<D extends DatabaseHandle, Req>
  * mode's, nor `required`: the key is always required); the compiler keeps it in step with the
  * interface.
  */
-const LEASE_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+const LEASE_ROUTE_OPTION_NAMES = optionNames<RouteLeaseOptions<DatabaseHandle, unknown>>({
   ...LEASE_OPTION_KEYS,
   db: true,
   operation: true,
@@ -183,7 +183,7 @@ const LEASE_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
   semanticHeaders: true,
   maxBodyBytes: true,
   deadline: true,
-} satisfies Record<keyof RouteLeaseOptions<DatabaseHandle, unknown>, true>);
+});
 
 /** A lease-mode route's options and handler, validated once, as both adapters run them. */
 export interface ResolvedLeaseRoute<D extends DatabaseHandle, Req> extends RouteScope<D, Req> {
@@ -233,13 +233,13 @@ export interface RouteOperationOptions<D extends DatabaseHandle, Req> {
 }
 
 /** Every option name of {@link RouteOperationOptions}; the compiler keeps it in step with the interface. */
-const OPERATION_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+const OPERATION_ROUTE_OPTION_NAMES = optionNames<RouteOperationOptions<DatabaseHandle, unknown>>({
   db: true,
   operation: true,
   schema: true,
   resolveTenant: true,
   logger: true,
-} satisfies Record<keyof RouteOperationOptions<DatabaseHandle, unknown>, true>);
+});
 
 /** An operation resource route, validated once: the flow of its `GET`, and where it logs. */
 export type ResolvedOperationRoute<Req> = ((req: Req, operationId: string) => Promise<IdempotentResponse>) & {

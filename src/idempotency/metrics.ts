@@ -9,7 +9,7 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { runTransaction, joinTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
-import { refuseUnknownOptions } from '../errors.js';
+import { optionNames, refuseUnknownOptions } from '../errors.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { idempotencyTable } from './store.js';
@@ -86,9 +86,7 @@ export interface GaugeOptions {
 }
 
 /** Every option name of {@link GaugeOptions}; the compiler keeps it in step with the interface. */
-const GAUGE_OPTION_NAMES: readonly string[] = Object.keys({
-  schema: true,
-} satisfies Record<keyof GaugeOptions, true>);
+const GAUGE_OPTION_NAMES = optionNames<GaugeOptions>({ schema: true });
 
 /**
  * Registers gauges computed by one query at scrape time (no timer, nothing cached):

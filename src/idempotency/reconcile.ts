@@ -2,7 +2,7 @@
  * Reconciliation of `uncertain` records (lease mode) and the operation resource of policy `async`.
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { IDEMPOTENCY_DEFAULTS, resolveIdempotencyOptions } from './options.js';
@@ -40,12 +40,12 @@ export interface ReconcileOptions {
 }
 
 /** Every option name of {@link ReconcileOptions}; the compiler keeps it in step with the interface. */
-const RECONCILE_OPTION_NAMES: readonly string[] = Object.keys({
+const RECONCILE_OPTION_NAMES = optionNames<ReconcileOptions>({
   schema: true,
   limit: true,
   retentionMs: true,
   replayHeaders: true,
-} satisfies Record<keyof ReconcileOptions, true>);
+});
 
 /** What {@link reconcileUncertain} did. */
 export interface ReconcileResult {
@@ -148,10 +148,7 @@ export interface ServeOperationOptions {
 }
 
 /** Every option name of {@link ServeOperationOptions}; the compiler keeps it in step with the interface. */
-const SERVE_OPERATION_OPTION_NAMES: readonly string[] = Object.keys({
-  schema: true,
-  retryAfterSeconds: true,
-} satisfies Record<keyof ServeOperationOptions, true>);
+const SERVE_OPERATION_OPTION_NAMES = optionNames<ServeOperationOptions>({ schema: true, retryAfterSeconds: true });
 
 /**
  * The response to `GET` of an operation resource (the `Location` of a 202 under policy `async`):

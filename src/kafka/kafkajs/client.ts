@@ -3,7 +3,7 @@
  * import of the library is in this folder.
  */
 import { Kafka, logLevel as kafkajsLogLevel, type KafkaConfig } from 'kafkajs';
-import { InvalidOptionsError, refuseUnknownOptions } from '../../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../../errors.js';
 import type { Logger } from '../../logger.js';
 import type { KafkaClient } from '../types.js';
 import { kafkajsAdmin } from './admin.js';
@@ -37,10 +37,7 @@ export interface KafkajsClientOptions {
   logLevel?: KafkajsLogLevel;
 }
 
-const CLIENT_OPTION_NAMES: readonly string[] = Object.keys({
-  logger: true,
-  logLevel: true,
-} satisfies Record<keyof KafkajsClientOptions, true>);
+const CLIENT_OPTION_NAMES = optionNames<KafkajsClientOptions>({ logger: true, logLevel: true });
 
 /** Whether `value` looks like a kafkajs `Kafka` instance (its producer, consumer and admin factories). */
 export function isKafkajsKafka(value: unknown): value is Kafka {
