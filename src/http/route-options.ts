@@ -139,7 +139,9 @@ function resolveScope<D extends DatabaseHandle, Req>(
 }
 
 /**
- * Validates an adapter's options once, when the route is built.
+ * Validates an adapter's options once, when the route is built, and keeps its handler.
+ * @param handler - the application's handler (checked to be a function, for JavaScript callers).
+ * @param what - the adapter's entry point, for messages (`'idempotentHandler()'`).
  * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
  *   ones), an invalid operation, tenant resolver, handler or limit, or invalid
  *   {@link IdempotencyOptions}.
@@ -193,7 +195,8 @@ export interface ResolvedLeaseRoute<D extends DatabaseHandle, Req> extends Route
 }
 
 /**
- * Validates a lease-mode adapter's options once, when the route is built.
+ * Validates a lease-mode adapter's options once, when the route is built, and keeps its handler.
+ * @param handler - as {@link resolveRoute}'s, with the lease-mode context.
  * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
  *   ones) or invalid options (see `resolveLeaseOptions()` too).
  */
