@@ -8,7 +8,7 @@ import type pg from 'pg';
 import type { Relay } from './relay.js';
 import { backlog, laneOwners } from './sql.js';
 import { quoteSchema } from '../src/schema-name.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../src/errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../src/errors.js';
 
 /** Bucket bounds of the send latency histogram, in seconds (1 ms to 30 s). */
 export const PUBLISH_DURATION_BUCKETS = Object.freeze([
@@ -65,9 +65,32 @@ export interface RelayMetricsOptions {
 }
 
 /** Every option name of {@link relayMetrics}. */
-const METRICS_OPTION_NAMES: readonly string[] = Object.keys({
-  refreshMs: true,
-} satisfies Record<keyof RelayMetricsOptions, true>);
+const METRICS_OPTION_NAMES = optionNames<RelayMetricsOptions>({ refreshMs: true });
+
+/** What {@link relayMetrics} reads from the database (all lanes, all relays), in its gauges' units. */
+interface DatabaseFigures {
+  pending: number;
+  oldestPendingSeconds: number;
+  parked: number;
+  unowned: number;
+}
+
+/** A gauge's name and help text. */
+type GaugeText = [name: string, help: string];
+
+/** The gauge of each database figure, in the order they are registered. */
+const DATABASE_GAUGES: Readonly<Record<keyof DatabaseFigures, GaugeText>> = {
+  pending: ['outboxkit_relay_backlog', 'Outbox events waiting to be published (all lanes).'],
+  oldestPendingSeconds: [
+    'outboxkit_relay_oldest_pending_seconds',
+    'Age of the oldest pending outbox event, in seconds.',
+  ],
+  parked: ['outboxkit_relay_parked', 'Outbox events parked after repeated publish failures.'],
+  unowned: [
+    'outboxkit_relay_lanes_unowned',
+    'Lanes without a live lease (free, or held by a relay whose lease expired): their events wait.',
+  ],
+};
 
 /**
  * Metrics of one relay, registered on `registry`:
@@ -95,26 +118,34 @@ export function relayMetrics(
   refuseUnknownOptions(options ?? {}, METRICS_OPTION_NAMES, 'relayMetrics');
   const refreshMs = refreshMsOf(options?.refreshMs, 'relayMetrics');
   const schema = quoteSchema(relay.options.schema);
+
+  // Each metric fed by the relay's events, next to the event that feeds it.
   const published = new client.Counter({
     name: 'outboxkit_relay_published_total',
     help: 'Outbox events published to Kafka and acknowledged by the broker.',
     registers: [registry],
   });
+  relay.on('relay:published', ({ count }) => published.inc(count));
   const failures = new client.Counter({
     name: 'outboxkit_relay_failures_total',
     help: 'Relay passes that failed (the rows stay pending and are retried with backoff).',
     registers: [registry],
   });
+  relay.on('relay:error', () => failures.inc());
   const lanes = new client.Gauge({
     name: 'outboxkit_relay_lanes_held',
     help: 'Lanes this relay instance holds.',
     registers: [registry],
   });
+  relay.on('relay:lanes', ({ held }) => lanes.set(held.length));
   const duration = new client.Histogram({
     name: 'outboxkit_relay_publish_duration_seconds',
     help: "Duration of one send to Kafka until the broker's acknowledgement (acks=all), in seconds.",
     buckets: [...PUBLISH_DURATION_BUCKETS],
     registers: [registry],
+  });
+  relay.on('relay:sent', ({ durationMs, ok }) => {
+    if (ok) duration.observe(durationMs / 1_000);
   });
   new client.Gauge({
     name: 'outboxkit_relay_producer_connected',
@@ -124,54 +155,26 @@ export function relayMetrics(
       this.set(relay.producerConnected ? 1 : 0);
     },
   });
-  relay.on('relay:published', ({ count }) => published.inc(count));
-  relay.on('relay:sent', ({ durationMs, ok }) => {
-    if (ok) duration.observe(durationMs / 1_000);
-  });
-  relay.on('relay:error', () => failures.inc());
-  relay.on('relay:lanes', ({ held }) => lanes.set(held.length));
 
   // The database gauges come from one snapshot, read off the hot path and at most once per
   // refreshMs: the two queries run one after the other, on one connection at a time.
   const q = { query: async <R>(text: string) => ({ rows: (await pool.query(text)).rows as R[], rowCount: 0 }) };
-  const snapshot = refreshedAtMostEvery(refreshMs, async () => {
-    const figures = await backlog(q, schema);
+  const snapshot = refreshedAtMostEvery(refreshMs, async (): Promise<DatabaseFigures> => {
+    const { pending, parked, oldestPendingMs } = await backlog(q, schema);
     const owners = await laneOwners(q, schema);
     const unowned = owners.filter((o) => o.owner_id === null || !o.live).reduce((n, o) => n + o.lanes, 0);
-    return { ...figures, unowned };
+    return { pending, oldestPendingSeconds: oldestPendingMs / 1000, parked, unowned };
   });
-  new client.Gauge({
-    name: 'outboxkit_relay_backlog',
-    help: 'Outbox events waiting to be published (all lanes).',
-    registers: [registry],
-    async collect() {
-      this.set((await snapshot()).pending);
-    },
-  });
-  new client.Gauge({
-    name: 'outboxkit_relay_oldest_pending_seconds',
-    help: 'Age of the oldest pending outbox event, in seconds.',
-    registers: [registry],
-    async collect() {
-      this.set((await snapshot()).oldestPendingMs / 1000);
-    },
-  });
-  new client.Gauge({
-    name: 'outboxkit_relay_parked',
-    help: 'Outbox events parked after repeated publish failures.',
-    registers: [registry],
-    async collect() {
-      this.set((await snapshot()).parked);
-    },
-  });
-  new client.Gauge({
-    name: 'outboxkit_relay_lanes_unowned',
-    help: 'Lanes without a live lease (free, or held by a relay whose lease expired): their events wait.',
-    registers: [registry],
-    async collect() {
-      this.set((await snapshot()).unowned);
-    },
-  });
+  for (const [figure, [name, help]] of Object.entries(DATABASE_GAUGES) as [keyof DatabaseFigures, GaugeText][]) {
+    new client.Gauge({
+      name,
+      help,
+      registers: [registry],
+      async collect() {
+        this.set((await snapshot())[figure]);
+      },
+    });
+  }
 }
 
 /** What `/readyz` reports. */
@@ -185,10 +188,10 @@ export interface RelayReadiness {
 }
 
 /** Every option name of {@link relayReadiness}. */
-const READINESS_OPTION_NAMES: readonly string[] = Object.keys({
+const READINESS_OPTION_NAMES = optionNames<NonNullable<Parameters<typeof relayReadiness>[2]>>({
   timeoutMs: true,
   refreshMs: true,
-} satisfies Record<keyof NonNullable<Parameters<typeof relayReadiness>[2]>, true>);
+});
 
 /**
  * The relay daemon's readiness check: ready only when PostgreSQL answers (`SELECT 1` on `pool`
@@ -247,9 +250,7 @@ export interface ServeMetricsOptions {
 }
 
 /** Every option name of {@link serveMetrics}. */
-const SERVE_OPTION_NAMES: readonly string[] = Object.keys({
-  host: true,
-} satisfies Record<keyof ServeMetricsOptions, true>);
+const SERVE_OPTION_NAMES = optionNames<ServeMetricsOptions>({ host: true });
 
 /**
  * Serves `/metrics` (Prometheus text format), `/healthz` (the process answers) and `/readyz`

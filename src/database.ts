@@ -64,10 +64,15 @@ export type DrizzleTransaction = PgTransaction<any, any, any>;
  */
 export type TransactionHandle = DrizzleTransaction | (PgClientLike & { totalCount?: never });
 
-function isPool(value: object): boolean {
+/** Whether `value` is a `pg.Pool`, by its shape (an application may load two copies of pg). @internal */
+export function isPgPool(value: unknown): value is pg.Pool {
   // pg.Pool (and pools shaped like it) expose these counters; clients do not.
   return (
-    'totalCount' in value && 'idleCount' in value && typeof (value as { connect?: unknown }).connect === 'function'
+    typeof value === 'object' &&
+    value !== null &&
+    'totalCount' in value &&
+    'idleCount' in value &&
+    typeof (value as { connect?: unknown }).connect === 'function'
   );
 }
 
@@ -115,6 +120,33 @@ function checkPgClient(client: PgClientLike, what: string): void {
   );
 }
 
+/**
+ * Runs one statement on a node-postgres client or pool, as a {@link Queryable} runs it: prepared
+ * once per connection under `name` when one is given.
+ */
+export async function pgQuery<R>(
+  client: PgClientLike,
+  text: string,
+  values: readonly unknown[],
+  name: string | undefined,
+): Promise<QueryResult<R>> {
+  const r = name
+    ? await client.query({ name, text, values: values as unknown[] })
+    : await client.query(text, values as unknown[]);
+  return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
+}
+
+/** The {@link QueryResult} of what drizzle's `execute()` returned, whichever driver it runs on. */
+export function drizzleQueryResult<R>(result: unknown): QueryResult<R> {
+  if (Array.isArray(result)) {
+    // postgres-js: an array of rows with a `count`.
+    const count = (result as unknown as { count?: number }).count;
+    return { rows: result as R[], rowCount: count ?? result.length };
+  }
+  const r = result as { rows: R[]; rowCount: number | null };
+  return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
+}
+
 /** Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object. */
 export function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
   const chunks: SQL[] = [];
@@ -143,14 +175,7 @@ function fromDrizzleTransaction(tx: DrizzleTransaction, what: string, verifyInTr
         verify = undefined;
         await guarded(what, () => tx.execute(sql.raw(statement)));
       }
-      const result = (await guarded(what, () => tx.execute(toDrizzleSql(text, values)))) as unknown;
-      if (Array.isArray(result)) {
-        // postgres-js: an array of rows with a `count`.
-        const count = (result as unknown as { count?: number }).count;
-        return { rows: result as R[], rowCount: count ?? result.length };
-      }
-      const r = result as { rows: R[]; rowCount: number | null };
-      return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
+      return drizzleQueryResult<R>(await guarded(what, () => tx.execute(toDrizzleSql(text, values))));
     },
   };
 }
@@ -180,7 +205,7 @@ export function joinTransaction(
     throw new NotInTransactionError(`${what} needs a transaction handle, got ${tx === null ? 'null' : typeof tx}.`);
   }
   if (is(tx, PgTransaction)) return fromDrizzleTransaction(tx as DrizzleTransaction, what, options.verifyInTransaction);
-  if (isPool(tx)) {
+  if (isPgPool(tx)) {
     throw new NotInTransactionError(
       `${what} was given a pool; pass the client (or drizzle \`tx\`) that holds your transaction, ` +
         'so the outbox rows commit or roll back with your business rows.',
@@ -208,12 +233,7 @@ export function joinTransaction(
         verify = undefined;
         await guarded(what, () => client.query(statement));
       }
-      const r = await guarded(what, () =>
-        options?.name
-          ? client.query({ name: options.name, text, values: values as unknown[] })
-          : client.query(text, values as unknown[]),
-      );
-      return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
+      return guarded(what, () => pgQuery<R>(client, text, values, options?.name));
     },
   };
 }
@@ -318,7 +338,7 @@ export async function runTransaction<D extends DatabaseHandle, T>(
   db: D,
   fn: (tx: TransactionOf<D>) => Promise<T>,
 ): Promise<T> {
-  if (isPool(db)) return withPgTransaction(db as pg.Pool, fn as (c: pg.PoolClient) => Promise<T>);
+  if (isPgPool(db)) return withPgTransaction(db, fn as (c: pg.PoolClient) => Promise<T>);
   if (typeof (db as AnyDrizzleDb).transaction === 'function') {
     return (db as AnyDrizzleDb).transaction(fn) as Promise<T>;
   }

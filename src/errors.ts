@@ -118,6 +118,15 @@ export function refuseUnknownOptions(options: object, known: readonly string[], 
   );
 }
 
+/**
+ * The option names of the options type `T`, for {@link refuseUnknownOptions}: the keys of `keys`,
+ * a record the compiler checks against `T` (a missing or an unknown name does not compile), so the
+ * list stays in step with the type.
+ */
+export function optionNames<T>(keys: Record<keyof T, true>): readonly string[] {
+  return Object.freeze(Object.keys(keys));
+}
+
 /** An outbox event was rejected before anything was written. Thrown by `enqueue()`. */
 export class InvalidEventError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {

@@ -41,6 +41,47 @@ export function stringifyWithoutLoss(value: unknown, refuse: (what: string, key:
   });
 }
 
+/** How a caller of {@link jsonText} words its errors. */
+export interface JsonTextWording {
+  /** What the value is, as a message's subject: `The request body`. */
+  subject: string;
+  /** Said after "<subject> is NaN, which JSON.stringify would not keep": what to send instead. */
+  lossyFix: string;
+  /** Said after "<subject> cannot be serialised to JSON (<reason>)": what to send instead. */
+  failedFix: string;
+  /** The whole message when the value has no JSON form (undefined, a function). */
+  absent: string;
+}
+
+/**
+ * `value` as JSON text ({@link stringifyWithoutLoss}), or the error that `refuse` makes of a
+ * message worded by `wording` (with the TypeError of a cycle or a BigInt as its cause): for a
+ * lossy value, at any depth, for a value JSON.stringify fails on, and for one it has no form for.
+ */
+export function jsonText(
+  value: unknown,
+  wording: JsonTextWording,
+  refuse: (message: string, cause?: unknown) => Error,
+): string {
+  let refused: Error | undefined;
+  let text: string | undefined;
+  try {
+    text = stringifyWithoutLoss(value, (lossy, key) => {
+      const where = key === '' ? 'is' : `holds at key ${JSON.stringify(key)}`;
+      refused = refuse(`${wording.subject} ${where} ${lossy}, which JSON.stringify would not keep${wording.lossyFix}`);
+      return refused;
+    });
+  } catch (err) {
+    if (err === refused) throw err;
+    throw refuse(
+      `${wording.subject} cannot be serialised to JSON (${(err as Error).message})${wording.failedFix}`,
+      err,
+    );
+  }
+  if (text === undefined) throw refuse(wording.absent);
+  return text;
+}
+
 /**
  * Deepest nesting of arrays and objects accepted in JSON from outside (an idempotent request's
  * body, a consumed event's value): 1,000 levels, the default of Jackson's `StreamReadConstraints`.

@@ -16,7 +16,13 @@ import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import pg from 'pg';
-import { InvalidOptionsError, MigrationError, UnsupportedServerError, refuseUnknownOptions } from './errors.js';
+import {
+  InvalidOptionsError,
+  MigrationError,
+  UnsupportedServerError,
+  optionNames,
+  refuseUnknownOptions,
+} from './errors.js';
 import { DEFAULT_SCHEMA } from './constants.js';
 import { quoteSchema } from './schema-name.js';
 import { noopLogger, type Logger } from './logger.js';
@@ -41,13 +47,13 @@ export interface MigrateOptions {
 }
 
 /** Every option name of {@link MigrateOptions}; the compiler keeps it in step with the interface. */
-const MIGRATE_OPTION_NAMES: readonly string[] = Object.keys({
+const MIGRATE_OPTION_NAMES = optionNames<MigrateOptions>({
   connectionString: true,
   client: true,
   schema: true,
   migrationsFolder: true,
   logger: true,
-} satisfies Record<keyof MigrateOptions, true>);
+});
 
 /** What {@link migrate} did. */
 export interface MigrateResult {

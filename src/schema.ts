@@ -40,6 +40,14 @@ export const bytea = customType<{ data: Buffer; driverData: Buffer }>({
 export const IDEMPOTENCY_STATES = ['processing', 'completed', 'failed', 'uncertain'] as const;
 export type IdempotencyState = (typeof IDEMPOTENCY_STATES)[number];
 
+/**
+ * The Kafka topic and partition of a consumer table's row (new column builders at each call: a
+ * builder belongs to one table).
+ */
+function topicPartition() {
+  return { topic: text('topic').notNull(), partition: integer('partition').notNull() };
+}
+
 /** Builds outboxkit's tables in the PostgreSQL schema `schemaName`. */
 export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
   const schema = pgSchema(schemaName);
@@ -156,8 +164,7 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     {
       consumerGroup: text('consumer_group').notNull(),
       eventId: uuid('event_id').notNull(),
-      topic: text('topic').notNull(),
-      partition: integer('partition').notNull(),
+      ...topicPartition(),
       offset: bigint('offset', { mode: 'bigint' }).notNull(),
       processedAt: timestamp('processed_at', { withTimezone: true }).notNull().defaultNow(),
     },
@@ -176,8 +183,7 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     'consumer_progress',
     {
       consumerGroup: text('consumer_group').notNull(),
-      topic: text('topic').notNull(),
-      partition: integer('partition').notNull(),
+      ...topicPartition(),
       rangeStart: bigint('range_start', { mode: 'bigint' }).notNull(),
       lastOffset: bigint('last_offset', { mode: 'bigint' }).notNull(),
       lastEventId: uuid('last_event_id').notNull(),

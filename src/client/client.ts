@@ -9,7 +9,7 @@
 import pRetry, { AbortError as StopRetrying } from 'p-retry';
 import { v7 as uuidv7 } from 'uuid';
 import { InvalidOptionsError } from '../errors.js';
-import { stringifyWithoutLoss } from '../json-text.js';
+import { jsonText, type JsonTextWording } from '../json-text.js';
 import {
   RequestRejectedError,
   RetriesExhaustedError,
@@ -136,6 +136,14 @@ function isNetworkFailure(err: unknown): boolean {
   return true;
 }
 
+/** How the errors of a request body that JSON would not keep are worded. */
+const BODY_WORDING: JsonTextWording = {
+  subject: 'The request body',
+  lossyFix: '; send plain values, or the encoded bytes.',
+  failedFix: '.',
+  absent: 'The request body cannot be serialised to JSON.',
+};
+
 /**
  * The body's bytes, computed once for every attempt: a string or bytes (`Uint8Array`, `Buffer`,
  * `ArrayBuffer`, any typed array or `DataView`: their bytes) as given, else JSON. Bodies that
@@ -160,23 +168,7 @@ function encodeBody(body: unknown): Uint8Array | string | undefined {
       `The request body is a ${name ?? 'stream'}, which is not sent as is: pass a string, bytes or a JSON value.`,
     );
   }
-  let text: string | undefined;
-  try {
-    text = stringifyWithoutLoss(
-      body,
-      (lossy, key) =>
-        new InvalidOptionsError(
-          `The request body ${key === '' ? 'is' : `holds at key ${JSON.stringify(key)}`} ${lossy}, which JSON.stringify ` +
-            'would not keep; send plain values, or the encoded bytes.',
-        ),
-    );
-  } catch (err) {
-    if (err instanceof InvalidOptionsError) throw err;
-    throw new InvalidOptionsError(`The request body cannot be serialised to JSON (${(err as Error).message}).`, {
-      cause: err,
-    });
-  }
-  if (text === undefined) throw new InvalidOptionsError('The request body cannot be serialised to JSON.');
+  const text = jsonText(body, BODY_WORDING, (message, cause) => new InvalidOptionsError(message, { cause }));
   return UTF8_ENCODER.encode(text);
 }
 

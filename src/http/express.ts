@@ -34,23 +34,11 @@ import { InvalidOptionsError } from '../errors.js';
 import { BodyInvalidError } from '../idempotency/errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import type { LeaseContext } from '../idempotency/lease.js';
-import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
-import type { ProblemResponse } from './problem.js';
-import {
-  abortOnClose,
-  decodedBodyError,
-  handlerErrors,
-  operationRoute,
-  problemForRouteError,
-  resolveLeaseRoute,
-  resolveRoute,
-  runIdempotentRoute,
-  runLeaseRoute,
-  type RouteIdempotencyOptions,
-  type RouteLeaseOptions,
-  type RouteOperationOptions,
-  type RouteRequest,
-} from './route-options.js';
+import type { HandlerResponse } from '../idempotency/state-machine.js';
+import { answerIdempotentRoute, answerLeaseRoute, answerOperation, decodedBodyError } from './route-flow.js';
+import type { RouteAnswer, RouteRequest } from './route-flow.js';
+import { operationRoute, resolveLeaseRoute, resolveRoute } from './route-options.js';
+import type { RouteIdempotencyOptions, RouteLeaseOptions, RouteOperationOptions } from './route-options.js';
 
 export { DEFAULT_MAX_BODY_BYTES } from './route-options.js';
 
@@ -94,20 +82,7 @@ export function idempotentHandler<D extends DatabaseHandle>(
   const route = resolveRoute(options, handler, 'idempotentHandler()');
 
   return async function idempotentRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
-    const own = handlerErrors();
-    let result: IdempotentResult;
-    try {
-      result = await runIdempotentRoute(
-        route,
-        req,
-        partsOf(req),
-        own.wrap((tx, ctx) => handler(req, tx, ctx)),
-      );
-    } catch (err) {
-      const problem = problemForRouteError(err, own, route.failures);
-      return problem === undefined ? next(err) : sendProblem(res, problem);
-    }
-    send(res, result.response);
+    send(res, next, await answerIdempotentRoute(route, req, partsOf));
   };
 }
 
@@ -144,26 +119,7 @@ export function leasedHandler<D extends DatabaseHandle>(
   const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
 
   return async function leasedRoute(req: Request, res: Response, next: NextFunction): Promise<void> {
-    const own = handlerErrors();
-    let response: IdempotentResponse;
-    const client = abortOnClose(res);
-    try {
-      const parts = { ...partsOf(req), signal: client.signal };
-      response = (
-        await runLeaseRoute(
-          route,
-          req,
-          parts,
-          own.wrap((ctx) => handler(req, ctx)),
-        )
-      ).response;
-    } catch (err) {
-      const problem = problemForRouteError(err, own, route.failures);
-      return problem === undefined ? next(err) : sendProblem(res, problem);
-    } finally {
-      client.stop();
-    }
-    send(res, response);
+    send(res, next, await answerLeaseRoute(route, req, partsOf, res));
   };
 }
 
@@ -185,17 +141,9 @@ export type ExpressOperationOptions<D extends DatabaseHandle> = RouteOperationOp
  */
 export function operationHandler<D extends DatabaseHandle>(options: ExpressOperationOptions<D>): RequestHandler {
   const serve = operationRoute(options, 'operationHandler()');
-  const none = handlerErrors(); // no handler of the application's here
   return async function operationResource(req: Request, res: Response, next: NextFunction): Promise<void> {
-    let response: IdempotentResponse;
-    try {
-      const id = req.params.operationId;
-      response = await serve(req, typeof id === 'string' ? id : '');
-    } catch (err) {
-      const problem = problemForRouteError(err, none, serve.failures);
-      return problem === undefined ? next(err) : sendProblem(res, problem);
-    }
-    send(res, response);
+    const id = req.params.operationId;
+    send(res, next, await answerOperation(serve, req, typeof id === 'string' ? id : ''));
   };
 }
 
@@ -211,20 +159,17 @@ function partsOf(req: Request): RouteRequest {
   };
 }
 
-function sendProblem(res: Response, problem: ProblemResponse): void {
-  send(res, {
-    status: problem.status,
-    headers: problem.headers,
-    body: Buffer.from(JSON.stringify(problem.body), 'utf8'),
-  });
-}
-
-/** Writes a response as is: no ETag, no charset added to the content type (unlike `res.send`). */
-function send(res: Response, response: IdempotentResponse): void {
-  res.statusCode = response.status;
-  for (const [name, value] of Object.entries(response.headers)) res.setHeader(name, value);
-  res.setHeader('content-length', response.body.length);
-  res.end(response.body);
+/**
+ * Writes the route's response as is: no ETag, no charset added to the content type (unlike
+ * `res.send`); or hands its error to `next` (the application's error middleware).
+ */
+function send(res: Response, next: NextFunction, answer: RouteAnswer<unknown>): void {
+  if ('error' in answer) return next(answer.error);
+  const { status, headers, body } = answer.response;
+  res.statusCode = status;
+  for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
+  res.setHeader('content-length', body.length);
+  res.end(body);
 }
 
 function hasBody(req: Request): boolean {

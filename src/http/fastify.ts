@@ -30,27 +30,14 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import type { ExecutionContext } from '../idempotency/execute.js';
 import type { LeaseContext } from '../idempotency/lease.js';
-import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
-import type { ProblemResponse } from './problem.js';
-import {
-  DEFAULT_MAX_BODY_BYTES,
-  abortOnClose,
-  decodedBodyError,
-  handlerErrors,
-  operationRoute,
-  problemForRouteError,
-  resolveLeaseRoute,
-  resolveRoute,
-  runIdempotentRoute,
-  runLeaseRoute,
-  type RouteIdempotencyOptions,
-  type RouteLeaseOptions,
-  type RouteOperationOptions,
-  type RouteRequest,
-} from './route-options.js';
+import type { HandlerResponse } from '../idempotency/state-machine.js';
+import { answerIdempotentRoute, answerLeaseRoute, answerOperation, decodedBodyError } from './route-flow.js';
+import type { RouteAnswer, RouteRequest } from './route-flow.js';
+import { DEFAULT_MAX_BODY_BYTES, operationRoute, resolveLeaseRoute, resolveRoute } from './route-options.js';
+import type { RouteIdempotencyOptions, RouteLeaseOptions, RouteOperationOptions } from './route-options.js';
 
 export { DEFAULT_MAX_BODY_BYTES };
 
@@ -87,23 +74,11 @@ export function idempotentHandler<D extends DatabaseHandle>(
   const route = resolveRoute(options, handler, 'idempotentHandler()');
 
   return async function idempotentRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-    const own = handlerErrors();
-    let result: IdempotentResult;
-    try {
-      result = await runIdempotentRoute(
-        route,
-        req,
-        partsOf(req),
-        own.wrap((tx, ctx) => handler(req, tx, ctx)),
-      );
-    } catch (err) {
-      const problem = problemForRouteError(err, own, route.failures);
-      if (problem === undefined) throw err;
-      return sendProblem(reply, problem);
+    const answer = await answerIdempotentRoute(route, req, partsOf);
+    if ('result' in answer && answer.result?.replayed === false) {
+      await crashPoint('idempotency:after-commit'); // test-only (src/crash-point.ts)
     }
-    const { status, headers, body } = result.response;
-    if (!result.replayed) await crashPoint('idempotency:after-commit'); // test-only (src/crash-point.ts)
-    return reply.code(status).headers(headers).send(body);
+    return send(reply, answer);
   };
 }
 
@@ -130,26 +105,7 @@ export function leasedHandler<D extends DatabaseHandle>(
   const route = resolveLeaseRoute(options, handler, 'leasedHandler()');
 
   return async function leasedRoute(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-    const own = handlerErrors();
-    let response: IdempotentResponse;
-    const client = abortOnClose(reply.raw);
-    try {
-      const parts = { ...partsOf(req), signal: client.signal };
-      const result = await runLeaseRoute(
-        route,
-        req,
-        parts,
-        own.wrap((ctx) => handler(req, ctx)),
-      );
-      response = result.response;
-    } catch (err) {
-      const problem = problemForRouteError(err, own, route.failures);
-      if (problem === undefined) throw err;
-      return sendProblem(reply, problem);
-    } finally {
-      client.stop();
-    }
-    return reply.code(response.status).headers(response.headers).send(response.body);
+    return send(reply, await answerLeaseRoute(route, req, partsOf, reply.raw));
   };
 }
 
@@ -169,17 +125,8 @@ export function operationHandler<D extends DatabaseHandle>(
   options: FastifyOperationOptions<D>,
 ): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
   const serve = operationRoute(options, 'operationHandler()');
-  const none = handlerErrors(); // no handler of the application's here
   return async function operationResource(req, reply) {
-    let response: IdempotentResponse;
-    try {
-      response = await serve(req, req.params.operationId);
-    } catch (err) {
-      const problem = problemForRouteError(err, none, serve.failures);
-      if (problem === undefined) throw err;
-      return sendProblem(reply, problem);
-    }
-    return reply.code(response.status).headers(response.headers).send(response.body);
+    return send(reply, await answerOperation(serve, req, req.params.operationId));
   };
 }
 
@@ -194,12 +141,11 @@ function partsOf(req: FastifyRequest): RouteRequest {
   };
 }
 
-function sendProblem(reply: FastifyReply, problem: ProblemResponse): FastifyReply {
-  // A Buffer: Fastify would append "; charset=utf-8" to the content type of a string.
-  return reply
-    .code(problem.status)
-    .headers(problem.headers)
-    .send(Buffer.from(JSON.stringify(problem.body), 'utf8'));
+/** Sends the route's response, or throws its error to Fastify's error handler. */
+function send(reply: FastifyReply, answer: RouteAnswer<unknown>): FastifyReply {
+  if ('error' in answer) throw answer.error;
+  const { status, headers, body } = answer.response;
+  return reply.code(status).headers(headers).send(body);
 }
 
 function rawBodyOf(req: FastifyRequest): Uint8Array | undefined {
@@ -236,10 +182,7 @@ export interface RawJsonBodyOptions {
 }
 
 /** Every option name of {@link RawJsonBodyOptions}; the compiler keeps it in step with the interface. */
-const RAW_JSON_BODY_OPTION_NAMES: readonly string[] = Object.keys({
-  contentType: true,
-  bodyLimit: true,
-} satisfies Record<keyof RawJsonBodyOptions, true>);
+const RAW_JSON_BODY_OPTION_NAMES = optionNames<RawJsonBodyOptions>({ contentType: true, bodyLimit: true });
 
 /** The part of a Fastify instance {@link registerRawJsonBody} uses. */
 export interface ContentTypeParserHost {

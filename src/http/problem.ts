@@ -46,51 +46,39 @@ interface ProblemKind {
   detail?: string;
 }
 
+/** A {@link ProblemKind}: `retryAfter` false and no fixed `detail` unless `more` says otherwise. */
+function problemKind(
+  status: number,
+  slug: string,
+  title: string,
+  more: Partial<Pick<ProblemKind, 'retryAfter' | 'detail'>> = {},
+): ProblemKind {
+  return { status, slug, title, retryAfter: false, ...more };
+}
+
 /**
  * The HTTP mapping of the errors a client can cause or retry. Other codes (invalid options, a
  * missing transaction, ...) are server bugs: {@link toProblem} answers them with a generic 500.
  */
 export const PROBLEM_KINDS: Readonly<Partial<Record<ErrorCode, ProblemKind>>> = Object.freeze({
-  OUTBOXKIT_KEY_MISSING: { status: 400, slug: 'key-missing', title: 'Idempotency key missing', retryAfter: false },
-  OUTBOXKIT_KEY_INVALID: { status: 400, slug: 'key-invalid', title: 'Idempotency key invalid', retryAfter: false },
-  OUTBOXKIT_TENANT_UNRESOLVED: {
-    status: 400,
-    slug: 'tenant-unresolved',
-    title: 'Caller not identified',
-    retryAfter: false,
-  },
-  OUTBOXKIT_BODY_TOO_LARGE: { status: 413, slug: 'body-too-large', title: 'Request body too large', retryAfter: false },
-  OUTBOXKIT_BODY_INVALID: { status: 400, slug: 'body-invalid', title: 'Request body invalid', retryAfter: false },
-  OUTBOXKIT_KEY_MISMATCH: {
-    status: 422,
-    slug: 'key-mismatch',
-    title: 'Idempotency key reused with a different request',
-    retryAfter: false,
-  },
-  OUTBOXKIT_KEY_IN_PROGRESS: { status: 409, slug: 'key-in-progress', title: 'Request in progress', retryAfter: true },
-  OUTBOXKIT_STORE_UNAVAILABLE: {
-    status: 503,
-    slug: 'store-unavailable',
-    title: 'Idempotency store unavailable',
+  OUTBOXKIT_KEY_MISSING: problemKind(400, 'key-missing', 'Idempotency key missing'),
+  OUTBOXKIT_KEY_INVALID: problemKind(400, 'key-invalid', 'Idempotency key invalid'),
+  OUTBOXKIT_TENANT_UNRESOLVED: problemKind(400, 'tenant-unresolved', 'Caller not identified'),
+  OUTBOXKIT_BODY_TOO_LARGE: problemKind(413, 'body-too-large', 'Request body too large'),
+  OUTBOXKIT_BODY_INVALID: problemKind(400, 'body-invalid', 'Request body invalid'),
+  OUTBOXKIT_KEY_MISMATCH: problemKind(422, 'key-mismatch', 'Idempotency key reused with a different request'),
+  OUTBOXKIT_KEY_IN_PROGRESS: problemKind(409, 'key-in-progress', 'Request in progress', { retryAfter: true }),
+  OUTBOXKIT_STORE_UNAVAILABLE: problemKind(503, 'store-unavailable', 'Idempotency store unavailable', {
     retryAfter: true,
-  },
-  OUTBOXKIT_LEASE_LOST: { status: 409, slug: 'lease-lost', title: 'Request taken over', retryAfter: true },
-  OUTBOXKIT_DEADLINE_INVALID: {
-    status: 400,
-    slug: 'deadline-invalid',
-    title: 'Request deadline invalid',
-    retryAfter: false,
-  },
+  }),
+  OUTBOXKIT_LEASE_LOST: problemKind(409, 'lease-lost', 'Request taken over', { retryAfter: true }),
+  OUTBOXKIT_DEADLINE_INVALID: problemKind(400, 'deadline-invalid', 'Request deadline invalid'),
   // An operator error (no `outboxkit migrate` yet): 500, not retriable (no Retry-After), with a
   // stable type so that clients and monitors can tell it from a bug; the handler never ran.
-  OUTBOXKIT_SCHEMA_MISSING: {
-    status: 500,
-    slug: 'schema-missing',
-    title: 'Idempotency store not set up',
-    retryAfter: false,
+  OUTBOXKIT_SCHEMA_MISSING: problemKind(500, 'schema-missing', 'Idempotency store not set up', {
     detail:
       "The server's idempotency store is not set up (its tables are missing); nothing was executed. The operator must run the database migrations.",
-  },
+  }),
 });
 
 /**

@@ -1,16 +1,14 @@
 /**
- * What the framework adapters (Fastify, Express) share: the options of an idempotent route and
- * the request flows of both modes (one-transaction, lease) and of the operation resource.
+ * What the framework adapters (Fastify, Express) share: the options of an idempotent route, of a
+ * lease-mode route and of the operation resource, each validated once when the route is built (the
+ * request flows that run them are in ./route-flow.ts), and the flow of the operation resource's
+ * `GET`.
  */
-import type { ServerResponse } from 'node:http';
 import type { DatabaseHandle, TransactionOf } from '../database.js';
-import { InvalidOptionsError, isOutboxkitError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import { noopLogger, type Logger } from '../logger.js';
-import { BodyInvalidError } from '../idempotency/errors.js';
-import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../idempotency/execute.js';
-import { fingerprintAndParse, parseJsonBody, type Fingerprint } from '../idempotency/fingerprint.js';
-import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
-import { executeLeased, type LeaseContext, type LeasedResult } from '../idempotency/lease.js';
+import type { ExecutionContext } from '../idempotency/execute.js';
+import type { LeaseContext } from '../idempotency/lease.js';
 import {
   LEASE_OPTION_KEYS,
   resolveCheckedLeaseOptions,
@@ -24,9 +22,8 @@ import {
   type ResolvedIdempotencyOptions,
 } from '../idempotency/options.js';
 import { serveOperation } from '../idempotency/reconcile.js';
-import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
+import type { HandlerResponse, IdempotentResponse } from '../idempotency/state-machine.js';
 import { assertValidOperation, assertValidTenant } from '../idempotency/text.js';
-import { isProblemError, toProblem, type ProblemResponse } from './problem.js';
 
 /** Default `maxBodyBytes`, in bytes: 1 MiB, the default body limit of Fastify and of `express.raw`. */
 export const DEFAULT_MAX_BODY_BYTES = 1_048_576;
@@ -69,7 +66,7 @@ export interface RouteIdempotencyOptions<D extends DatabaseHandle, Req> extends 
  * Every option name of {@link RouteIdempotencyOptions}; the compiler keeps it in step with the
  * interface.
  */
-const ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+const ROUTE_OPTION_NAMES = optionNames<RouteIdempotencyOptions<DatabaseHandle, unknown>>({
   ...IDEMPOTENCY_OPTION_KEYS,
   db: true,
   operation: true,
@@ -77,7 +74,7 @@ const ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
   semanticHeaders: true,
   required: true,
   maxBodyBytes: true,
-} satisfies Record<keyof RouteIdempotencyOptions<DatabaseHandle, unknown>, true>);
+});
 
 /**
  * Refuses a non-object and unknown option names of an adapter's options, at the adapter (the
@@ -89,14 +86,15 @@ function refuseUnknownRouteOptions(options: unknown, known: readonly string[], w
   refuseUnknownOptions(options, known, what);
 }
 
-/** An idempotent route's options, validated once, as both adapters run them. */
+/** An idempotent route's options and handler, validated once, as both adapters run them. */
 export interface ResolvedRoute<D extends DatabaseHandle, Req> extends RouteScope<D, Req> {
   opts: ResolvedIdempotencyOptions;
   required: boolean;
+  handler(req: Req, tx: TransactionOf<D>, ctx: ExecutionContext): Promise<HandlerResponse>;
 }
 
 /** What both modes resolve the same way: where, what, who, and the fingerprint's inputs. */
-interface RouteScope<D extends DatabaseHandle, Req> {
+export interface RouteScope<D extends DatabaseHandle, Req> {
   db: D;
   operation: string;
   maxBodyBytes: number;
@@ -107,11 +105,15 @@ interface RouteScope<D extends DatabaseHandle, Req> {
   failures: RouteFailures;
 }
 
+/**
+ * Validates what both modes resolve the same way; `resolved` gives the logger and `Retry-After` of
+ * the route's generic 500 problems (its resolved {@link IdempotencyOptions}).
+ */
 function resolveScope<D extends DatabaseHandle, Req>(
   options: Omit<RouteIdempotencyOptions<D, Req>, keyof IdempotencyOptions>,
   handler: unknown,
   what: string,
-  failures: RouteFailures,
+  resolved: Pick<ResolvedIdempotencyOptions, 'logger' | 'retryAfterSeconds'>,
 ): RouteScope<D, Req> {
   assertValidOperation(options.operation, what);
   if (typeof options.resolveTenant !== 'function') {
@@ -132,117 +134,26 @@ function resolveScope<D extends DatabaseHandle, Req>(
     maxBodyBytes,
     semanticHeaders: Object.freeze(semanticHeaders.map((h) => h.toLowerCase())),
     resolveTenant: options.resolveTenant.bind(options),
-    failures,
+    failures: { operation: options.operation, logger: resolved.logger, retryAfterSeconds: resolved.retryAfterSeconds },
   };
 }
 
 /**
- * Validates an adapter's options once, when the route is built.
+ * Validates an adapter's options once, when the route is built, and keeps its handler.
+ * @param handler - the application's handler (checked to be a function, for JavaScript callers).
+ * @param what - the adapter's entry point, for messages (`'idempotentHandler()'`).
  * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
  *   ones), an invalid operation, tenant resolver, handler or limit, or invalid
  *   {@link IdempotencyOptions}.
  */
 export function resolveRoute<D extends DatabaseHandle, Req>(
   options: RouteIdempotencyOptions<D, Req>,
-  handler: unknown,
+  handler: (req: Req, tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
   what: string,
 ): ResolvedRoute<D, Req> {
   refuseUnknownRouteOptions(options, ROUTE_OPTION_NAMES, what);
   const opts = resolveCheckedIdempotencyOptions(options);
-  const failures = { operation: options.operation, logger: opts.logger, retryAfterSeconds: opts.retryAfterSeconds };
-  return { ...resolveScope(options, handler, what, failures), opts, required: options.required ?? true };
-}
-
-/** What the flow needs of a framework's request. */
-export interface RouteRequest {
-  headers: Record<string, string | string[] | undefined>;
-  method: string;
-  /** The request target as received: path and query (`/orders/111/cancel?notify=1`). */
-  target: string;
-  /**
-   * The raw body bytes (or undefined when there is none). Never text: a body another parser
-   * already decoded lost its exact bytes (see {@link decodedBodyError}).
-   */
-  rawBody: Uint8Array | undefined;
-  /** Replaces the request's body with the parsed JSON the fingerprint covered. */
-  setBody(body: unknown): void;
-  /** Aborted when the client goes away before its response is sent (see {@link abortOnClose}). */
-  signal?: AbortSignal;
-}
-
-/**
- * An AbortSignal aborted when `res` closes before its response was completely sent: the client
- * closed the connection (Node.js emits `close` on the response then; see Fastify's guide
- * "Detecting When Clients Abort"). `stop()` stops listening (call it once the response is
- * decided).
- */
-export function abortOnClose(res: ServerResponse): { signal: AbortSignal; stop(): void } {
-  const controller = new AbortController();
-  const onClose = () => {
-    // The client closed the request before its response was sent: an AbortError (DOMException).
-    if (!res.writableFinished) controller.abort();
-  };
-  if (res.destroyed) onClose();
-  else res.once('close', onClose);
-  return { signal: controller.signal, stop: () => res.off('close', onClose) };
-}
-
-const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
-
-/** The declared semantic headers of a request, lower-cased, repeated values joined by ", ". */
-export function pickHeaders(headers: RouteRequest['headers'], names: readonly string[]): Record<string, string> {
-  if (names.length === 0) return NO_HEADERS;
-  const picked: Record<string, string> = {};
-  for (const name of names) {
-    const value = headers[name];
-    if (value === undefined) continue;
-    picked[name] = Array.isArray(value) ? value.join(', ') : String(value);
-  }
-  return picked;
-}
-
-/**
- * Resolves the tenant and fingerprints the raw body and the semantic headers of a keyed request,
- * then hands the parsed body to the request (`setBody`).
- */
-async function identify<D extends DatabaseHandle, Req>(
-  route: RouteScope<D, Req>,
-  req: Req,
-  parts: RouteRequest,
-  key: string,
-): Promise<{ tenant: string; operation: string; key: string; fingerprint: Fingerprint }> {
-  const tenant = assertValidTenant(await route.resolveTenant(req));
-  const { fingerprint, body } = fingerprintAndParse({
-    tenant,
-    operation: route.operation,
-    method: parts.method,
-    target: parts.target,
-    body: parts.rawBody,
-    semanticHeaders: pickHeaders(parts.headers, route.semanticHeaders),
-    maxBodyBytes: route.maxBodyBytes,
-  });
-  parts.setBody(body);
-  return { tenant, operation: route.operation, key, fingerprint };
-}
-
-/**
- * The one-transaction flow of both adapters: parse the key, resolve the tenant, fingerprint the raw
- * body, then run `handler` through `executeIdempotent()` (or without protection when the key is
- * optional and absent). Throws outboxkit's problem errors for the adapter to answer.
- */
-export async function runIdempotentRoute<D extends DatabaseHandle, Req>(
-  route: ResolvedRoute<D, Req>,
-  req: Req,
-  parts: RouteRequest,
-  handler: (tx: TransactionOf<D>, ctx: ExecutionContext) => Promise<HandlerResponse>,
-): Promise<IdempotentResult> {
-  const key = parseIdempotencyKey(parts.headers[IDEMPOTENCY_KEY_HEADER], { required: route.required });
-  if (key === undefined) {
-    const parsed = parseJsonBody(parts.rawBody, route.maxBodyBytes);
-    parts.setBody(parsed.present ? parsed.value : undefined);
-    return executeWithoutKey(route.db, handler, route.opts);
-  }
-  return executeIdempotent(route.db, await identify(route, req, parts, key), handler, route.opts);
+  return { ...resolveScope(options, handler, what, opts), opts, required: options.required ?? true, handler };
 }
 
 /** Options of a lease-mode route: {@link RouteIdempotencyOptions} with the lease-mode options. */
@@ -266,7 +177,7 @@ export interface RouteLeaseOptions<D extends DatabaseHandle, Req>
  * mode's, nor `required`: the key is always required); the compiler keeps it in step with the
  * interface.
  */
-const LEASE_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+const LEASE_ROUTE_OPTION_NAMES = optionNames<RouteLeaseOptions<DatabaseHandle, unknown>>({
   ...LEASE_OPTION_KEYS,
   db: true,
   operation: true,
@@ -274,22 +185,24 @@ const LEASE_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
   semanticHeaders: true,
   maxBodyBytes: true,
   deadline: true,
-} satisfies Record<keyof RouteLeaseOptions<DatabaseHandle, unknown>, true>);
+});
 
-/** A lease-mode route's options, validated once, as both adapters run them. */
+/** A lease-mode route's options and handler, validated once, as both adapters run them. */
 export interface ResolvedLeaseRoute<D extends DatabaseHandle, Req> extends RouteScope<D, Req> {
   opts: ResolvedLeaseOptions;
   deadline: ((req: Req) => number | undefined) | undefined;
+  handler(req: Req, ctx: LeaseContext<D>): Promise<HandlerResponse>;
 }
 
 /**
- * Validates a lease-mode adapter's options once, when the route is built.
+ * Validates a lease-mode adapter's options once, when the route is built, and keeps its handler.
+ * @param handler - as {@link resolveRoute}'s, with the lease-mode context.
  * @throws {@link InvalidOptionsError} on an unknown option name (naming it and listing the known
  *   ones) or invalid options (see `resolveLeaseOptions()` too).
  */
 export function resolveLeaseRoute<D extends DatabaseHandle, Req>(
   options: RouteLeaseOptions<D, Req>,
-  handler: unknown,
+  handler: (req: Req, ctx: LeaseContext<D>) => Promise<HandlerResponse>,
   what: string,
 ): ResolvedLeaseRoute<D, Req> {
   refuseUnknownRouteOptions(options, LEASE_ROUTE_OPTION_NAMES, what);
@@ -297,39 +210,12 @@ export function resolveLeaseRoute<D extends DatabaseHandle, Req>(
   if (options.deadline !== undefined && typeof options.deadline !== 'function') {
     throw new InvalidOptionsError(`${what}: deadline must be a function (req) => ms since the epoch.`);
   }
-  const failures = {
-    operation: options.operation,
-    logger: opts.base.logger,
-    retryAfterSeconds: opts.base.retryAfterSeconds,
-  };
-  return { ...resolveScope(options, handler, what, failures), opts, deadline: options.deadline?.bind(options) };
-}
-
-/**
- * The lease-mode flow of both adapters: parse the key (always required), resolve the tenant,
- * fingerprint the raw body, then run `handler` through `executeLeased()`, with the route's
- * `deadline(req)` and the request's `signal` (a wait ends when the client goes away). Throws
- * outboxkit's problem errors for the adapter to answer.
- */
-export async function runLeaseRoute<D extends DatabaseHandle, Req>(
-  route: ResolvedLeaseRoute<D, Req>,
-  req: Req,
-  parts: RouteRequest,
-  handler: (ctx: LeaseContext<D>) => Promise<HandlerResponse>,
-): Promise<LeasedResult> {
-  const key = parseIdempotencyKey(parts.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
-  const request = await identify(route, req, parts, key);
-  const deadline = route.deadline?.(req);
-  return executeLeased(
-    route.db,
-    {
-      ...request,
-      ...(deadline === undefined ? {} : { deadline }),
-      ...(parts.signal === undefined ? {} : { signal: parts.signal }),
-    },
+  return {
+    ...resolveScope(options, handler, what, opts.base),
+    opts,
+    deadline: options.deadline?.bind(options),
     handler,
-    route.opts,
-  );
+  };
 }
 
 /** Options of an operation resource route (the `Location` of a 202 under policy `async`). */
@@ -350,13 +236,13 @@ export interface RouteOperationOptions<D extends DatabaseHandle, Req> {
 }
 
 /** Every option name of {@link RouteOperationOptions}; the compiler keeps it in step with the interface. */
-const OPERATION_ROUTE_OPTION_NAMES: readonly string[] = Object.keys({
+const OPERATION_ROUTE_OPTION_NAMES = optionNames<RouteOperationOptions<DatabaseHandle, unknown>>({
   db: true,
   operation: true,
   schema: true,
   resolveTenant: true,
   logger: true,
-} satisfies Record<keyof RouteOperationOptions<DatabaseHandle, unknown>, true>);
+});
 
 /** An operation resource route, validated once: the flow of its `GET`, and where it logs. */
 export type ResolvedOperationRoute<Req> = ((req: Req, operationId: string) => Promise<IdempotentResponse>) & {
@@ -366,7 +252,7 @@ export type ResolvedOperationRoute<Req> = ((req: Req, operationId: string) => Pr
 /**
  * Validates an operation resource's options once and returns the flow of its `GET`: the stored
  * result once finished, 202 while pending, 404 for an unknown id or another tenant's (see
- * `serveOperation()`), with the route's `failures` (for {@link problemForRouteError}). The flow
+ * `serveOperation()`), with the route's `failures` (for {@link answerRoute}). The flow
  * throws outboxkit's problem errors for the adapter to answer.
  * @throws {@link InvalidOptionsError} at once on an unknown option name, an invalid operation or
  *   tenant resolver.
@@ -395,71 +281,4 @@ export interface RouteFailures {
   operation: string;
   logger: Logger;
   retryAfterSeconds: number | undefined;
-}
-
-/**
- * Tells the errors a route's handler throws from the layer's own, for one request: wrap the
- * handler with `wrap`, then ask `threw(err)` about what the flow threw.
- */
-export interface HandlerErrors {
-  wrap<A extends unknown[], R>(handler: (...args: A) => Promise<R>): (...args: A) => Promise<R>;
-  threw(err: unknown): boolean;
-}
-
-/** A {@link HandlerErrors} for one request. */
-export function handlerErrors(): HandlerErrors {
-  let thrown: { err: unknown } | undefined;
-  return {
-    wrap:
-      (handler) =>
-      async (...args) => {
-        try {
-          return await handler(...args);
-        } catch (err) {
-          thrown = { err };
-          throw err;
-        }
-      },
-    threw: (err) => thrown !== undefined && thrown.err === err,
-  };
-}
-
-/**
- * What an adapter answers for an error its route's flow threw (docs/http-contract.md, rows 13,
- * 26 and 27):
- * - an outboxkit error with an HTTP mapping: its problem (400, 409, 413, 422, 503, ...);
- * - the handler's own error, or an {@link InvalidOptionsError} (the route or the handler's
- *   response is wrong: a bug in the application, with outboxkit's own message): `undefined`, the
- *   adapter hands it to the framework's error handling unchanged;
- * - anything else (an error thrown by `resolveTenant`, `deadline` or `operationLocation`, an
- *   unexpected PostgreSQL error of outboxkit's own statements, a bug): logged with
- *   `logger.error({ operation, err })` and answered with the generic 500 problem `internal`, whose
- *   body never carries the error's message, SQL or parameters.
- */
-export function problemForRouteError(
-  err: unknown,
-  handler: HandlerErrors,
-  failures: RouteFailures,
-): ProblemResponse | undefined {
-  if (isProblemError(err)) {
-    return toProblem(
-      err,
-      failures.retryAfterSeconds === undefined ? {} : { retryAfterSeconds: failures.retryAfterSeconds },
-    );
-  }
-  if (handler.threw(err) || isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')) return undefined;
-  failures.logger.error({ operation: failures.operation, err }, 'idempotent route failed; answered 500 internal');
-  return toProblem(err);
-}
-
-/**
- * The error of a body that a framework parser already decoded as text (Fastify's default
- * `text/plain` parser, `express.text()`): invalid UTF-8 was replaced on the way, so two different
- * bodies could share a fingerprint. Refused (400 `body-invalid`) instead of fingerprinted.
- */
-export function decodedBodyError(headers: RouteRequest['headers']): BodyInvalidError {
-  const type = headers['content-type'];
-  return new BodyInvalidError(
-    `The request body was not kept as raw bytes (content type ${JSON.stringify(typeof type === 'string' ? type.slice(0, 100) : '')}); idempotent routes take JSON bodies sent as application/json.`,
-  );
 }

@@ -2,7 +2,7 @@
  * Retention cleanup of idempotency records.
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
@@ -22,11 +22,7 @@ export interface CleanupOptions {
 }
 
 /** Every option name of {@link CleanupOptions}; the compiler keeps it in step with the interface. */
-const CLEANUP_OPTION_NAMES: readonly string[] = Object.keys({
-  schema: true,
-  batchSize: true,
-  maxBatches: true,
-} satisfies Record<keyof CleanupOptions, true>);
+const CLEANUP_OPTION_NAMES = optionNames<CleanupOptions>({ schema: true, batchSize: true, maxBatches: true });
 
 /** Default options of {@link cleanupExpiredKeys}. */
 export const CLEANUP_DEFAULTS = Object.freeze({ schema: DEFAULT_SCHEMA, batchSize: 1_000, maxBatches: 100 });

@@ -7,16 +7,9 @@
  */
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
-import {
-  joinTransaction,
-  runTransaction,
-  withPgTransaction,
-  type DatabaseHandle,
-  type Queryable,
-  type TransactionHandle,
-  type TransactionOf,
-} from '../database.js';
+import { runTransaction, type DatabaseHandle, type Queryable, type TransactionOf } from '../database.js';
 import { crashPoint } from '../crash-point.js';
+import { inClaimTransaction } from './claim-transaction.js';
 import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
 import { KeyInProgressError, KeyMismatchError, LeaseLostError, StoreUnavailableError } from './errors.js';
 import { FINGERPRINT_VERSION, type Fingerprint } from './fingerprint.js';
@@ -25,28 +18,19 @@ import { resolveIdempotencyOptionsFor, type IdempotencyOptions, type ResolvedIde
 import { emitOutcome } from './metrics.js';
 import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
 import { assertValidOperation, assertValidTenant } from './text.js';
+import { decideOnExisting, normaliseResponse, outcomeOfResponse, reject } from './state-machine.js';
+import type { HandlerResponse, IdempotentResponse, IdempotentResult } from './state-machine.js';
+import { readFirst } from './read-first.js';
 import {
-  decideOnExisting,
-  headersToStore,
-  normaliseResponse,
-  outcomeOfResponse,
-  reject,
-  type HandlerResponse,
-  type IdempotentResponse,
-  type IdempotentResult,
-} from './state-machine.js';
-import { isPgPool, readFirst } from './read-first.js';
-import {
-  claimBeginSql,
   claimKey,
   claimKeyWithSavepoint,
   completeKey,
+  completionOf,
   idempotencyTable,
   readRecord,
   rollbackToClaimSavepoint,
-  setClaimLockTimeout,
   setClaimSavepoint,
-  type Claim,
+  type ClaimRequest,
   type KeyScope,
 } from './store.js';
 
@@ -85,6 +69,24 @@ class ReleasedResponse {
 /** The handler threw: its error is propagated unchanged, after the rollback. */
 class HandlerFailure {
   constructor(readonly error: unknown) {}
+}
+
+/**
+ * Runs the handler in its transaction and returns what it returned, with its response validated
+ * and normalised. An error it throws is wrapped in a {@link HandlerFailure}: rethrown unchanged
+ * after the rollback.
+ */
+async function runHandler<T>(
+  handler: (tx: T, ctx: ExecutionContext) => Promise<HandlerResponse>,
+  tx: T,
+): Promise<{ returned: HandlerResponse; response: IdempotentResponse }> {
+  let returned: HandlerResponse;
+  try {
+    returned = await handler(tx, EXECUTION_CONTEXT);
+  } catch (err) {
+    throw new HandlerFailure(err);
+  }
+  return { returned, response: normaliseResponse(returned) };
 }
 
 /** Validates a request and returns its scope. @internal */
@@ -180,30 +182,25 @@ export async function executeIdempotent<D extends DatabaseHandle>(
   const claimTimeoutMs = opts.policy === 'wait' ? opts.waitTimeoutMs : opts.lockTimeoutMs;
 
   /**
-   * The claim transaction's body. `pgClient`: the node-postgres client of a pool, whose BEGIN
-   * already set the claim's lock_timeout ({@link claimBeginSql}) and which sends the claim and its
-   * SAVEPOINT in one round trip; otherwise (drizzle) one statement each.
+   * The claim transaction's body. `pgClient`: the node-postgres client of a pool, which sends the
+   * claim and its SAVEPOINT in one round trip; otherwise (drizzle) one statement each.
    */
   const body = async (tx: TransactionOf<D>, q: Queryable, pgClient?: pg.PoolClient): Promise<IdempotentResult> => {
-    const ownerToken = randomUUID();
-    let claim: Claim | undefined;
-    if (pgClient !== undefined) {
-      claim = await claimKeyWithSavepoint(
-        pgClient,
-        (value) => pgClient.escapeLiteral(value),
-        table,
-        scope,
-        request.fingerprint,
-        ownerToken,
-        opts.retentionMs,
-      );
-    } else {
-      await setClaimLockTimeout(q, claimTimeoutMs);
-      claim = await claimKey(q, table, scope, request.fingerprint, ownerToken, opts.retentionMs);
-    }
+    // The record this execution claims, and then owns.
+    const owned: ClaimRequest = {
+      table,
+      scope,
+      ownerToken: randomUUID(),
+      fingerprint: request.fingerprint,
+      retentionMs: opts.retentionMs,
+    };
+    const claim =
+      pgClient === undefined
+        ? await claimKey(q, owned)
+        : await claimKeyWithSavepoint(pgClient, (value) => pgClient.escapeLiteral(value), owned);
 
     if (claim === undefined) {
-      const record = await readRecord(q, table, scope);
+      const record = await readRecord(q, owned);
       if (record === undefined) {
         // Cannot happen: the claim's conflict locked the row, and nothing deletes a locked row.
         throw new KeyInProgressError(undefined, { retryAfterSeconds: opts.retryAfterSeconds });
@@ -220,31 +217,12 @@ export async function executeIdempotent<D extends DatabaseHandle>(
     await crashPoint('idempotency:after-claim'); // test-only (src/crash-point.ts)
 
     if (pgClient === undefined) await setClaimSavepoint(q);
-    let returned: HandlerResponse;
-    try {
-      returned = await handler(tx, EXECUTION_CONTEXT);
-    } catch (err) {
-      throw new HandlerFailure(err);
-    }
-    const response = normaliseResponse(returned);
+    const { returned, response } = await runHandler(handler, tx);
     const outcome = outcomeOfResponse(returned);
     if (outcome === 'release') throw new ReleasedResponse(response);
     // A stored rejection keeps the claim but none of the handler's writes.
     if (outcome === 'failed') await rollbackToClaimSavepoint(q);
-    const stored = await completeKey(
-      q,
-      table,
-      scope,
-      claim.ownerToken,
-      {
-        state: outcome,
-        status: response.status,
-        headers: headersToStore(response.headers, opts.replayHeaders),
-        body: response.body,
-      },
-      opts.retentionMs,
-    );
-    if (!stored) {
+    if (!(await completeKey(q, owned, completionOf(response, outcome, opts)))) {
       throw new LeaseLostError(
         `The idempotency record ${redactKey(scope.key)} of ${scope.operation} is no longer owned by this execution; its result was not stored.`,
       );
@@ -255,16 +233,9 @@ export async function executeIdempotent<D extends DatabaseHandle>(
   };
 
   try {
-    const known = opts.readFirst ? await readFirst(db, table, scope, request.fingerprint) : undefined;
+    const known = opts.readFirst ? await readFirst(db, { table, scope }, request.fingerprint) : undefined;
     if (known !== undefined) return answerExisting(known, opts, scope.operation, log);
-    if (isPgPool(db)) {
-      return await withPgTransaction(
-        db,
-        (client) => body(client as TransactionOf<D>, joinTransaction(client, 'executeIdempotent()'), client),
-        { beginSql: claimBeginSql(claimTimeoutMs) },
-      );
-    }
-    return await runTransaction(db, (tx) => body(tx, joinTransaction(tx as TransactionHandle, 'executeIdempotent()')));
+    return await inClaimTransaction(db, claimTimeoutMs, 'executeIdempotent()', body);
   } catch (err) {
     if (err instanceof ReleasedResponse) {
       opts.logger.debug({ ...log, status: err.response.status }, 'idempotent request released (response not stored)');
@@ -338,13 +309,7 @@ export async function executeWithoutKey<D extends DatabaseHandle>(
   const opts = resolveIdempotencyOptionsFor(options, 'executeWithoutKey');
   try {
     return await runTransaction(db, async (tx) => {
-      let returned: HandlerResponse;
-      try {
-        returned = await handler(tx, EXECUTION_CONTEXT);
-      } catch (err) {
-        throw new HandlerFailure(err);
-      }
-      const response = normaliseResponse(returned);
+      const { returned, response } = await runHandler(handler, tx);
       // Without a key nothing is stored; a 4xx, like a 5xx, leaves no business write behind.
       if (outcomeOfResponse(returned) !== 'completed') throw new ReleasedResponse(response);
       return { replayed: false, response };

@@ -52,7 +52,7 @@
 import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import secureJson from 'secure-json-parse';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import { MAX_JSON_DEPTH } from '../json-text.js';
 import { BodyInvalidError, BodyTooLargeError } from './errors.js';
 import { assertValidOperation, assertValidTenant } from './text.js';
@@ -119,8 +119,8 @@ export function fingerprintRequest(input: FingerprintInput): Fingerprint {
   return fingerprintAndParse(input).fingerprint;
 }
 
-/** Every field of {@link FingerprintInput}; the `satisfies` keeps it in step with the interface. */
-const FINGERPRINT_INPUT_FIELDS = Object.keys({
+/** Every field of {@link FingerprintInput}; the compiler keeps it in step with the interface. */
+const FINGERPRINT_INPUT_FIELDS = optionNames<FingerprintInput>({
   tenant: true,
   operation: true,
   method: true,
@@ -128,7 +128,7 @@ const FINGERPRINT_INPUT_FIELDS = Object.keys({
   body: true,
   semanticHeaders: true,
   maxBodyBytes: true,
-} satisfies Record<keyof FingerprintInput, true>);
+});
 
 /**
  * Like {@link fingerprintRequest}, and also returns the parsed body (`undefined` when empty), so

@@ -4,7 +4,7 @@
  * Source: draft-ietf-httpapi-idempotency-key-header ("Idempotency-Key is an Item Structured Header
  * [RFC 8941] whose value MUST be a String") and Stripe's de facto form (a bare UUID).
  */
-import { refuseUnknownOptions } from '../errors.js';
+import { optionNames, refuseUnknownOptions } from '../errors.js';
 import { KeyInvalidError, KeyMissingError } from './errors.js';
 
 /** Longest key accepted, in characters (after removing the sf-string quotes and escapes). */
@@ -20,9 +20,7 @@ export interface ParseKeyOptions {
 }
 
 /** Every option name of {@link ParseKeyOptions}; the compiler keeps it in step with the interface. */
-const PARSE_KEY_OPTION_NAMES: readonly string[] = Object.keys({
-  required: true,
-} satisfies Record<keyof ParseKeyOptions, true>);
+const PARSE_KEY_OPTION_NAMES = optionNames<ParseKeyOptions>({ required: true });
 
 // A bare key: visible ASCII (0x21-0x7E) without `"` (reserved for sf-strings), `,` (a list: the
 // header was sent twice and joined by a proxy or by Node.js) and `;` (structured-field parameters,

@@ -1,11 +1,13 @@
 /**
  * Options of lease mode ({@link executeLeased}), their defaults and their validation.
  */
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError } from '../errors.js';
 import { leaseChannel, operationIdFor } from './lease-store.js';
 import type { KeyScope } from './store.js';
 import {
   IDEMPOTENCY_OPTION_KEYS,
+  integerIn,
+  optionsResolver,
   resolveCheckedIdempotencyOptions,
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
@@ -91,8 +93,6 @@ export const LEASE_OPTION_KEYS = Object.freeze({
   operationIdSecret: true,
 } satisfies Record<keyof LeaseOptions, true>);
 
-const LEASE_OPTION_NAMES: readonly string[] = Object.keys(LEASE_OPTION_KEYS);
-
 /** {@link LeaseOptions} with every default applied, validated and frozen. */
 export interface ResolvedLeaseOptions {
   readonly base: ResolvedIdempotencyOptions;
@@ -156,14 +156,7 @@ function operationIdKey(secret: unknown): Buffer {
   return bytes;
 }
 
-const resolved = new WeakSet<object>();
-
-function ms(name: string, value: unknown, min: number, max: number): number {
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    throw new InvalidOptionsError(`${name} must be an integer from ${min} to ${max} (ms), got ${String(value)}.`);
-  }
-  return value;
-}
+const leaseResolver = optionsResolver(LEASE_OPTION_KEYS, validateLeaseOptions);
 
 /**
  * Applies defaults to `options` and validates them once. An already resolved object is returned
@@ -174,47 +167,40 @@ function ms(name: string, value: unknown, min: number, max: number): number {
  *   `operationIdSecret` shorter than 32 bytes.
  */
 export function resolveLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions = {}): ResolvedLeaseOptions {
-  return resolveLeaseOptionsFor(options, 'resolveLeaseOptions');
+  return leaseResolver.resolveFor(options, 'resolveLeaseOptions');
 }
 
 /**
  * {@link resolveLeaseOptions} for the entry point `what` (named in the error of an unknown option
  * name). @internal
  */
-export function resolveLeaseOptionsFor(
-  options: LeaseOptions | ResolvedLeaseOptions | undefined,
-  what: string,
-): ResolvedLeaseOptions {
-  if (options === undefined) options = {};
-  if (resolved.has(options)) return options as ResolvedLeaseOptions;
-  if (typeof options !== 'object' || options === null)
-    throw new InvalidOptionsError(`${what}: options must be an object.`);
-  refuseUnknownOptions(options, LEASE_OPTION_NAMES, what);
-  return resolveCheckedLeaseOptions(options);
-}
+export const resolveLeaseOptionsFor = leaseResolver.resolveFor;
 
 /**
  * {@link resolveLeaseOptions} without the check of the option names, for callers that refused
  * unknown names themselves against a wider options type (the HTTP lease routes). @internal
  */
-export function resolveCheckedLeaseOptions(options: LeaseOptions | ResolvedLeaseOptions = {}): ResolvedLeaseOptions {
-  if (resolved.has(options)) return options as ResolvedLeaseOptions;
-  const o = options as LeaseOptions;
+export const resolveCheckedLeaseOptions = leaseResolver.resolveChecked;
+
+/** Applies the defaults to options whose names are known, and validates and freezes them. */
+function validateLeaseOptions(o: LeaseOptions): ResolvedLeaseOptions {
   const policy = o.policy ?? LEASE_DEFAULTS.policy;
   if (policy !== 'reject' && policy !== 'wait' && policy !== 'async') {
     throw new InvalidOptionsError(`policy must be 'reject', 'wait' or 'async', got ${JSON.stringify(policy)}.`);
   }
   const base = resolveCheckedIdempotencyOptions({ ...o, policy: policy === 'wait' ? 'wait' : 'reject' });
-  const leaseMs = ms('leaseMs', o.leaseMs ?? LEASE_DEFAULTS.leaseMs, 100, 86_400_000);
+  const leaseMs = integerIn('leaseMs', o.leaseMs ?? LEASE_DEFAULTS.leaseMs, 100, 86_400_000, 'ms');
   if (leaseMs >= base.retentionMs) {
     throw new InvalidOptionsError(`leaseMs (${leaseMs}) must be shorter than retentionMs (${base.retentionMs}).`);
   }
-  const renewEveryMs = o.renewEveryMs === undefined ? undefined : ms('renewEveryMs', o.renewEveryMs, 10, leaseMs - 1);
-  const pollIntervalMs = ms(
+  const renewEveryMs =
+    o.renewEveryMs === undefined ? undefined : integerIn('renewEveryMs', o.renewEveryMs, 10, leaseMs - 1, 'ms');
+  const pollIntervalMs = integerIn(
     'pollIntervalMs',
     o.pollIntervalMs ?? LEASE_DEFAULTS.pollIntervalMs,
     MIN_WAIT_PAUSE_MS,
     60_000,
+    'ms',
   );
   if (o.operationLocation !== undefined && typeof o.operationLocation !== 'function') {
     throw new InvalidOptionsError('operationLocation must be a function (operationId) => URL.');
@@ -223,7 +209,7 @@ export function resolveCheckedLeaseOptions(options: LeaseOptions | ResolvedLease
     throw new InvalidOptionsError("policy 'async' needs operationLocation(operationId): the URL a 202 points to.");
   }
   const idKey = operationIdKey(o.operationIdSecret);
-  const result: ResolvedLeaseOptions = Object.freeze({
+  return Object.freeze({
     base,
     policy,
     leaseMs,
@@ -233,6 +219,4 @@ export function resolveCheckedLeaseOptions(options: LeaseOptions | ResolvedLease
     operationIdOf: (scope: KeyScope) => operationIdFor(scope, idKey),
     channel: leaseChannel(base.schema),
   });
-  resolved.add(result);
-  return result;
 }

@@ -11,9 +11,20 @@
 import { createHash, createHmac } from 'node:crypto';
 import type { Queryable } from '../database.js';
 import type { IdempotencyState } from '../schema.js';
-import type { Fingerprint } from './fingerprint.js';
 import type { StoredRecord } from './state-machine.js';
-import type { Completion, KeyScope } from './store.js';
+import {
+  claimValues,
+  completionValues,
+  ownedValues,
+  scopeValues,
+  storedRecordOf,
+  type ClaimRequest,
+  type Completion,
+  type KeyScope,
+  type OwnedRecord,
+  type RecordRef,
+  type RecordRow,
+} from './store.js';
 
 /** The LISTEN/NOTIFY channel of lease mode in `schema` (unquoted name): `<schema>_idempotency`. */
 export function leaseChannel(schema: string): string {
@@ -61,6 +72,12 @@ export function operationIdFor(scope: KeyScope, secret: Uint8Array): string {
   return hmac.digest('hex');
 }
 
+/** A record as the statements of its lease owner address it, with the channel they notify on. */
+export interface OwnedLease extends OwnedRecord {
+  /** The schema's LISTEN/NOTIFY channel ({@link leaseChannel}). */
+  channel: string;
+}
+
 /** A lease claimed (or taken over) by this execution. */
 export interface LeaseClaim {
   ownerToken: string;
@@ -91,14 +108,11 @@ export interface LeaseClaim {
  */
 export async function claimLease(
   db: Queryable,
-  table: string,
-  scope: KeyScope,
-  fingerprint: Fingerprint,
-  ownerToken: string,
+  claim: ClaimRequest,
   operationId: string,
   leaseMs: number,
-  retentionMs: number,
 ): Promise<LeaseClaim | undefined> {
+  const { table, ownerToken } = claim;
   const { rows } = await db.query<{
     generation: number;
     operation_id: string;
@@ -133,17 +147,7 @@ export async function claimLease(
                AND k.fingerprint = EXCLUDED.fingerprint AND k.fingerprint_version = EXCLUDED.fingerprint_version)
        RETURNING k.generation, k.operation_id)
      SELECT claim.generation, claim.operation_id, (SELECT state FROM prev) AS previous_state FROM claim`,
-    [
-      scope.tenant,
-      scope.operation,
-      scope.key,
-      fingerprint.digest,
-      fingerprint.version,
-      ownerToken,
-      leaseMs,
-      retentionMs,
-      operationId,
-    ],
+    [...claimValues(claim), leaseMs, claim.retentionMs, operationId],
   );
   const row = rows[0];
   return row === undefined
@@ -163,13 +167,7 @@ export interface LeasedRecord extends StoredRecord {
   operationId: string | null;
 }
 
-interface LeasedRow {
-  state: IdempotencyState;
-  fingerprint: Buffer;
-  fingerprint_version: number;
-  response_status: number | null;
-  response_headers: Record<string, string> | null;
-  response_body: Buffer | null;
+interface LeasedRow extends RecordRow {
   generation: number;
   owner_token: string | null;
   lease_remaining_ms: number;
@@ -184,12 +182,7 @@ const LEASED_COLUMNS = `state, fingerprint, fingerprint_version, response_status
 
 function toLeased(r: LeasedRow): LeasedRecord {
   return {
-    state: r.state,
-    fingerprint: r.fingerprint,
-    fingerprintVersion: r.fingerprint_version,
-    responseStatus: r.response_status,
-    responseHeaders: r.response_headers,
-    responseBody: r.response_body,
+    ...storedRecordOf(r),
     generation: r.generation,
     ownerToken: r.owner_token,
     leaseRemainingMs: r.lease_remaining_ms,
@@ -198,17 +191,20 @@ function toLeased(r: LeasedRow): LeasedRecord {
   };
 }
 
-/** Reads the record that {@link claimLease} could not take (plain read: the claim committed or not). */
-export async function readLeasedRecord(
+/** Reads one record, as lease mode sees it, by the `where` condition on `values` (plain read). */
+async function readLeased(
   db: Queryable,
   table: string,
-  scope: KeyScope,
+  where: string,
+  values: readonly unknown[],
 ): Promise<LeasedRecord | undefined> {
-  const { rows } = await db.query<LeasedRow>(
-    `SELECT ${LEASED_COLUMNS} FROM ${table} WHERE tenant = $1 AND operation = $2 AND key = $3`,
-    [scope.tenant, scope.operation, scope.key],
-  );
+  const { rows } = await db.query<LeasedRow>(`SELECT ${LEASED_COLUMNS} FROM ${table} WHERE ${where}`, values);
   return rows[0] === undefined ? undefined : toLeased(rows[0]);
+}
+
+/** Reads the record that {@link claimLease} could not take (plain read: the claim committed or not). */
+export async function readLeasedRecord(db: Queryable, record: RecordRef): Promise<LeasedRecord | undefined> {
+  return readLeased(db, record.table, 'tenant = $1 AND operation = $2 AND key = $3', scopeValues(record.scope));
 }
 
 /**
@@ -223,11 +219,11 @@ export async function readRecordByOperationId(
   operation: string,
   operationId: string,
 ): Promise<LeasedRecord | undefined> {
-  const { rows } = await db.query<LeasedRow>(
-    `SELECT ${LEASED_COLUMNS} FROM ${table} WHERE tenant = $1 AND operation = $2 AND operation_id = $3`,
-    [tenant, operation, operationId],
-  );
-  return rows[0] === undefined ? undefined : toLeased(rows[0]);
+  return readLeased(db, table, 'tenant = $1 AND operation = $2 AND operation_id = $3', [
+    tenant,
+    operation,
+    operationId,
+  ]);
 }
 
 /**
@@ -235,18 +231,12 @@ export async function readRecordByOperationId(
  * takeover it updates zero rows. A renewal after expiry succeeds while nobody has taken over.
  * @returns whether this execution still owns the record.
  */
-export async function renewLease(
-  db: Queryable,
-  table: string,
-  scope: KeyScope,
-  ownerToken: string,
-  leaseMs: number,
-): Promise<boolean> {
+export async function renewLease(db: Queryable, lease: OwnedRecord, leaseMs: number): Promise<boolean> {
   const { rowCount } = await db.query(
-    `UPDATE ${table}
+    `UPDATE ${lease.table}
         SET lease_expires_at = clock_timestamp() + $5::bigint * interval '1 millisecond', updated_at = clock_timestamp()
       WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid`,
-    [scope.tenant, scope.operation, scope.key, ownerToken, leaseMs],
+    [...ownedValues(lease), leaseMs],
   );
   return rowCount === 1;
 }
@@ -257,12 +247,12 @@ export async function renewLease(
  * never interleave with a new owner's. Runs in the caller's transaction.
  * @returns whether this execution still owns the record.
  */
-export async function fenceLease(db: Queryable, table: string, scope: KeyScope, ownerToken: string): Promise<boolean> {
+export async function fenceLease(db: Queryable, lease: OwnedRecord): Promise<boolean> {
   const { rows } = await db.query(
-    `SELECT 1 FROM ${table}
+    `SELECT 1 FROM ${lease.table}
       WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
         FOR UPDATE`,
-    [scope.tenant, scope.operation, scope.key, ownerToken],
+    ownedValues(lease),
   );
   return rows.length === 1;
 }
@@ -273,16 +263,8 @@ export async function fenceLease(db: Queryable, table: string, scope: KeyScope, 
  * whatever the clock says. Retention counts from completion.
  * @returns whether the record was updated (false: ownership lost).
  */
-export async function finishLease(
-  db: Queryable,
-  table: string,
-  channel: string,
-  scope: KeyScope,
-  ownerToken: string,
-  completion: Completion,
-  retentionMs: number,
-): Promise<boolean> {
-  return storeFencedResult(db, table, channel, scope, ownerToken, completion, retentionMs, 'processing');
+export async function finishLease(db: Queryable, lease: OwnedLease, completion: Completion): Promise<boolean> {
+  return storeFencedResult(db, lease, completion, 'processing');
 }
 
 /**
@@ -291,36 +273,20 @@ export async function finishLease(
  */
 async function storeFencedResult(
   db: Queryable,
-  table: string,
-  channel: string,
-  scope: KeyScope,
-  ownerToken: string,
+  lease: OwnedLease,
   completion: Completion,
-  retentionMs: number,
   from: 'processing' | 'uncertain',
 ): Promise<boolean> {
   const { rowCount } = await db.query(
     `WITH done AS (
-       UPDATE ${table}
+       UPDATE ${lease.table}
           SET state = $5, response_status = $6::smallint, response_headers = $7::jsonb, response_body = $8::bytea,
               lease_expires_at = NULL, completed_at = clock_timestamp(), updated_at = clock_timestamp(),
               expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
         WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = $11 AND owner_token = $4::uuid
         RETURNING operation_id)
      SELECT pg_notify($10, operation_id) FROM done`,
-    [
-      scope.tenant,
-      scope.operation,
-      scope.key,
-      ownerToken,
-      completion.state,
-      completion.status,
-      JSON.stringify(completion.headers),
-      completion.body,
-      retentionMs,
-      channel,
-      from,
-    ],
+    [...completionValues(lease, completion), lease.channel, from],
   );
   return rowCount === 1;
 }
@@ -330,23 +296,16 @@ async function storeFencedResult(
  * (nobody may take it over by time) and the owner token is kept: the reconciliation fences on it.
  * The reason is kept in `response_body` (UTF-8) until the record is resolved.
  */
-export async function markUncertain(
-  db: Queryable,
-  table: string,
-  channel: string,
-  scope: KeyScope,
-  ownerToken: string,
-  reason: string,
-): Promise<boolean> {
+export async function markUncertain(db: Queryable, lease: OwnedLease, reason: string): Promise<boolean> {
   const { rowCount } = await db.query(
     `WITH done AS (
-       UPDATE ${table}
+       UPDATE ${lease.table}
           SET state = 'uncertain', lease_expires_at = NULL, response_status = NULL, response_headers = NULL,
               response_body = convert_to($5, 'UTF8'), updated_at = clock_timestamp()
         WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
         RETURNING operation_id)
      SELECT pg_notify($6, operation_id) FROM done`,
-    [scope.tenant, scope.operation, scope.key, ownerToken, reason, channel],
+    [...ownedValues(lease), reason, lease.channel],
   );
   return rowCount === 1;
 }
@@ -356,20 +315,14 @@ export async function markUncertain(
  * its owner can: a stale owner's release deletes nothing. This is the only delete of a
  * `processing` record, and it is an owner's decision, never a timeout's.
  */
-export async function releaseLease(
-  db: Queryable,
-  table: string,
-  channel: string,
-  scope: KeyScope,
-  ownerToken: string,
-): Promise<boolean> {
+export async function releaseLease(db: Queryable, lease: OwnedLease): Promise<boolean> {
   const { rowCount } = await db.query(
     `WITH gone AS (
-       DELETE FROM ${table}
+       DELETE FROM ${lease.table}
         WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'processing' AND owner_token = $4::uuid
         RETURNING operation_id)
      SELECT pg_notify($5, operation_id) FROM gone`,
-    [scope.tenant, scope.operation, scope.key, ownerToken, channel],
+    [...ownedValues(lease), lease.channel],
   );
   return rowCount === 1;
 }
@@ -440,14 +393,6 @@ export async function listUncertain(
  * Resolves an uncertain record to `completed` or `failed` with the reconciled response. Fenced by
  * state and owner token: two reconcilers never both resolve it (the second updates zero rows).
  */
-export async function resolveUncertain(
-  db: Queryable,
-  table: string,
-  channel: string,
-  scope: KeyScope,
-  ownerToken: string,
-  completion: Completion,
-  retentionMs: number,
-): Promise<boolean> {
-  return storeFencedResult(db, table, channel, scope, ownerToken, completion, retentionMs, 'uncertain');
+export async function resolveUncertain(db: Queryable, lease: OwnedLease, completion: Completion): Promise<boolean> {
+  return storeFencedResult(db, lease, completion, 'uncertain');
 }

@@ -19,13 +19,13 @@ import { randomUUID } from 'node:crypto';
 import {
   joinTransaction,
   runTransaction,
-  withPgTransaction,
   type DatabaseHandle,
   type Queryable,
   type TransactionHandle,
   type TransactionOf,
 } from '../database.js';
 import { exponentialBackoffMs } from '../backoff.js';
+import { inClaimTransaction } from './claim-transaction.js';
 import { InvalidOptionsError, isOutboxkitError } from '../errors.js';
 import {
   DeadlineInvalidError,
@@ -46,6 +46,7 @@ import {
   renewLease,
   type LeaseClaim,
   type LeasedRecord,
+  type OwnedLease,
 } from './lease-store.js';
 import { subscribe, type Subscription } from './lease-listener.js';
 import {
@@ -57,18 +58,10 @@ import {
 import { emitOutcome } from './metrics.js';
 import { classifyStoreError, toSchemaMissing } from './pg-errors.js';
 import { storableText } from './text.js';
-import {
-  decideOnExisting,
-  headersToStore,
-  normaliseResponse,
-  outcomeOfResponse,
-  reject,
-  type HandlerResponse,
-  type IdempotentResponse,
-  type IdempotentResult,
-} from './state-machine.js';
-import { autocommitQueryable, isPgPool, readFirst } from './read-first.js';
-import { claimBeginSql, idempotencyTable, setClaimLockTimeout, type KeyScope } from './store.js';
+import { decideOnExisting, normaliseResponse, outcomeOfResponse, reject } from './state-machine.js';
+import type { HandlerResponse, IdempotentResponse, IdempotentResult } from './state-machine.js';
+import { autocommitQueryable, readFirst } from './read-first.js';
+import { completionOf, idempotencyTable, type KeyScope } from './store.js';
 
 const UNCERTAIN = Symbol.for('outboxkit.uncertain');
 
@@ -234,7 +227,7 @@ async function visibleOperationId(
 ): Promise<string> {
   const q = autocommitQueryable(db);
   if (q === undefined) return computed;
-  const record = await readLeasedRecord(q, table, scope).catch(() => undefined);
+  const record = await readLeasedRecord(q, { table, scope }).catch(() => undefined);
   return record?.operationId ?? computed;
 }
 
@@ -329,26 +322,16 @@ export async function executeLeased<D extends DatabaseHandle>(
     for (;;) {
       const ownerToken = randomUUID();
       let attempt: { claim: LeaseClaim } | { record: LeasedRecord | undefined };
-      // The claim transaction is short, so a lock wait is short too; bound it anyway (with a
-      // pg.Pool, in the BEGIN round trip).
-      const claimIn = async (q: Queryable): Promise<{ claim: LeaseClaim } | { record: LeasedRecord | undefined }> => {
-        const claim = await claimLease(
-          q,
-          table,
-          scope,
-          request.fingerprint,
-          ownerToken,
-          operationId,
-          opts.leaseMs,
-          base.retentionMs,
-        );
+      const claimIn = async (_tx: unknown, q: Queryable): Promise<typeof attempt> => {
+        const claimed = { table, scope, ownerToken, fingerprint: request.fingerprint, retentionMs: base.retentionMs };
+        const claim = await claimLease(q, claimed, operationId, opts.leaseMs);
         if (claim) return { claim };
-        return { record: await readLeasedRecord(q, table, scope) };
+        return { record: await readLeasedRecord(q, claimed) };
       };
       try {
         if (first) {
           first = false;
-          const known = base.readFirst ? await readFirst(db, table, scope, request.fingerprint) : undefined;
+          const known = base.readFirst ? await readFirst(db, { table, scope }, request.fingerprint) : undefined;
           if (known?.kind === 'mismatch') {
             emitOutcome(base, scope.operation, 'mismatch');
             throw new KeyMismatchError();
@@ -358,15 +341,8 @@ export async function executeLeased<D extends DatabaseHandle>(
             return { replayed: true, outcome: 'replayed', response: known.response };
           }
         }
-        attempt = isPgPool(db)
-          ? await withPgTransaction(db, (client) => claimIn(joinTransaction(client, 'executeLeased()')), {
-              beginSql: claimBeginSql(base.lockTimeoutMs),
-            })
-          : await runTransaction(db, async (tx) => {
-              const q = joinTransaction(tx as TransactionHandle, 'executeLeased()');
-              await setClaimLockTimeout(q, base.lockTimeoutMs);
-              return claimIn(q);
-            });
+        // The claim transaction is short, so a lock wait is short too; bound it anyway.
+        attempt = await inClaimTransaction(db, base.lockTimeoutMs, 'executeLeased()', claimIn);
       } catch (err) {
         const translated = translate(err, opts, log, 'new');
         if (!isOutboxkitError(translated, 'OUTBOXKIT_KEY_IN_PROGRESS')) throw translated;
@@ -456,6 +432,7 @@ async function runOwned<D extends DatabaseHandle>(
 ): Promise<LeasedResult> {
   const base = opts.base;
   const { ownerToken, operationId } = claim;
+  const lease: OwnedLease = { table, channel: opts.channel, scope, ownerToken };
   let effects = false;
   const inTx = <T>(fn: (q: ReturnType<typeof joinTransaction>) => Promise<T>): Promise<T> =>
     runTransaction(db, (tx) => fn(joinTransaction(tx as TransactionHandle, 'executeLeased()')));
@@ -476,7 +453,7 @@ async function runOwned<D extends DatabaseHandle>(
     operationId,
     signal: controller.signal,
     async renew() {
-      if (!(await inTx((q) => renewLease(q, table, scope, ownerToken, opts.leaseMs)))) {
+      if (!(await inTx((q) => renewLease(q, lease, opts.leaseMs)))) {
         throw loseLease('the lease was not renewed');
       }
     },
@@ -487,7 +464,7 @@ async function runOwned<D extends DatabaseHandle>(
       effects = true;
       return runTransaction(db, async (tx) => {
         const q = joinTransaction(tx as TransactionHandle, 'ctx.transaction()');
-        if (!(await fenceLease(q, table, scope, ownerToken))) throw loseLease('nothing was written');
+        if (!(await fenceLease(q, lease))) throw loseLease('nothing was written');
         return fn(tx);
       });
     },
@@ -509,7 +486,7 @@ async function runOwned<D extends DatabaseHandle>(
   const renewal =
     opts.renewEveryMs === undefined
       ? undefined
-      : renewEvery(opts.renewEveryMs, () => inTx((q) => renewLease(q, table, scope, ownerToken, opts.leaseMs)), {
+      : renewEvery(opts.renewEveryMs, () => inTx((q) => renewLease(q, lease, opts.leaseMs)), {
           lost: () => loseLease('the lease was not renewed'),
           failed: (err) => base.logger.warn({ ...log, err }, 'idempotency lease renewal failed; trying again'),
           renewed: () => base.logger.debug({ ...log, generation: claim.generation }, 'idempotency lease renewed'),
@@ -528,7 +505,7 @@ async function runOwned<D extends DatabaseHandle>(
     // nothing of this execution may be stored or released; the new owner decides.
     if (lost !== undefined) throw lost;
     if (!effects) {
-      const released = await inTx((q) => releaseLease(q, table, opts.channel, scope, ownerToken)).catch(() => false);
+      const released = await inTx((q) => releaseLease(q, lease)).catch(() => false);
       base.logger.debug({ ...log, released }, 'leased handler failed before any effect: key released');
       throw err;
     }
@@ -550,7 +527,7 @@ async function runOwned<D extends DatabaseHandle>(
 
   if (marker !== undefined || response === undefined) {
     const reason = marker?.reason ?? 'outcome unknown';
-    const ok = await inTx((q) => markUncertain(q, table, opts.channel, scope, ownerToken, reason));
+    const ok = await inTx((q) => markUncertain(q, lease, reason));
     if (!ok) throw notOwner(scope, 'the uncertain outcome was not recorded');
     emitOutcome(base, scope.operation, 'uncertain');
     base.logger.warn({ ...log, reason }, 'leased execution outcome uncertain: awaiting reconciliation');
@@ -562,7 +539,7 @@ async function runOwned<D extends DatabaseHandle>(
   }
   const outcome = outcomeOfResponse(returned);
   if (outcome === 'release' && !effects) {
-    const ok = await inTx((q) => releaseLease(q, table, opts.channel, scope, ownerToken));
+    const ok = await inTx((q) => releaseLease(q, lease));
     if (!ok) throw notOwner(scope, 'the key was not released');
     return { replayed: false, outcome: 'released', response };
   }
@@ -571,22 +548,7 @@ async function runOwned<D extends DatabaseHandle>(
   async function store(response: IdempotentResponse, state: 'completed' | 'failed'): Promise<LeasedResult> {
     let ok: boolean;
     try {
-      ok = await inTx((q) =>
-        finishLease(
-          q,
-          table,
-          opts.channel,
-          scope,
-          ownerToken,
-          {
-            state,
-            status: response.status,
-            headers: headersToStore(response.headers, base.replayHeaders),
-            body: response.body,
-          },
-          base.retentionMs,
-        ),
-      );
+      ok = await inTx((q) => finishLease(q, lease, completionOf(response, state, base)));
     } catch (err) {
       throw translate(err, opts, log, undefined);
     }

@@ -9,7 +9,7 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { runTransaction, joinTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
-import { refuseUnknownOptions } from '../errors.js';
+import { optionNames, refuseUnknownOptions } from '../errors.js';
 import { quoteSchema } from '../schema-name.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { idempotencyTable } from './store.js';
@@ -86,9 +86,7 @@ export interface GaugeOptions {
 }
 
 /** Every option name of {@link GaugeOptions}; the compiler keeps it in step with the interface. */
-const GAUGE_OPTION_NAMES: readonly string[] = Object.keys({
-  schema: true,
-} satisfies Record<keyof GaugeOptions, true>);
+const GAUGE_OPTION_NAMES = optionNames<GaugeOptions>({ schema: true });
 
 /**
  * Registers gauges computed by one query at scrape time (no timer, nothing cached):
@@ -136,50 +134,59 @@ export function idempotencyGauges(db: DatabaseHandle, registry: Registry, option
       for (const state of ['processing', 'completed', 'failed', 'uncertain']) this.set({ state }, s.counts[state] ?? 0);
     },
   });
-  const ageGauge = (name: string, help: string, pick: (s: Snapshot) => number) =>
+  for (const [figure, [name, help]] of Object.entries(FIGURE_GAUGES) as [Figure, GaugeText][]) {
     new Gauge({
       name,
       help,
       registers: [registry],
       async collect() {
-        this.set(pick(await snapshot()));
+        this.set((await snapshot())[figure]);
       },
     });
-  ageGauge(
-    'outboxkit_idempotency_processing_age_seconds',
-    'Age of the oldest processing idempotency record (0 when none).',
-    (s) => s.processingAge,
-  );
-  ageGauge(
-    'outboxkit_idempotency_uncertain_age_seconds',
-    'Age of the oldest uncertain idempotency record awaiting reconciliation (0 when none).',
-    (s) => s.uncertainAge,
-  );
-  ageGauge(
-    'outboxkit_idempotency_oldest_unexpired_seconds',
-    'Age of the oldest completed/failed idempotency record still within its retention (0 when none).',
-    (s) => s.oldestUnexpired,
-  );
-  ageGauge(
-    'outboxkit_idempotency_table_bytes',
-    'Size of the idempotency table, indexes and TOAST included.',
-    (s) => s.tableBytes,
-  );
-  ageGauge(
-    'outboxkit_idempotency_cleanup_lag_seconds',
-    'Time the oldest expired completed/failed record has waited for cleanup (0 when none).',
-    (s) => s.cleanupLag,
-  );
+  }
 }
 
+/** What one scrape reads: the number of records by state, and the figures of the other gauges. */
 interface Snapshot {
   counts: Record<string, number>;
+  /** Seconds. */
   processingAge: number;
+  /** Seconds. */
   uncertainAge: number;
+  /** Seconds. */
   oldestUnexpired: number;
+  /** Seconds. */
   cleanupLag: number;
+  /** Bytes. */
   tableBytes: number;
 }
+
+/** A figure of the {@link Snapshot} with a gauge of its own. */
+type Figure = Exclude<keyof Snapshot, 'counts'>;
+
+/** A gauge's name and help text. */
+type GaugeText = [name: string, help: string];
+
+/** The gauge of each figure, in the order they are registered. */
+const FIGURE_GAUGES: Readonly<Record<Figure, GaugeText>> = {
+  processingAge: [
+    'outboxkit_idempotency_processing_age_seconds',
+    'Age of the oldest processing idempotency record (0 when none).',
+  ],
+  uncertainAge: [
+    'outboxkit_idempotency_uncertain_age_seconds',
+    'Age of the oldest uncertain idempotency record awaiting reconciliation (0 when none).',
+  ],
+  oldestUnexpired: [
+    'outboxkit_idempotency_oldest_unexpired_seconds',
+    'Age of the oldest completed/failed idempotency record still within its retention (0 when none).',
+  ],
+  tableBytes: ['outboxkit_idempotency_table_bytes', 'Size of the idempotency table, indexes and TOAST included.'],
+  cleanupLag: [
+    'outboxkit_idempotency_cleanup_lag_seconds',
+    'Time the oldest expired completed/failed record has waited for cleanup (0 when none).',
+  ],
+};
 
 async function readSnapshot(db: DatabaseHandle, table: string): Promise<Snapshot> {
   return runTransaction(db, async (tx) => {

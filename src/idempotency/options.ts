@@ -99,8 +99,6 @@ export const IDEMPOTENCY_OPTION_KEYS = Object.freeze({
   onOutcome: true,
 } satisfies Record<keyof IdempotencyOptions, true>);
 
-const IDEMPOTENCY_OPTION_NAMES: readonly string[] = Object.keys(IDEMPOTENCY_OPTION_KEYS);
-
 /** {@link IdempotencyOptions} with every default applied, validated and frozen. */
 export interface ResolvedIdempotencyOptions extends OutcomeSinks {
   readonly schema: string;
@@ -167,14 +165,62 @@ export const NEVER_REPLAYED_HEADERS: ReadonlySet<string> = new Set([
 const MAX_TIMEOUT_MS = 3_600_000; // 1 h
 const MAX_RETENTION_MS = 366 * 86_400_000; // about a year
 
-const resolvedOptions = new WeakSet<object>();
-
-function integerIn(name: string, value: unknown, min: number, max: number, unit: string): number {
+/**
+ * `value` when it is an integer from `min` to `max` (in `unit`, named in the message).
+ * @throws {@link InvalidOptionsError} otherwise, naming the option `name`. @internal
+ */
+export function integerIn(name: string, value: unknown, min: number, max: number, unit: string): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
     throw new InvalidOptionsError(`${name} must be an integer from ${min} to ${max} (${unit}), got ${String(value)}.`);
   }
   return value;
 }
+
+/**
+ * The resolvers of one mode's options (one-transaction mode here, lease mode), over `validate`
+ * (which applies the defaults to options whose names are known, validates and freezes them). Both
+ * return an options object they made as it is: options are validated once, and may be passed on
+ * resolved. @internal
+ */
+export interface OptionsResolver<O extends object, R extends object> {
+  /**
+   * For the entry point `what` (named in the errors): refuses a non-object and unknown option
+   * names first (naming them and listing the known ones).
+   */
+  resolveFor(options: O | R | undefined, what: string): R;
+  /** For callers that refused unknown names themselves against a wider options type. */
+  resolveChecked(options?: O | R): R;
+}
+
+/**
+ * An {@link OptionsResolver} over `validate`, whose option names are the keys of `keys` (a record
+ * such as {@link IDEMPOTENCY_OPTION_KEYS}). @internal
+ */
+export function optionsResolver<O extends object, R extends object>(
+  keys: Readonly<Record<keyof O, true>>,
+  validate: (options: O) => R,
+): OptionsResolver<O, R> {
+  const names = Object.keys(keys);
+  const made = new WeakSet<object>();
+  const resolveChecked = (options: O | R = {} as O): R => {
+    if (made.has(options)) return options as R;
+    const resolved = validate(options as O);
+    made.add(resolved);
+    return resolved;
+  };
+  return {
+    resolveChecked,
+    resolveFor(options = {} as O, what) {
+      if (made.has(options)) return options as R;
+      if (typeof options !== 'object' || options === null)
+        throw new InvalidOptionsError(`${what}: options must be an object.`);
+      refuseUnknownOptions(options, names, what);
+      return resolveChecked(options);
+    },
+  };
+}
+
+const idempotencyResolver = optionsResolver(IDEMPOTENCY_OPTION_KEYS, validateIdempotencyOptions);
 
 /**
  * Applies defaults to `options` and validates them once. An already resolved object is returned
@@ -187,35 +233,24 @@ function integerIn(name: string, value: unknown, min: number, max: number, unit:
 export function resolveIdempotencyOptions(
   options: IdempotencyOptions | ResolvedIdempotencyOptions = {},
 ): ResolvedIdempotencyOptions {
-  return resolveIdempotencyOptionsFor(options, 'resolveIdempotencyOptions');
+  return idempotencyResolver.resolveFor(options, 'resolveIdempotencyOptions');
 }
 
 /**
  * {@link resolveIdempotencyOptions} for the entry point `what` (named in the error of an unknown
  * option name). @internal
  */
-export function resolveIdempotencyOptionsFor(
-  options: IdempotencyOptions | ResolvedIdempotencyOptions | undefined,
-  what: string,
-): ResolvedIdempotencyOptions {
-  if (options === undefined) options = {};
-  if (resolvedOptions.has(options)) return options as ResolvedIdempotencyOptions;
-  if (typeof options !== 'object' || options === null)
-    throw new InvalidOptionsError(`${what}: options must be an object.`);
-  refuseUnknownOptions(options, IDEMPOTENCY_OPTION_NAMES, what);
-  return resolveCheckedIdempotencyOptions(options);
-}
+export const resolveIdempotencyOptionsFor = idempotencyResolver.resolveFor;
 
 /**
  * {@link resolveIdempotencyOptions} without the check of the option names, for callers that
  * refused unknown names themselves against a wider options type (lease mode, the HTTP routes),
  * whose own options are passed on here. @internal
  */
-export function resolveCheckedIdempotencyOptions(
-  options: IdempotencyOptions | ResolvedIdempotencyOptions = {},
-): ResolvedIdempotencyOptions {
-  if (resolvedOptions.has(options)) return options as ResolvedIdempotencyOptions;
-  const o = options as IdempotencyOptions;
+export const resolveCheckedIdempotencyOptions = idempotencyResolver.resolveChecked;
+
+/** Applies the defaults to options whose names are known, and validates and freezes them. */
+function validateIdempotencyOptions(o: IdempotencyOptions): ResolvedIdempotencyOptions {
   const schema = o.schema ?? IDEMPOTENCY_DEFAULTS.schema;
   const quotedSchema = quoteSchema(schema);
   const policy = o.policy ?? IDEMPOTENCY_DEFAULTS.policy;
@@ -246,7 +281,7 @@ export function resolveCheckedIdempotencyOptions(
   if (o.registry !== undefined && typeof (o.registry as { getSingleMetric?: unknown }).getSingleMetric !== 'function') {
     throw new InvalidOptionsError('registry must be a prom-client Registry.');
   }
-  const resolved: ResolvedIdempotencyOptions = Object.freeze({
+  return Object.freeze({
     schema,
     quotedSchema,
     policy,
@@ -279,6 +314,4 @@ export function resolveCheckedIdempotencyOptions(
     ...(o.registry ? { outcomeCounter: outcomeCounter(o.registry) } : {}),
     ...(o.onOutcome ? { onOutcome: o.onOutcome } : {}),
   });
-  resolvedOptions.add(resolved);
-  return resolved;
 }

@@ -10,22 +10,18 @@
  * elsewhere: see `executeIdempotent()`.)
  */
 import type { SQL } from 'drizzle-orm';
-import type pg from 'pg';
-import { toDrizzleSql, type DatabaseHandle, type Queryable, type QueryResult } from '../database.js';
+import {
+  drizzleQueryResult,
+  isPgPool,
+  pgQuery,
+  toDrizzleSql,
+  type DatabaseHandle,
+  type Queryable,
+  type QueryResult,
+} from '../database.js';
 import type { Fingerprint } from './fingerprint.js';
 import { decideOnExisting, type ExistingRecordDecision } from './state-machine.js';
-import { lookupTerminalRecord, type KeyScope } from './store.js';
-
-/** Whether `db` is a `pg.Pool` (the structural test of src/database.ts). @internal */
-export function isPgPool(db: unknown): db is pg.Pool {
-  return (
-    typeof db === 'object' &&
-    db !== null &&
-    'totalCount' in db &&
-    'idleCount' in db &&
-    typeof (db as { connect?: unknown }).connect === 'function'
-  );
-}
+import { lookupTerminalRecord, type RecordRef } from './store.js';
 
 type DrizzleExecutor = { execute(query: SQL): Promise<unknown> };
 
@@ -49,17 +45,8 @@ const autocommit = new WeakMap<object, Queryable | undefined>();
 function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
   if (isPgPool(db)) {
     return {
-      async query<R>(
-        text: string,
-        values: readonly unknown[] = [],
-        options?: { name?: string },
-      ): Promise<QueryResult<R>> {
-        const r =
-          options?.name === undefined
-            ? await db.query(text, values as unknown[])
-            : await db.query({ name: options.name, text, values: values as unknown[] });
-        return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
-      },
+      query: <R>(text: string, values: readonly unknown[] = [], options?: { name?: string }): Promise<QueryResult<R>> =>
+        pgQuery<R>(db, text, values, options?.name),
     };
   }
   const drizzleDb = db as Partial<DrizzleExecutor>;
@@ -67,14 +54,7 @@ function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
   const execute = drizzleDb.execute.bind(drizzleDb);
   return {
     async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
-      const result = await execute(toDrizzleSql(text, values));
-      if (Array.isArray(result)) {
-        // postgres-js: an array of rows with a `count`.
-        const count = (result as unknown as { count?: number }).count;
-        return { rows: result as R[], rowCount: count ?? result.length };
-      }
-      const r = result as { rows: R[]; rowCount: number | null };
-      return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
+      return drizzleQueryResult<R>(await execute(toDrizzleSql(text, values)));
     },
   };
 }
@@ -85,15 +65,14 @@ function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
  */
 export async function readFirst(
   db: DatabaseHandle,
-  table: string,
-  scope: KeyScope,
+  record: RecordRef,
   fingerprint: Fingerprint,
 ): Promise<Exclude<ExistingRecordDecision, { kind: 'in-progress' }> | undefined> {
   const q = autocommitQueryable(db);
   if (q === undefined) return undefined;
-  const record = await lookupTerminalRecord(q, table, scope);
-  if (record === undefined) return undefined;
-  const decision = decideOnExisting(record, fingerprint);
+  const stored = await lookupTerminalRecord(q, record);
+  if (stored === undefined) return undefined;
+  const decision = decideOnExisting(stored, fingerprint);
   // A terminal record is never in progress; should it ever be, the claim path decides.
   return decision.kind === 'in-progress' ? undefined : decision;
 }

@@ -2,7 +2,7 @@
  * Reconciliation of `uncertain` records (lease mode) and the operation resource of policy `async`.
  */
 import { joinTransaction, runTransaction, type DatabaseHandle, type TransactionHandle } from '../database.js';
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { quoteSchema } from '../schema-name.js';
 import { IDEMPOTENCY_DEFAULTS, resolveIdempotencyOptions } from './options.js';
@@ -13,14 +13,8 @@ import {
   resolveUncertain,
   type UncertainRecord,
 } from './lease-store.js';
-import {
-  headersToStore,
-  normaliseResponse,
-  REPLAYED_HEADER,
-  type HandlerResponse,
-  type IdempotentResponse,
-} from './state-machine.js';
-import { idempotencyTable } from './store.js';
+import { normaliseResponse, REPLAYED_HEADER, type HandlerResponse, type IdempotentResponse } from './state-machine.js';
+import { completionOf, idempotencyTable } from './store.js';
 import { toSchemaMissing } from './pg-errors.js';
 import { assertValidOperation, assertValidTenant } from './text.js';
 
@@ -46,12 +40,12 @@ export interface ReconcileOptions {
 }
 
 /** Every option name of {@link ReconcileOptions}; the compiler keeps it in step with the interface. */
-const RECONCILE_OPTION_NAMES: readonly string[] = Object.keys({
+const RECONCILE_OPTION_NAMES = optionNames<ReconcileOptions>({
   schema: true,
   limit: true,
   retentionMs: true,
   replayHeaders: true,
-} satisfies Record<keyof ReconcileOptions, true>);
+});
 
 /** What {@link reconcileUncertain} did. */
 export interface ReconcileResult {
@@ -129,20 +123,12 @@ export async function reconcileUncertain(
         `The reconciliation hook returned '${answer.outcome}' with status ${response.status}; use 2xx/3xx for completed and 4xx/5xx for failed.`,
       );
     }
+    const scope = { tenant: record.tenant, operation: record.operation, key: record.key };
     const ok = await inTx((q) =>
       resolveUncertain(
         q,
-        table,
-        channel,
-        { tenant: record.tenant, operation: record.operation, key: record.key },
-        record.ownerToken,
-        {
-          state: answer.outcome,
-          status: response.status,
-          headers: headersToStore(response.headers, opts.replayHeaders),
-          body: response.body,
-        },
-        opts.retentionMs,
+        { table, channel, scope, ownerToken: record.ownerToken },
+        completionOf(response, answer.outcome, opts),
       ),
     ).catch((err: unknown) => {
       throw toSchemaMissing(err, opts.schema);
@@ -162,10 +148,7 @@ export interface ServeOperationOptions {
 }
 
 /** Every option name of {@link ServeOperationOptions}; the compiler keeps it in step with the interface. */
-const SERVE_OPERATION_OPTION_NAMES: readonly string[] = Object.keys({
-  schema: true,
-  retryAfterSeconds: true,
-} satisfies Record<keyof ServeOperationOptions, true>);
+const SERVE_OPERATION_OPTION_NAMES = optionNames<ServeOperationOptions>({ schema: true, retryAfterSeconds: true });
 
 /**
  * The response to `GET` of an operation resource (the `Location` of a 202 under policy `async`):

@@ -23,7 +23,7 @@
  * Only an owner (by its token) or a reconciliation ever moves a record out of `processing` or
  * `uncertain`; elapsed time never does, and cleanup never deletes them.
  */
-import { InvalidOptionsError, refuseUnknownOptions } from '../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../errors.js';
 import type { IdempotencyState } from '../schema.js';
 import type { Fingerprint } from './fingerprint.js';
 
@@ -95,10 +95,7 @@ export interface RejectOptions {
 }
 
 /** Every option name of {@link RejectOptions}; the compiler keeps it in step with the interface. */
-const REJECT_OPTION_NAMES: readonly string[] = Object.keys({
-  store: true,
-  headers: true,
-} satisfies Record<keyof RejectOptions, true>);
+const REJECT_OPTION_NAMES = optionNames<RejectOptions>({ store: true, headers: true });
 
 /** A business rejection built by {@link reject}: a {@link HandlerResponse} with a marker. */
 export interface Rejection extends HandlerResponse {

@@ -11,7 +11,7 @@ import type { IdempotencyState } from '../schema.js';
 import type { Fingerprint } from './fingerprint.js';
 import { InvalidOptionsError } from '../errors.js';
 import { schemaOfTable, toSchemaMissing } from './pg-errors.js';
-import type { StoredRecord } from './state-machine.js';
+import { headersToStore, type IdempotentResponse, type StoredRecord } from './state-machine.js';
 import { MAX_OPERATION_BYTES, MAX_TENANT_BYTES, textProblem } from './text.js';
 
 /** The (tenant, operation, key) scope of one record: its primary key. */
@@ -19,6 +19,47 @@ export interface KeyScope {
   tenant: string;
   operation: string;
   key: string;
+}
+
+/** One record as a statement addresses it: the table and the record's scope. */
+export interface RecordRef {
+  /** The quoted, validated `"schema".idempotency_keys` ({@link idempotencyTable}). */
+  table: string;
+  scope: KeyScope;
+}
+
+/**
+ * One record as the statements of its owner address it, with the owner token that fences each
+ * statement (it changes nothing once another execution owns the record).
+ */
+export interface OwnedRecord extends RecordRef {
+  /** The owner token of this execution (a UUID it generated). */
+  ownerToken: string;
+}
+
+/** What a claim statement writes besides the owner: the request's fingerprint and the retention. */
+export interface ClaimRequest extends OwnedRecord {
+  fingerprint: Fingerprint;
+  /** How long a terminal record is kept, in ms (the claim's `expires_at` until completion). */
+  retentionMs: number;
+}
+
+/** The values `$1` to `$3` of a statement on one record: its primary key (tenant, operation, key). */
+export function scopeValues(scope: KeyScope): unknown[] {
+  return [scope.tenant, scope.operation, scope.key];
+}
+
+/** The values `$1` to `$4` of a statement fenced by the owner token: the record's key, then the token. */
+export function ownedValues(record: OwnedRecord): unknown[] {
+  return [...scopeValues(record.scope), record.ownerToken];
+}
+
+/**
+ * The values `$1` to `$6` of both claim statements ({@link claimKey}, lease mode's): the record's
+ * key, the fingerprint's digest and version, the new owner token.
+ */
+export function claimValues(claim: ClaimRequest): unknown[] {
+  return [...scopeValues(claim.scope), claim.fingerprint.digest, claim.fingerprint.version, claim.ownerToken];
 }
 
 /** The qualified idempotency table of a quoted schema (see `quoteSchema()`). */
@@ -95,19 +136,16 @@ export interface Claim {
  *   for the handler, without a round trip. When nothing is claimed, no handler runs and the
  *   setting does not matter.
  */
-export async function claimKey(
-  db: Queryable,
-  table: string,
-  scope: KeyScope,
-  fingerprint: Fingerprint,
-  ownerToken: string,
-  retentionMs: number,
-): Promise<Claim | undefined> {
+export async function claimKey(db: Queryable, claim: ClaimRequest): Promise<Claim | undefined> {
   const { rows } = await db.query<{ generation: number }>(
-    claimSql(table, ['$1', '$2', '$3', '$4::bytea', '$5::smallint', '$6::uuid', '$7::bigint']),
-    [scope.tenant, scope.operation, scope.key, fingerprint.digest, fingerprint.version, ownerToken, retentionMs],
+    claimSql(claim.table, ['$1', '$2', '$3', '$4::bytea', '$5::smallint', '$6::uuid', '$7::bigint']),
+    [...claimValues(claim), claim.retentionMs],
   );
-  const row = rows[0];
+  return claimOf(rows[0], claim.ownerToken);
+}
+
+/** The claim of the row the claim statement returned, if it returned one (else a live record exists). */
+function claimOf(row: { generation: number } | undefined, ownerToken: string): Claim | undefined {
   return row === undefined ? undefined : { ownerToken, generation: row.generation };
 }
 
@@ -158,27 +196,23 @@ export interface SimpleQueryClient {
 export async function claimKeyWithSavepoint(
   client: SimpleQueryClient,
   escapeLiteral: (value: string) => string,
-  table: string,
-  scope: KeyScope,
-  fingerprint: Fingerprint,
-  ownerToken: string,
-  retentionMs: number,
+  claim: ClaimRequest,
 ): Promise<Claim | undefined> {
+  const { scope, fingerprint, retentionMs } = claim;
   if (!Number.isSafeInteger(fingerprint.version) || !Number.isSafeInteger(retentionMs)) {
     throw new InvalidOptionsError('The fingerprint version and retentionMs must be safe integers.');
   }
-  const text = `${claimSql(table, [
+  const text = `${claimSql(claim.table, [
     escapeLiteral(scope.tenant),
     escapeLiteral(scope.operation),
     escapeLiteral(scope.key),
     `decode('${fingerprint.digest.toString('hex')}', 'hex')`,
     `${fingerprint.version}::smallint`,
-    `${escapeLiteral(ownerToken)}::uuid`,
+    `${escapeLiteral(claim.ownerToken)}::uuid`,
     `${retentionMs}::bigint`,
   ])}; SAVEPOINT ${CLAIM_SAVEPOINT}`;
   const results = (await client.query(text)) as { rows: { generation: number }[] }[];
-  const row = results[0]?.rows[0];
-  return row === undefined ? undefined : { ownerToken, generation: row.generation };
+  return claimOf(results[0]?.rows[0], claim.ownerToken);
 }
 
 /** The savepoint taken right after a successful claim (see {@link setClaimSavepoint}). */
@@ -204,7 +238,8 @@ export async function rollbackToClaimSavepoint(db: Queryable): Promise<void> {
   await db.query(`ROLLBACK TO SAVEPOINT ${CLAIM_SAVEPOINT}`);
 }
 
-interface RecordRow {
+/** The columns of a record that every read of the store selects (lease mode's select more). */
+export interface RecordRow {
   state: IdempotencyState;
   fingerprint: Buffer;
   fingerprint_version: number;
@@ -218,14 +253,14 @@ interface RecordRow {
  * default, which outboxkit expects) this statement's snapshot includes the record committed by
  * the transaction the claim may have waited for.
  */
-export async function readRecord(db: Queryable, table: string, scope: KeyScope): Promise<StoredRecord | undefined> {
+export async function readRecord(db: Queryable, record: RecordRef): Promise<StoredRecord | undefined> {
   const { rows } = await db.query<RecordRow>(
     `SELECT state, fingerprint, fingerprint_version, response_status, response_headers, response_body
-       FROM ${table}
+       FROM ${record.table}
       WHERE tenant = $1 AND operation = $2 AND key = $3`,
-    [scope.tenant, scope.operation, scope.key],
+    scopeValues(record.scope),
   );
-  return toStoredRecord(rows[0]);
+  return rows[0] === undefined ? undefined : storedRecordOf(rows[0]);
 }
 
 /**
@@ -245,14 +280,10 @@ export async function readRecord(db: Queryable, table: string, scope: KeyScope):
  * read, as if the request had arrived a moment earlier. Retention is therefore "replayed at least
  * until `expires_at`"; the first request read after it starts a new execution.
  */
-export async function lookupTerminalRecord(
-  db: Queryable,
-  table: string,
-  scope: KeyScope,
-): Promise<StoredRecord | undefined> {
-  const statement = lookupStatement(table);
-  const { rows } = await db.query<RecordRow>(statement.text, [scope.tenant, scope.operation, scope.key], statement);
-  return toStoredRecord(rows[0]);
+export async function lookupTerminalRecord(db: Queryable, record: RecordRef): Promise<StoredRecord | undefined> {
+  const statement = lookupStatement(record.table);
+  const { rows } = await db.query<RecordRow>(statement.text, scopeValues(record.scope), statement);
+  return rows[0] === undefined ? undefined : storedRecordOf(rows[0]);
 }
 
 /** A statement's text and the stable name under which node-postgres prepares it per connection. */
@@ -298,8 +329,8 @@ function lookupStatement(table: string): NamedStatement {
   );
 }
 
-function toStoredRecord(r: RecordRow | undefined): StoredRecord | undefined {
-  if (r === undefined) return undefined;
+/** The record a {@link RecordRow} holds. */
+export function storedRecordOf(r: RecordRow): StoredRecord {
   return {
     state: r.state,
     fingerprint: r.fingerprint,
@@ -310,12 +341,48 @@ function toStoredRecord(r: RecordRow | undefined): StoredRecord | undefined {
   };
 }
 
-/** The stored outcome of an execution. */
+/** The stored outcome of an execution, and how long it is kept. */
 export interface Completion {
   state: Extract<IdempotencyState, 'completed' | 'failed'>;
   status: number;
   headers: Record<string, string>;
   body: Buffer;
+  /** How long the record is kept and replayed, in ms, counted from completion. */
+  retentionMs: number;
+}
+
+/**
+ * What is stored of `response` as a record in `state`: its status, its headers that
+ * `replayHeaders` allows, its body, and the retention (both from the resolved options).
+ */
+export function completionOf(
+  response: IdempotentResponse,
+  state: Completion['state'],
+  opts: { readonly replayHeaders: ReadonlySet<string>; readonly retentionMs: number },
+): Completion {
+  return {
+    state,
+    status: response.status,
+    headers: headersToStore(response.headers, opts.replayHeaders),
+    body: response.body,
+    retentionMs: opts.retentionMs,
+  };
+}
+
+/**
+ * The values `$1` to `$9` of a statement that stores `completion` on a record fenced by its owner
+ * token ({@link completeKey}, and lease mode's): tenant, operation, key, owner token, state,
+ * status, headers (JSON), body, retention (ms).
+ */
+export function completionValues(record: OwnedRecord, completion: Completion): unknown[] {
+  return [
+    ...ownedValues(record),
+    completion.state,
+    completion.status,
+    JSON.stringify(completion.headers),
+    completion.body,
+    completion.retentionMs,
+  ];
 }
 
 /**
@@ -327,17 +394,10 @@ export interface Completion {
  *
  * @returns whether the record was updated (false: ownership lost).
  */
-export async function completeKey(
-  db: Queryable,
-  table: string,
-  scope: KeyScope,
-  ownerToken: string,
-  completion: Completion,
-  retentionMs: number,
-): Promise<boolean> {
+export async function completeKey(db: Queryable, record: OwnedRecord, completion: Completion): Promise<boolean> {
   const statement = namedStatement(
     completeStatements,
-    table,
+    record.table,
     (t) => `UPDATE ${t}
         SET state = $5,
             response_status = $6::smallint,
@@ -349,21 +409,7 @@ export async function completeKey(
       WHERE tenant = $1 AND operation = $2 AND key = $3
         AND state = 'processing' AND owner_token = $4::uuid`,
   );
-  const { rowCount } = await db.query(
-    statement.text,
-    [
-      scope.tenant,
-      scope.operation,
-      scope.key,
-      ownerToken,
-      completion.state,
-      completion.status,
-      JSON.stringify(completion.headers),
-      completion.body,
-      retentionMs,
-    ],
-    statement,
-  );
+  const { rowCount } = await db.query(statement.text, completionValues(record, completion), statement);
   return rowCount === 1;
 }
 

@@ -10,6 +10,7 @@
  *
  * No import of kafkajs here, not even of its types.
  */
+import { optionNames } from '../errors.js';
 
 /** A header value as a client takes or gives it. */
 export type RecordHeaderValue = Buffer | string;
@@ -92,14 +93,14 @@ export interface ProducerSettings {
 }
 
 /** Every name of {@link ProducerSettings}; the compiler keeps it in step with the interface. */
-export const PRODUCER_SETTING_NAMES: readonly string[] = Object.keys({
+export const PRODUCER_SETTING_NAMES = optionNames<ProducerSettings>({
   requestTimeoutMs: true,
   retries: true,
   retryInitialMs: true,
   retryMaxMs: true,
   compression: true,
   onSend: true,
-} satisfies Record<keyof ProducerSettings, true>);
+});
 
 /**
  * A producer. Sends are serialised (at most one in flight, whoever calls): an idempotent producer

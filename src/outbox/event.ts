@@ -4,7 +4,7 @@
 import { v7 as uuidv7, validate as uuidValidate, version as uuidVersion } from 'uuid';
 import { InvalidEventError } from '../errors.js';
 import { EVENT_ID_MAX_AGE_MS, EVENT_ID_MAX_SKEW_MS, OUTBOX_LANES } from '../constants.js';
-import { stringifyWithoutLoss } from '../json-text.js';
+import { jsonText, type JsonTextWording } from '../json-text.js';
 import {
   addCloudEventHeaders,
   HEADER_CONTENT_TYPE,
@@ -127,32 +127,20 @@ export function encodeDefault(payload: unknown): EncodedPayload {
   return { value: encodeJson(payload), contentType: JSON_CONTENT_TYPE };
 }
 
+/** How the errors of an event payload that JSON would not keep are worded. */
+const PAYLOAD_WORDING: JsonTextWording = {
+  subject: 'The event payload',
+  lossyFix:
+    ' (NaN, Infinity and an invalid Date become null, a Map or a Set {}, a typed array an object); ' +
+    'send plain values, or the encoded bytes as a Buffer or Uint8Array.',
+  failedFix: '; pass the encoded bytes as a Buffer.',
+  absent: 'The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.',
+};
+
 function encodeJson(payload: unknown): Buffer {
-  let text: string | undefined;
-  try {
-    // One pass that also checks each value as given (`this[key]`, before toJSON): what JSON would
-    // silently change is refused, at any depth, not published as another value.
-    text = stringifyWithoutLoss(
-      payload,
-      (lossy, key) =>
-        new InvalidEventError(
-          `The event payload ${key === '' ? 'is' : `holds at key ${JSON.stringify(key)}`} ${lossy}, which JSON.stringify ` +
-            'would not keep (NaN, Infinity and an invalid Date become null, a Map or a Set {}, a typed array an object); ' +
-            'send plain values, or the encoded bytes as a Buffer or Uint8Array.',
-        ),
-    );
-  } catch (err) {
-    if (err instanceof InvalidEventError) throw err;
-    throw new InvalidEventError(
-      `The event payload cannot be serialised to JSON (${(err as Error).message}); pass the encoded bytes as a Buffer.`,
-      { cause: err },
-    );
-  }
-  if (text === undefined) {
-    throw new InvalidEventError(
-      'The event payload is not JSON-serialisable (undefined or a function); pass a value or a Buffer.',
-    );
-  }
+  // One pass that also checks each value as given (`this[key]`, before toJSON): what JSON would
+  // silently change is refused, at any depth, not published as another value.
+  const text = jsonText(payload, PAYLOAD_WORDING, (message, cause) => new InvalidEventError(message, { cause }));
   return Buffer.from(text, 'utf8');
 }
 

@@ -97,12 +97,8 @@ describe('C18 server killed mid-request (lease mode, claim committed)', () => {
     const changed = await runTransaction(db.pool, (tx) =>
       finishLease(
         joinTransaction(tx as TransactionHandle, 'test'),
-        idempotencyTable('"outboxkit"'),
-        leaseChannel('outboxkit'),
-        scope,
-        deadToken,
-        { state: 'completed', status: 200, headers: {}, body: Buffer.from('{"stale":true}') },
-        60_000,
+        { table: idempotencyTable('"outboxkit"'), channel: leaseChannel('outboxkit'), scope, ownerToken: deadToken },
+        { state: 'completed', status: 200, headers: {}, body: Buffer.from('{"stale":true}'), retentionMs: 60_000 },
       ),
     );
     expect(changed).toBe(false);

@@ -3,7 +3,7 @@
  * import of the library is in this folder.
  */
 import { Kafka, logLevel as kafkajsLogLevel, type KafkaConfig } from 'kafkajs';
-import { InvalidOptionsError, refuseUnknownOptions } from '../../errors.js';
+import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../../errors.js';
 import type { Logger } from '../../logger.js';
 import type { KafkaClient } from '../types.js';
 import { kafkajsAdmin } from './admin.js';
@@ -37,21 +37,23 @@ export interface KafkajsClientOptions {
   logLevel?: KafkajsLogLevel;
 }
 
-const CLIENT_OPTION_NAMES: readonly string[] = Object.keys({
-  logger: true,
-  logLevel: true,
-} satisfies Record<keyof KafkajsClientOptions, true>);
+const CLIENT_OPTION_NAMES = optionNames<KafkajsClientOptions>({ logger: true, logLevel: true });
+
+/**
+ * Whether `value` is an object whose `methods` are all functions: a test by shape, which also
+ * passes an object of another copy of the library (an application may load two).
+ */
+function hasMethods(value: unknown, methods: readonly string[]): boolean {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    methods.every((name) => typeof (value as Record<string, unknown>)[name] === 'function')
+  );
+}
 
 /** Whether `value` looks like a kafkajs `Kafka` instance (its producer, consumer and admin factories). */
 export function isKafkajsKafka(value: unknown): value is Kafka {
-  const k = value as Record<string, unknown> | null | undefined;
-  return (
-    typeof k === 'object' &&
-    k !== null &&
-    typeof k.consumer === 'function' &&
-    typeof k.producer === 'function' &&
-    typeof k.admin === 'function'
-  );
+  return hasMethods(value, ['consumer', 'producer', 'admin']);
 }
 
 /**
@@ -109,12 +111,5 @@ export function kafkaClientOf(kafka: Kafka | KafkaClient): KafkaClient {
 
 /** Whether `value` is a {@link KafkaClient} (as opposed to a kafkajs `Kafka` instance). */
 export function isKafkaClient(value: unknown): value is KafkaClient {
-  const c = value as Record<string, unknown> | null | undefined;
-  return (
-    typeof c === 'object' &&
-    c !== null &&
-    typeof c.groupConsumer === 'function' &&
-    typeof c.producer === 'function' &&
-    typeof c.admin === 'function'
-  );
+  return hasMethods(value, ['groupConsumer', 'producer', 'admin']);
 }

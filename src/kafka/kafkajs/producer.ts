@@ -4,7 +4,7 @@
  * (`createKafkajsProducer`, `RelayProducer`), kept as deprecated aliases of `outboxkit/relay`.
  */
 import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
-import { refuseUnknownOptions } from '../../errors.js';
+import { optionNames, refuseUnknownOptions } from '../../errors.js';
 import { throwIfFailed } from '../outcomes.js';
 import {
   PRODUCER_SETTING_NAMES,
@@ -178,12 +178,12 @@ export interface RelayProducer {
 export type KafkajsProducerOptions = Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression' | 'onSend'>;
 
 /** Every option name of {@link KafkajsProducerOptions}; the compiler keeps it in step with the type. */
-export const KAFKAJS_PRODUCER_OPTION_NAMES: readonly string[] = Object.keys({
+export const KAFKAJS_PRODUCER_OPTION_NAMES = optionNames<KafkajsProducerOptions>({
   requestTimeoutMs: true,
   retries: true,
   compression: true,
   onSend: true,
-} satisfies Record<keyof KafkajsProducerOptions, true>);
+});
 
 /**
  * The relay's kafkajs retry timing inside one send: 100 ms doubling to 2 s. A broker gone for
