@@ -53,6 +53,7 @@ import {
   type TransactionHandle,
   type TransactionOf,
 } from '../src/database.js';
+import { withTimeout } from '../src/deadline.js';
 import { LifecycleError } from '../src/errors.js';
 import { crashPoint } from '../src/crash-point.js';
 import { HandlerFailure } from './classify-error.js';
@@ -336,30 +337,22 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       this.#state = 'stopped';
       return;
     }
-    let watchdog: NodeJS.Timeout | undefined;
-    const timedOut = new Promise<never>((_, reject) => {
-      watchdog = setTimeout(
-        () =>
-          reject(
-            new LifecycleError(
-              `The dedup consumer of group "${this.groupId}" did not stop within ${timeoutMs} ms: a handler ignores its ` +
-                'abort signal, or the broker does not answer.',
-            ),
-          ),
-        timeoutMs,
-      );
-      watchdog.unref();
-    });
+    const stopped = (async () => {
+      await this.#startPromise?.catch(() => {});
+      await this.#disconnect();
+    })();
     try {
-      await Promise.race([
-        (async () => {
-          await this.#startPromise?.catch(() => {});
-          await this.#disconnect();
-        })(),
-        timedOut,
-      ]);
+      await withTimeout(
+        stopped,
+        timeoutMs,
+        () =>
+          new LifecycleError(
+            `The dedup consumer of group "${this.groupId}" did not stop within ${timeoutMs} ms: a handler ignores its ` +
+              'abort signal, or the broker does not answer.',
+          ),
+        { unref: true },
+      );
     } finally {
-      clearTimeout(watchdog);
       this.#state = 'stopped';
       this.#retries.clear();
       this.#progress.clear();

@@ -18,14 +18,8 @@ import {
 } from '../src/database.js';
 import { swallowedFailure } from './classify-error.js';
 import { assertTransactionUsable, bindParameters, isClaimed, lockTimeoutSql, readInboxEntry } from './inbox-sql.js';
-import {
-  claimSql,
-  type InboxClaim,
-  type InboxTransaction,
-  type InboxTransactionOptions,
-  type InboxTransactionScope,
-  type MessageResult,
-} from './inbox-transaction.js';
+import { claimSql } from './inbox-transaction.js';
+import type * as inbox from './inbox-transaction.js';
 
 /** A drizzle transaction, whose `transaction()` opens a savepoint. */
 interface NestingTransaction {
@@ -37,16 +31,16 @@ const WHAT = 'the dedup consumer';
 /** The inbox transaction of a drizzle database. */
 export function drizzleInboxTransaction(
   db: DatabaseHandle,
-  options: InboxTransactionOptions,
-): InboxTransaction<TransactionHandle> {
+  options: inbox.InboxTransactionOptions,
+): inbox.InboxTransaction<TransactionHandle> {
   const { schemaSql, lockTimeoutMs, savepoints } = options;
 
-  /** Claims `claim` in `tx` and runs its handler there (see InboxTransactionScope.message). */
+  /** Claims `claim` in `tx` and runs its handler there (see inbox.InboxTransactionScope.message). */
   async function claimAndRun(
     tx: TransactionHandle,
-    claim: InboxClaim,
+    claim: inbox.InboxClaim,
     handler: (tx: TransactionHandle) => Promise<void>,
-  ): Promise<MessageResult> {
+  ): Promise<inbox.MessageResult> {
     const q = joinTransaction(tx, WHAT);
     const { text, values } = claimSql(schemaSql, claim, bindParameters());
     if (!isClaimed(await q.query(text, values))) {
@@ -62,7 +56,7 @@ export function drizzleInboxTransaction(
     return { outcome: 'applied' };
   }
 
-  function scopeOf(tx: TransactionHandle, q: Queryable): InboxTransactionScope<TransactionHandle> {
+  function scopeOf(tx: TransactionHandle, q: Queryable): inbox.InboxTransactionScope<TransactionHandle> {
     return {
       async message(claim, handler) {
         // Without savepoints, a failure rolls back the whole transaction (its one message).

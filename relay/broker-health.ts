@@ -10,6 +10,7 @@
  *
  * Time is the process's monotonic clock (`now`) and its timers, both injected for tests.
  */
+import { withTimeout } from '../src/deadline.js';
 import { BrokerUnavailableError } from '../src/errors.js';
 import type { Logger } from '../src/logger.js';
 import type { KafkaProducer } from '../src/kafka/types.js';
@@ -246,21 +247,15 @@ export class BrokerHealth {
  * then ignored).
  */
 export function withDeadline<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () =>
-        reject(
-          new BrokerUnavailableError(
-            `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ` +
-              'the relay backs off, reconnects, and stands down after leaseMs of failing.',
-          ),
-        ),
-      ms,
-    );
-  });
-  promise.catch(() => undefined); // lost the race: its rejection is not unhandled
-  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
+  return withTimeout(
+    promise,
+    ms,
+    () =>
+      new BrokerUnavailableError(
+        `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ` +
+          'the relay backs off, reconnects, and stands down after leaseMs of failing.',
+      ),
+  );
 }
 
 /** No producer is connected: its last connect failed or took longer than `brokerTimeoutMs`. */

@@ -8,16 +8,7 @@ import type pg from 'pg';
 import { z } from 'zod';
 import type { Logger } from '../src/logger.js';
 import { DEFAULT_SCHEMA } from '../src/constants.js';
-import {
-  boolean,
-  integer,
-  parseOptions,
-  retryDelays,
-  retryDelaysInOrder,
-  sentence,
-  SHARED_OPTIONS,
-  value,
-} from '../src/options.js';
+import * as option from '../src/options.js';
 import type { Kafka } from '../src/kafka/kafkajs/client.js';
 import type { RelayProducer } from '../src/kafka/kafkajs/producer.js';
 import type { KafkaClient, ProducerSettings } from '../src/kafka/types.js';
@@ -127,17 +118,18 @@ export const RELAY_DEFAULTS = Object.freeze({
 /** The relay's options, declared once: types, ranges, defaults and the rules between them. */
 const relayOptionsSchema = z
   .strictObject({
-    connectionString: value<string>('a PostgreSQL connection string', (v) => typeof v === 'string').optional(),
-    pool: value<pg.Pool>('a pg.Pool', (v) => typeof v === 'object' && v !== null).optional(),
-    brokers: value<string[]>('an array of host:port strings', Array.isArray).optional(),
-    kafka: value<Kafka | KafkaClient>(
-      'a kafkajs Kafka or an outboxkit KafkaClient',
-      (v) => typeof v === 'object' && v !== null,
-    ).optional(),
-    producer: value<RelayProducer>(
-      'a producer with connect, send and disconnect',
-      (v) => typeof v === 'object' && v !== null,
-    ).optional(),
+    connectionString: option.value<string>('a PostgreSQL connection string', (v) => typeof v === 'string').optional(),
+    pool: option.value<pg.Pool>('a pg.Pool', (v) => typeof v === 'object' && v !== null).optional(),
+    brokers: option.value<string[]>('an array of host:port strings', Array.isArray).optional(),
+    kafka: option
+      .value<Kafka | KafkaClient>(
+        'a kafkajs Kafka or an outboxkit KafkaClient',
+        (v) => typeof v === 'object' && v !== null,
+      )
+      .optional(),
+    producer: option
+      .value<RelayProducer>('a producer with connect, send and disconnect', (v) => typeof v === 'object' && v !== null)
+      .optional(),
     producerOptions: z
       .strictObject({
         requestTimeoutMs: z.number().optional(),
@@ -145,30 +137,30 @@ const relayOptionsSchema = z
         compression: z.union([z.string(), z.number()]).optional(),
       } satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, z.ZodType>)
       .optional(),
-    schema: SHARED_OPTIONS.schema,
+    schema: option.SHARED_OPTIONS.schema,
     relayId: z
       .string({ error: 'must be a string' })
       .default(() => `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`),
-    batchSize: integer(1).default(RELAY_DEFAULTS.batchSize),
-    maxBatchBytes: integer(1).default(RELAY_DEFAULTS.maxBatchBytes),
-    pollIntervalMs: integer(10).default(RELAY_DEFAULTS.pollIntervalMs),
-    listen: boolean().default(RELAY_DEFAULTS.listen),
-    leaseMs: integer(1_000).default(RELAY_DEFAULTS.leaseMs),
-    brokerTimeoutMs: integer(100).default(RELAY_DEFAULTS.brokerTimeoutMs),
-    ...retryDelays({ initialMs: RELAY_DEFAULTS.retryInitialMs, maxMs: RELAY_DEFAULTS.retryMaxMs }, 1),
-    verifyTopics: boolean().default(RELAY_DEFAULTS.verifyTopics),
-    maxAttempts: integer(1).default(RELAY_DEFAULTS.maxAttempts),
-    holdKeyBehindFailure: boolean().default(RELAY_DEFAULTS.holdKeyBehindFailure),
-    publishedRetentionMs: integer(0).default(RELAY_DEFAULTS.publishedRetentionMs),
-    cleanupIntervalMs: integer(100).default(RELAY_DEFAULTS.cleanupIntervalMs),
-    cleanupBatchSize: integer(1).default(RELAY_DEFAULTS.cleanupBatchSize),
-    logger: SHARED_OPTIONS.logger,
+    batchSize: option.integer(1).default(RELAY_DEFAULTS.batchSize),
+    maxBatchBytes: option.integer(1).default(RELAY_DEFAULTS.maxBatchBytes),
+    pollIntervalMs: option.integer(10).default(RELAY_DEFAULTS.pollIntervalMs),
+    listen: option.boolean().default(RELAY_DEFAULTS.listen),
+    leaseMs: option.integer(1_000).default(RELAY_DEFAULTS.leaseMs),
+    brokerTimeoutMs: option.integer(100).default(RELAY_DEFAULTS.brokerTimeoutMs),
+    ...option.retryDelays({ initialMs: RELAY_DEFAULTS.retryInitialMs, maxMs: RELAY_DEFAULTS.retryMaxMs }, 1),
+    verifyTopics: option.boolean().default(RELAY_DEFAULTS.verifyTopics),
+    maxAttempts: option.integer(1).default(RELAY_DEFAULTS.maxAttempts),
+    holdKeyBehindFailure: option.boolean().default(RELAY_DEFAULTS.holdKeyBehindFailure),
+    publishedRetentionMs: option.integer(0).default(RELAY_DEFAULTS.publishedRetentionMs),
+    cleanupIntervalMs: option.integer(100).default(RELAY_DEFAULTS.cleanupIntervalMs),
+    cleanupBatchSize: option.integer(1).default(RELAY_DEFAULTS.cleanupBatchSize),
+    logger: option.SHARED_OPTIONS.logger,
   } satisfies Record<keyof RelayOptions, z.ZodType>)
   .superRefine((o, ctx) => {
-    retryDelaysInOrder(o, ctx);
-    if (!o.pool && !o.connectionString) ctx.addIssue(sentence('The relay needs `connectionString` or `pool`.'));
+    option.retryDelaysInOrder(o, ctx);
+    if (!o.pool && !o.connectionString) ctx.addIssue(option.sentence('The relay needs `connectionString` or `pool`.'));
     if (!o.producer && !o.kafka && !(o.brokers && o.brokers.length > 0)) {
-      ctx.addIssue(sentence('The relay needs `brokers`, `kafka` or `producer`.'));
+      ctx.addIssue(option.sentence('The relay needs `brokers`, `kafka` or `producer`.'));
     }
   });
 
@@ -179,5 +171,5 @@ const relayOptionsSchema = z
  *   `producerOptions`, listing the known ones), else the first invalid option.
  */
 export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
-  return parseOptions(relayOptionsSchema, options, 'createRelay');
+  return option.parseOptions(relayOptionsSchema, options, 'createRelay');
 }

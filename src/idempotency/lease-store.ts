@@ -215,14 +215,12 @@ export async function readLeasedRecord(db: Queryable, record: RecordRef): Promis
 export async function readRecordByOperationId(
   db: Queryable,
   table: string,
-  tenant: string,
-  operation: string,
-  operationId: string,
+  id: { tenant: string; operation: string; operationId: string },
 ): Promise<LeasedRecord | undefined> {
   return readLeased(db, table, 'tenant = $1 AND operation = $2 AND operation_id = $3', [
-    tenant,
-    operation,
-    operationId,
+    id.tenant,
+    id.operation,
+    id.operationId,
   ]);
 }
 

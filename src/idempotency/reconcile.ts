@@ -180,13 +180,11 @@ export async function serveOperation(
   const valid = typeof scope.operationId === 'string' && /^[0-9a-f]{64}$/.test(scope.operationId);
   const record = valid
     ? await runTransaction(db, (tx) =>
-        readRecordByOperationId(
-          joinTransaction(tx as TransactionHandle, 'serveOperation()'),
-          table,
+        readRecordByOperationId(joinTransaction(tx as TransactionHandle, 'serveOperation()'), table, {
           tenant,
           operation,
-          scope.operationId,
-        ),
+          operationId: scope.operationId,
+        }),
       ).catch((err: unknown) => {
         throw toSchemaMissing(err, schema);
       })

@@ -117,7 +117,11 @@ describe('the operation resource at 200,000 records of one tenant and operation'
         return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
       },
     };
-    const record = await readRecordByOperationId(recording, table, 'tenant-a', OPERATION, id);
+    const record = await readRecordByOperationId(recording, table, {
+      tenant: 'tenant-a',
+      operation: OPERATION,
+      operationId: id,
+    });
     expect(record?.state).toBe('completed');
     expect(statements).toHaveLength(1);
     const { text, values } = statements[0]!;
