@@ -31,8 +31,17 @@ export function run(unit: string, bytes: number, head = '', tail = ''): string {
   return head + unit.repeat(count) + tail;
 }
 
-/** The CPU time of one `parse(input)`, in ms; a refusal (a throw) counts as a result. */
+/** `gc()` where node runs with `--expose-gc` (the unit project of vitest.config.ts), else nothing. */
+const collect = (globalThis as { gc?: () => void }).gc ?? (() => undefined);
+
+/**
+ * The user CPU time of one `parse(input)`, in ms, on a collected heap; a refusal (a throw) counts
+ * as a result. System time is left out: it is the kernel's work of mapping fresh memory pages for a
+ * large input (which a machine that hands freed memory back to its host does on every run), not
+ * the parser's, and it grows by steps, not with the input.
+ */
 function cpuMs<I>(parse: (input: I) => unknown, input: I): number {
+  collect();
   const start = process.cpuUsage();
   try {
     parse(input);
@@ -40,7 +49,7 @@ function cpuMs<I>(parse: (input: I) => unknown, input: I): number {
     // Refused: what matters here is how long it took.
   }
   const used = process.cpuUsage(start);
-  return (used.user + used.system) / 1_000;
+  return used.user / 1_000;
 }
 
 /** An adversarial input, made at any size. */
@@ -74,8 +83,8 @@ export interface Measurement {
  * the size before's time in the same round: both measured within milliseconds of each other,
  * under the same load (the second CPU of a 2-core machine busy or not, caches shared or not), so
  * that the ratio reflects the parser, not the moment. The first round stops at the first size over
- * the limit or growing three times beyond the bound: a quadratic parser is found at a small size,
- * in seconds, instead of running for minutes at the limit.
+ * the limit or growing three times beyond the bound (confirmed by two more pairs): a quadratic
+ * parser is found at a small size, in seconds, instead of running for minutes at the limit.
  */
 export function measure(c: HostileCase, rounds: number): Measurement {
   const parse = c.parse as (input: unknown) => unknown;
@@ -89,6 +98,18 @@ export function measure(c: HostileCase, rounds: number): Measurement {
       const ms = cpuMs(parse, inputs[i]);
       best[i] = Math.min(best[i]!, ms);
       if (i > 0) growth[i] = Math.min(growth[i]!, ms / Math.max(previous, NOISE_FLOOR_MS));
+      // One measurement may meet a busy core: a growth far beyond the bound is confirmed by two
+      // more pairs before the round stops (a slow parser is still slow; a pause is gone).
+      for (
+        let again = 0;
+        again < 2 && round === 0 && i > 0 && growth[i]! > 3 * MAX_GROWTH && ms < MAX_MS_AT_LIMIT;
+        again++
+      ) {
+        const before = cpuMs(parse, inputs[i - 1]);
+        const now = cpuMs(parse, inputs[i]);
+        best[i] = Math.min(best[i]!, now);
+        growth[i] = Math.min(growth[i]!, now / Math.max(before, NOISE_FLOOR_MS));
+      }
       previous = ms;
       if (round === 0 && (ms >= MAX_MS_AT_LIMIT || (i > 0 && growth[i]! > 3 * MAX_GROWTH))) {
         return { best, growth, stoppedAt: i + 1 };
