@@ -3,10 +3,11 @@
  * of the code after it, measured in one run in absolute rates, so that a redesign can show that
  * the writer, the relay's drain and the consumer's throughput did not regress (after / before ≥ 0.95).
  *
- *   BENCH_BEFORE=redesign-base npm run bench -- side-by-side              (the defaults)
+ *   BENCH_BEFORE=45708ce npm run bench -- side-by-side              (the defaults)
  *   BENCH_EVENTS=5000 BENCH_ROUNDS=1 BENCH_B1_MS=1000 BENCH_ONLY=b2 npm run bench -- side-by-side
  *
- * - BENCH_BEFORE (default `redesign-base`): the ref before, checked out as a git worktree in
+ * - BENCH_BEFORE (default `45708ce`, the last commit before the redesign of issue 15, by its hash:
+ *   a tag does not travel with every clone): the ref before, checked out as a git worktree in
  *   .services/bench-trees/ (removed at the end);
  * - BENCH_AFTER (default: this checkout as it is, uncommitted changes included): a ref after,
  *   checked out the same way;
@@ -41,7 +42,7 @@ import { benchDatabase, machine, paddedJson, produceEvents } from './support.js'
 
 const TARGET = 0.95;
 const MIN_ROUNDS = 3;
-const BEFORE = process.env.BENCH_BEFORE || 'redesign-base';
+const BEFORE = process.env.BENCH_BEFORE || '45708ce';
 const AFTER = process.env.BENCH_AFTER || undefined;
 const EVENTS = knob('BENCH_EVENTS', 100_000);
 const ROUNDS = knob('BENCH_ROUNDS', 4);
