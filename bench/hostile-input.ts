@@ -1,7 +1,7 @@
 /**
  * Hostile input: for each parser that outboxkit applies to outside input, its worst case at the
  * body limit (1 MiB) over the adversarial inputs of test/helpers/hostile-inputs.ts, and its
- * largest growth from a tenth of the limit to the limit. Times are CPU time of this process, the
+ * largest growth from a tenth of the limit to the limit. Times are user CPU time of this process, the
  * fastest of the rounds (see `measure()`); needs no services. The test of the same inputs,
  * test/unit/hostile-input.test.ts, asserts the bounds (growth ≤ 15×, under 250 ms).
  */
@@ -12,7 +12,7 @@ const ROUNDS = 9;
 export async function run(): Promise<string> {
   const last = SIZES.length - 1;
   const lines = [
-    `Worst case of each parser at ${LIMIT} bytes (ms of CPU, fastest of ${ROUNDS} rounds), and the largest growth from ${SIZES[last - 1]} bytes (×, lowest paired ratio of the rounds; a time under 1 ms counts as 1 ms).`,
+    `Worst case of each parser at ${LIMIT} bytes (ms of user CPU, fastest of ${ROUNDS} rounds), and the largest growth from ${SIZES[last - 1]} bytes (×, lowest paired ratio of the rounds; a time under 1 ms counts as 1 ms).`,
     '',
     '| parser | inputs | worst at the limit | its input | largest growth | its input |',
     '| --- | ---: | ---: | --- | ---: | --- |',
