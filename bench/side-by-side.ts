@@ -13,7 +13,8 @@
  *   checked out the same way;
  * - BENCH_EVENTS (default 100,000): events of B2 and B4; BENCH_B1_MS (default 5,000): time of a B1
  *   measurement, after 1 s of warm-up; BENCH_ROUNDS (default 4; 3 at least for a verdict);
- *   BENCH_ONLY (e.g. `b2,b4`; default all): some of `b1`, `b2`, `b4`.
+ *   BENCH_ONLY (e.g. `b2,b4`; default all): some of `b1`, `b2`, `b4`; BENCH_SYNC_COMMIT=off: B1's
+ *   sessions commit without waiting for the WAL flush (the code's cost without the disk's noise).
  * Both trees get this checkout's node_modules (a symlink: the run stops if their package.json
  * declare different dependencies) and are built with `npx tsc -p tsconfig.build.json`. Each
  * measurement is a child process (bench/processes/side-by-side-measure.ts, which says what it
@@ -229,7 +230,8 @@ export async function run(): Promise<string> {
       `Before: ${describe(before)}. After: ${describe(after)}.` +
         (differences.length > 0 ? ` Their package.json differ in ${differences.join(', ')} (not dependencies).` : ''),
       `Machine: ${await machine()}; load average ${loadBefore} before the rounds, ${loadAverage()} after.`,
-      `${ROUNDS} round(s), before first in rounds 1, 3, ...; B1 ${B1_MS} ms per measurement after 1 s of warm-up; ` +
+      `${ROUNDS} round(s), before first in rounds 1, 3, ...; B1 ${B1_MS} ms per measurement after 1 s of warm-up` +
+        `${process.env.BENCH_SYNC_COMMIT === 'off' ? ' (synchronous_commit off)' : ''}; ` +
         `B2 and B4 ${EVENTS.toLocaleString('en-US')} events of 256 bytes.`,
       '',
       table(

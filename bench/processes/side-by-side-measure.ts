@@ -6,7 +6,9 @@
  *
  * - `b1 <clients>`: `<clients>` workers (a pool of as many connections) run transactions of one row
  *   into a business table plus `enqueue()` of one event of 256 bytes of JSON (NOTIFY on, the
- *   default), 1 s of warm-up, then BENCH_B1_MS (transactions/s);
+ *   default), 1 s of warm-up, then BENCH_B1_MS (transactions/s); with BENCH_SYNC_COMMIT=off its
+ *   sessions run with `synchronous_commit = off`, so that the disk's flush latency (the same for
+ *   both trees, and the noisiest part of a commit on a shared machine) leaves the code's own cost;
  * - `b2`: BENCH_EVENTS pending events of 256 bytes over 1,000 keys (lanes from the tree's
  *   `laneOf`), drained by the tree's `outboxkit relay` daemon (a child process of this one) into
  *   BENCH_TOPIC, timed from its first published event to its last (events/s);
@@ -16,7 +18,7 @@
  *
  * Usage: node --import tsx bench/processes/side-by-side-measure.ts <tree> <b1|b2|b4> [<clients>]
  * Environment: DATABASE_URL, KAFKA_BROKERS, BENCH_TOPIC (b2, b4), BENCH_EVENTS (b2, b4),
- * BENCH_B1_MS (b1).
+ * BENCH_B1_MS and BENCH_SYNC_COMMIT (b1).
  */
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -67,7 +69,12 @@ await core.migrate({ connectionString: databaseUrl });
 process.once('SIGTERM', () => process.exit(143));
 
 async function b1(clients: number): Promise<number> {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: clients });
+  const syncCommitOff = process.env.BENCH_SYNC_COMMIT === 'off';
+  const pool = new pg.Pool({
+    connectionString: databaseUrl,
+    max: clients,
+    ...(syncCommitOff ? { options: '-c synchronous_commit=off' } : {}),
+  });
   try {
     await pool.query(BUSINESS_TABLE_DDL);
     await pool.query('CHECKPOINT');
