@@ -133,3 +133,23 @@ function checkTopics(topics: TopicSpec[]): TopicSpec[] {
   }
   return [...byName.values()];
 }
+
+/**
+ * Why acks=all is weak on a topic, or undefined when it is not: with replication factor 1 an
+ * acknowledged event lives on one broker (its loss loses the event, and the partition has no leader
+ * until that broker returns); with `min.insync.replicas` 1 and 3 replicas or more, acks=all is
+ * satisfied by the leader alone once the followers fall out of the ISR, so one broker's loss can
+ * lose acknowledged events. (Kafka's documentation, "Replication" and the producer's `acks`.)
+ *
+ * @param replicationFactor - the topic's replicas per partition.
+ * @param minInsyncReplicas - its effective `min.insync.replicas`, or undefined when unknown.
+ */
+export function weakAcksReason(replicationFactor: number, minInsyncReplicas: number | undefined): string | undefined {
+  if (replicationFactor === 1) {
+    return 'replication factor 1: an acknowledged event lives on one broker, and its partitions stop while that broker is down';
+  }
+  if (minInsyncReplicas === 1 && replicationFactor >= 3) {
+    return `min.insync.replicas 1 with ${replicationFactor} replicas: acks=all can be met by the leader alone, so one broker's loss can lose acknowledged events (set min.insync.replicas to 2)`;
+  }
+  return undefined;
+}

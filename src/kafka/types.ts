@@ -152,8 +152,12 @@ export interface TopicSpec {
 /** A topic's partitions and their leaders, from a metadata request. */
 export interface TopicPartitions {
   name: string;
-  /** `leader` is the broker id of the partition's leader, null while it has none (an election). */
-  partitions: { partition: number; leader: number | null }[];
+  /**
+   * `leader` is the broker id of the partition's leader, null while it has none (an election);
+   * `replicas` the broker ids of its assigned replicas (their count is the replication factor),
+   * when the client reports them.
+   */
+  partitions: { partition: number; leader: number | null; replicas?: number[] }[];
 }
 
 /** A partition's earliest (`low`) and log-end (`high`) offsets, decimal strings. */

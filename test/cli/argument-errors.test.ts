@@ -167,16 +167,35 @@ describe('arguments checked before anything connects', () => {
     const ok = await cli(['topics', 'ensure', t1, t2, '--partitions', '1']);
     expect(ok.code, ok.stderr).toBe(0);
     expect(ok.stdout).toBe(`created: ${t1}, ${t2}\n`);
+    // The test broker is one node: every topic has one replica, which makes acks=all weak.
+    const weak = (t: string) =>
+      `outboxkit: warning: ${t} has replication factor 1: an acknowledged event lives on one broker, and its partitions stop while that broker is down.\n`;
+    expect(ok.stderr).toBe(weak(t1) + weak(t2));
     // Existing topics are left as they are; a partition count other than the one asked is said.
     const again = await cli(['topics', 'ensure', t1, '--partitions', '3']);
     expect(again.code).toBe(0);
     expect(again.stdout).toBe('all topics exist\n');
     expect(again.stderr).toBe(
-      `outboxkit: ${t1} exists with 1 partitions, not 3: left as it is (--partitions applies to new topics only).\n`,
+      `outboxkit: ${t1} exists with 1 partitions, not 3: left as it is (--partitions applies to new topics only).\n` +
+        weak(t1),
     );
     const json = await cli(['topics', 'ensure', t1, t2, '--partitions', '1', '--json']);
-    expect(JSON.parse(json.stdout)).toEqual({ created: [], existing: [t1, t2], partitions: { [t1]: 1, [t2]: 1 } });
-    expect(json.stderr).toBe('');
+    const replicated = { replicationFactor: 1, minInsyncReplicas: 1 };
+    expect(JSON.parse(json.stdout)).toEqual({
+      created: [],
+      existing: [t1, t2],
+      partitions: { [t1]: 1, [t2]: 1 },
+      replication: { [t1]: replicated, [t2]: replicated },
+    });
+    expect(json.stderr).toBe(weak(t1) + weak(t2));
+  });
+
+  it('topics ensure: --replication-factor above the brokers is refused by Kafka and nothing is created', async () => {
+    const t = randomName('cli-args');
+    const r = await cli(['topics', 'ensure', t, '--replication-factor', '3', '--json', '--kafka-retries', '0']);
+    expect(r.code).toBe(1);
+    expect(JSON.stringify(jsonError(r))).toMatch(/replication.factor/i);
+    expect(await topicExists(t)).toBe(false);
   });
 
   it('relay: --metrics-port outside -1..65535 is refused before the relay starts (flag and env)', async () => {

@@ -26,7 +26,11 @@ export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
       return metadata.map((t) => ({
         name: t.name,
         // kafkajs says -1 for a partition without a leader.
-        partitions: t.partitions.map((p) => ({ partition: p.partitionId, leader: p.leader < 0 ? null : p.leader })),
+        partitions: t.partitions.map((p) => ({
+          partition: p.partitionId,
+          leader: p.leader < 0 ? null : p.leader,
+          replicas: p.replicas,
+        })),
       }));
     },
     async describeTopicConfigs(topics, configNames) {
