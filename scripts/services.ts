@@ -535,7 +535,8 @@ export function clusterNodes(): ClusterNode[] {
  * Sends `signal` (SIGKILL by default: a crash, no controlled shutdown) to node `id` and waits
  * until its process has exited (at most 30 s). Its partitions get new leaders once the active
  * controller fences it, `broker.session.timeout.ms` (6 s, scripts/broker-config.ts) after its
- * last heartbeat; at once when the signal lets it shut down in a controlled way (SIGTERM).
+ * last heartbeat (about 9 s after the kill when it was the active controller: a successor is
+ * elected first); at once when the signal lets it shut down in a controlled way (SIGTERM).
  * SIGSTOP (a frozen node, fenced like a dead one) and SIGCONT return at once: the process stays.
  *
  * @throws Error when the node is unknown, not running (or not started by this checkout), or still

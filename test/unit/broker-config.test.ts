@@ -195,6 +195,12 @@ describe('parseQuorumState', () => {
         '{"clusterId":"","leaderId":1,"leaderEpoch":1,"votedId":-1,"appliedOffset":0,"currentVoters":[{"voterId":1}],"data_version":0}',
       ),
     ).toEqual({ leaderId: 1, leaderEpoch: 1 });
+    // Kafka 4.4.0, a follower of a 3-node cluster that voted for the leader (as written here).
+    expect(
+      parseQuorumState(
+        '{"clusterId":"","leaderId":2,"leaderEpoch":2,"votedId":2,"appliedOffset":0,"currentVoters":[{"voterId":1},{"voterId":2},{"voterId":3}],"data_version":0}',
+      ),
+    ).toEqual({ leaderId: 2, leaderEpoch: 2 });
     // A voter during an election: no leader yet.
     expect(parseQuorumState('{"leaderId":-1,"leaderEpoch":7,"votedId":2,"data_version":1}')).toEqual({
       leaderId: -1,
