@@ -1,7 +1,9 @@
 import { defineConfig } from 'vitest/config';
 
-// Two projects: `unit` needs no infrastructure; `integration` runs against the real PostgreSQL and
-// the real Kafka broker, which test/global-setup.ts brings up when they are missing.
+// Three projects: `unit` needs no infrastructure; `integration` runs against the real PostgreSQL and
+// the real Kafka broker, which test/global-setup.ts brings up when they are missing; `cluster`
+// starts, breaks and stops the local 3-node Kafka cluster (scripts/services.ts), and runs only with
+// OUTBOXKIT_KAFKA_NODES=3 (its tests skip otherwise, saying so).
 export default defineConfig({
   test: {
     // Two cores shared with PostgreSQL and the broker: few files at once.
@@ -22,11 +24,23 @@ export default defineConfig({
         test: {
           name: 'integration',
           include: ['test/**/*.test.ts'],
-          exclude: ['test/unit/**'],
+          exclude: ['test/unit/**', 'test/cluster/**'],
           globalSetup: ['test/global-setup.ts'],
           setupFiles: ['test/helpers/kafkajs-fix-setup.ts'],
           testTimeout: 60_000,
           hookTimeout: 120_000,
+        },
+      },
+      {
+        test: {
+          name: 'cluster',
+          include: ['test/cluster/**/*.test.ts'],
+          setupFiles: ['test/helpers/kafkajs-fix-setup.ts'],
+          // After the other projects: it kills cluster nodes and stops the cluster at the end, which
+          // `OUTBOXKIT_KAFKA_NODES=3 npm test` also hands to the integration tests.
+          sequence: { groupOrder: 1 },
+          testTimeout: 180_000,
+          hookTimeout: 300_000,
         },
       },
     ],

@@ -14,6 +14,10 @@
  * | 4. a testcontainer (Docker engine answers)   | 4. a testcontainer (Docker engine answers)         |
  * | 5. an error naming what is missing           | 5. an error naming what is missing                 |
  *
+ * With `OUTBOXKIT_KAFKA_NODES=3` Kafka's "local" is the 3-node cluster (127.0.0.1:9192, :9292,
+ * :9392; scripts/broker-config.ts) and step 4 does not exist: no container path starts a cluster.
+ * Which nodes to start is {@link planCluster}.
+ *
  * Testcontainers come last: the local toolchains are what CI uses, and a container lives only as
  * long as the process that started it. They are never used:
  * - under `CI` (a CI run must test the services its script set up, e.g. `.ci/run` runs
@@ -48,11 +52,20 @@ export interface ServiceFacts {
     clusterInstalled: boolean;
   };
   kafka: {
-    /** A broker answers on 127.0.0.1:9092 (an admin client lists topics). */
+    /**
+     * `OUTBOXKIT_KAFKA_NODES`: 1, the single broker on 127.0.0.1:9092, or 3, the local 3-node
+     * cluster. @defaultValue 1
+     */
+    nodes?: 1 | 3;
+    /**
+     * A broker answers on 127.0.0.1:9092 (an admin client lists topics); with 3 nodes, every
+     * node of the cluster answers.
+     */
     localAnswers: boolean;
     /**
      * Java 17+ runs, and Maven runs or the broker's jars are already in `.services/`: the Maven
-     * path can start a broker. `reason` says what is missing otherwise.
+     * path can start a broker (or the cluster's missing nodes). `reason` says what is missing
+     * otherwise.
      */
     maven: { ok: boolean; reason?: string } | undefined;
   };
@@ -76,8 +89,11 @@ export type PostgresPlan =
 
 export type KafkaPlan =
   | { action: 'use-env'; brokers: string[] }
+  /** The single broker, or with 3 nodes the cluster, answers: use it. */
   | { action: 'use-local' }
   | { action: 'start-maven-broker' }
+  /** Start the cluster's missing nodes ({@link planCluster} says which). */
+  | { action: 'start-maven-cluster' }
   | { action: 'start-testcontainer' }
   | { action: 'error'; message: string };
 
@@ -88,6 +104,7 @@ export interface ServicePlan {
 
 const LOCAL_POSTGRES = '127.0.0.1:5432';
 const LOCAL_KAFKA = '127.0.0.1:9092';
+const LOCAL_CLUSTER = '127.0.0.1:9192,127.0.0.1:9292,127.0.0.1:9392';
 
 /** `CI` as CI systems set it (`true`, `1`, a name); `''`, `0` and `false` mean not CI. */
 export function isCi(value: string | undefined): boolean {
@@ -103,7 +120,12 @@ export function isCi(value: string | undefined): boolean {
 export function needsDockerProbe(facts: Omit<ServiceFacts, 'docker'>): boolean {
   const pgNeeds =
     facts.databaseUrl === undefined && facts.postgres.local === 'down' && !facts.postgres.clusterInstalled;
-  const kafkaNeeds = facts.kafkaBrokers.length === 0 && !facts.kafka.localAnswers && facts.kafka.maven?.ok !== true;
+  // No container path for the cluster: Docker changes nothing there.
+  const kafkaNeeds =
+    facts.kafka.nodes !== 3 &&
+    facts.kafkaBrokers.length === 0 &&
+    !facts.kafka.localAnswers &&
+    facts.kafka.maven?.ok !== true;
   return pgNeeds || kafkaNeeds;
 }
 
@@ -133,6 +155,17 @@ export function planPostgres(facts: ServiceFacts): PostgresPlan {
 export function planKafka(facts: ServiceFacts): KafkaPlan {
   if (facts.kafkaBrokers.length > 0) return { action: 'use-env', brokers: [...facts.kafkaBrokers] };
   if (facts.kafka.localAnswers) return { action: 'use-local' };
+  if (facts.kafka.nodes === 3) {
+    if (facts.kafka.maven?.ok === true) return { action: 'start-maven-cluster' };
+    return {
+      action: 'error',
+      message:
+        `Kafka: the 3-node cluster (OUTBOXKIT_KAFKA_NODES=3) does not answer at ${LOCAL_CLUSTER}, KAFKA_BROKERS is not set, ` +
+        `and its nodes cannot be started from Maven Central (${facts.kafka.maven?.reason ?? 'Java 17+ and Maven were not checked'}). ` +
+        'Fix one of: set KAFKA_BROKERS to a running cluster; install Java 17+ and Maven (npm run services:up); ' +
+        'or unset OUTBOXKIT_KAFKA_NODES for the single broker (no container path starts a cluster).',
+    };
+  }
   if (facts.kafka.maven?.ok === true) return { action: 'start-maven-broker' };
   const container = containerVerdict(facts);
   if (container.ok) return { action: 'start-testcontainer' };
@@ -176,4 +209,92 @@ function containerVerdict(facts: ServiceFacts): ContainerVerdict {
     };
   }
   return { ok: true };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local 3-node cluster
+// ---------------------------------------------------------------------------------------------
+
+/** One node of the local cluster as scripts/services.ts finds it. */
+export interface ClusterNodeFact {
+  /** `node.id`. */
+  id: number;
+  /** Its client address, for messages. */
+  broker: string;
+  /** A broker answers at that address (an admin client lists topics). */
+  answers: boolean;
+  /**
+   * The Kafka version of the process this checkout started for the node (pid file under
+   * `.services/cluster-<version>/node-<id>/`, command line checked), while it runs; undefined when
+   * none runs. A node that answers without one was started by something else.
+   */
+  running: string | undefined;
+}
+
+export interface ClusterFacts {
+  nodes: readonly ClusterNodeFact[];
+  /** The version `OUTBOXKIT_KAFKA_VERSION` resolves to (its default when unset). */
+  wanted: string;
+  /** `OUTBOXKIT_KAFKA_VERSION` is set: a running cluster of another version deserves a warning. */
+  wantedExplicitly: boolean;
+}
+
+export type ClusterPlan =
+  /** Every node answers: use the cluster as it is (after the readiness check). */
+  | { action: 'use-running'; warning?: string }
+  /**
+   * Start the nodes in `start` (with `version`, on their existing storage if any) and wait for
+   * those in `wait` (started by this checkout, not answering yet: booting, or hung).
+   */
+  | { action: 'start'; version: string; start: number[]; wait: number[]; warning?: string }
+  | { action: 'error'; message: string };
+
+/**
+ * Which nodes of the local cluster to start. Pure: the facts come from scripts/services.ts.
+ *
+ * - Nodes this checkout runs keep their version: a missing node joins them with the same one
+ *   (storage and cluster id are per version), and asking for another version only warns, as for
+ *   the single broker; nodes of two versions at once are an error.
+ * - A node that answers without being ours (another checkout's cluster, or another program on its
+ *   port) is used while every node answers; if some other node is missing, starting ours beside
+ *   it cannot make a cluster (another cluster id), so that is an error naming the ports.
+ */
+export function planCluster(facts: ClusterFacts): ClusterPlan {
+  const versions = [...new Set(facts.nodes.flatMap((n) => (n.running === undefined ? [] : [n.running])))];
+  if (versions.length > 1) {
+    return {
+      action: 'error',
+      message:
+        `Kafka: nodes of the local cluster run different versions (${versions.join(', ')}). ` +
+        'Stop them with `npm run services:down`, then start the cluster again.',
+    };
+  }
+  const version = versions[0] ?? facts.wanted;
+  const warning =
+    versions[0] !== undefined && versions[0] !== facts.wanted && facts.wantedExplicitly
+      ? `WARNING: OUTBOXKIT_KAFKA_VERSION asks for Kafka ${facts.wanted}, but the local cluster runs Kafka ${version}; ` +
+        'using it. Run `npm run services:down` first to switch versions.'
+      : undefined;
+  const withWarning = warning === undefined ? {} : { warning };
+  if (facts.nodes.every((n) => n.answers)) return { action: 'use-running', ...withWarning };
+
+  const foreign = facts.nodes.filter((n) => n.answers && n.running === undefined);
+  const start = facts.nodes.filter((n) => !n.answers && n.running === undefined);
+  if (foreign.length > 0 && start.length > 0) {
+    return {
+      action: 'error',
+      message:
+        `Kafka: ${foreign.map((n) => n.broker).join(', ')} answer${foreign.length === 1 ? 's' : ''} but ` +
+        `${foreign.length === 1 ? 'was' : 'were'} not started from this checkout, and ${start.map((n) => n.broker).join(', ')} ` +
+        `${start.length === 1 ? 'is' : 'are'} down: a node started here would not join that cluster (another cluster id). ` +
+        'Stop those brokers (`npm run services:down` in the checkout that started them), or set KAFKA_BROKERS to a cluster of your own.',
+    };
+  }
+  return {
+    action: 'start',
+    version,
+    start: start.map((n) => n.id),
+    wait: facts.nodes.filter((n) => !n.answers && n.running !== undefined).map((n) => n.id),
+    ...withWarning,
+  };
 }

@@ -8,12 +8,18 @@
  *   broker (combined broker + controller) whose jars Maven resolves from Maven Central through
  *   `scripts/kafka/pom.xml` into `.services/kafka-<version>/`. `OUTBOXKIT_KAFKA_VERSION` picks the
  *   line: `3` / `3.9` (default, 3.9.2) or `4` (4.4.0), or an exact `3.9.x` / `4.x.y`.
+ * - `OUTBOXKIT_KAFKA_NODES=3`: instead of that broker, a 3-node KRaft cluster on 127.0.0.1:9192,
+ *   :9292 and :9392 (each node a broker and a controller; ports, settings and heaps in
+ *   scripts/broker-config.ts), storage under `.services/cluster-<version>/node-<id>/`. Helpers for
+ *   fault-injection tests: {@link clusterNodes}, {@link killClusterNode},
+ *   {@link restartClusterNode}, {@link partitionLeaders}, {@link activeController}.
  *
  * Usable as a module (vitest global setup, the demo) and as a CLI:
  *   tsx scripts/services.ts up | down | status
  *
- * The broker is started detached, so it outlives the process that started it; `down` (or
- * {@link stopKafka}) stops it, and only a broker this project started (pid file).
+ * Brokers are started detached, so they outlive the process that started them; `down` (or
+ * {@link stopKafka} and {@link stopKafkaCluster}) stops them, and only brokers this project
+ * started (pid files).
  */
 import { execFile, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -24,10 +30,24 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import kafkajs from 'kafkajs';
 import pg from 'pg';
 
+import {
+  CLUSTER_HEAP_MB,
+  CLUSTER_NODE_IDS,
+  CONTROLLER_ADDRESS,
+  KAFKA_LINES,
+  LOCAL_BROKER,
+  SINGLE_BROKER_HEAP_MB,
+  clusterAddresses,
+  kafkaLine,
+  parseQuorumState,
+  quorumLeader,
+  resolveKafkaNodes,
+  serverProperties,
+} from './broker-config.js';
 import { probeDocker, startContainers } from './containers.js';
-import { isCi, needsDockerProbe, planServices, type ServiceFacts } from './service-plan.js';
+import { isCi, needsDockerProbe, planCluster, planServices, type ServiceFacts } from './service-plan.js';
 
-const { Kafka, logLevel } = kafkajs;
+const { Kafka, Partitioners, logLevel } = kafkajs;
 
 export type Log = (msg: string) => void;
 
@@ -38,18 +58,15 @@ const SERVICES_DIR = path.join(ROOT, '.services');
 const KAFKA_SCRIPTS_DIR = path.join(ROOT, 'scripts', 'kafka');
 const POM = path.join(KAFKA_SCRIPTS_DIR, 'pom.xml');
 const LOCK_FILE = path.join(SERVICES_DIR, 'kafka.lock');
+const CLUSTER_LOCK_FILE = path.join(SERVICES_DIR, 'kafka-cluster.lock');
 
 const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
-const LOCAL_BROKER = '127.0.0.1:9092';
-const CONTROLLER_ADDRESS = '127.0.0.1:9093';
-
-/** Pinned versions per major line. Keep in step with `kafka3.version` / `kafka4.version` in the pom. */
-const KAFKA_LINES = { 3: '3.9.2', 4: '4.4.0' } as const;
-type KafkaLine = keyof typeof KAFKA_LINES;
 
 const POSTGRES_WAIT_MS = 30_000;
 const KAFKA_ENV_WAIT_MS = 30_000;
 const KAFKA_READY_MS = 90_000;
+/** Three JVMs starting at once on two cores, then a quorum election and three registrations. */
+const KAFKA_CLUSTER_READY_MS = 150_000;
 const KAFKA_STOP_MS = 30_000;
 /** Long enough for a cold Maven download plus a broker start by another process. */
 const LOCK_WAIT_MS = 300_000;
@@ -302,11 +319,11 @@ export async function startScratchBroker(port: number, log: Log = noop): Promise
   fs.rmSync(home, { recursive: true, force: true });
   fs.mkdirSync(home, { recursive: true });
   const listen = `127.0.0.1:${port}`;
-  const layout = { home, listen, controller: `127.0.0.1:${port + 1}` };
+  const launchSpec = singleBrokerLaunch(version, home, listen, `127.0.0.1:${port + 1}`);
   const brokers = [listen];
   const launch = async (): Promise<number> => {
     const from = logSize(home);
-    const pid = await startBroker(version, log, layout);
+    const pid = await startBroker(version, log, launchSpec);
     await waitForBroker(brokers, pid, home, log, from);
     return pid;
   };
@@ -333,6 +350,502 @@ export async function startScratchBroker(port: number, log: Log = noop): Promise
       fs.rmSync(home, { recursive: true, force: true });
     },
   };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local 3-node cluster (OUTBOXKIT_KAFKA_NODES=3)
+// ---------------------------------------------------------------------------------------------
+
+/** One node of the local cluster (see {@link clusterNodes}). */
+export interface ClusterNode {
+  /** `node.id` (1–3). */
+  id: number;
+  /** `host:port` of its client listener (127.0.0.1:9192, :9292, :9392). */
+  broker: string;
+  /** `host:port` of its KRaft controller listener (127.0.0.1:9193, :9293, :9393). */
+  controller: string;
+  /** The pid of its JVM while it runs, if this checkout started it; undefined when it is down. */
+  pid: number | undefined;
+  /** `log.dirs`: its partitions and the KRaft metadata log (`__cluster_metadata-0/`). */
+  logDir: string;
+  /** Its own log (log4j, INFO): start-up, elections, fencing, shutdown. */
+  serverLog: string;
+  /** The Kafka version its storage belongs to (the running one, else `OUTBOXKIT_KAFKA_VERSION`'s). */
+  version: string;
+}
+
+/** A cluster node's pid file, as found under `.services/cluster-<version>/node-<id>/kafka.pid`. */
+interface ClusterProcess {
+  version: string;
+  id: number;
+  pid: number;
+  pidFile: string;
+  /** The pid still runs that node's JVM (command line checked: pids get reused). */
+  alive: boolean;
+}
+
+/** One partition of a topic as the cluster's metadata describes it (see {@link partitionLeaders}). */
+export interface PartitionLeadership {
+  partition: number;
+  /** The node that leads it; undefined while it has none (-1 in Kafka's metadata). */
+  leader: number | undefined;
+  /** The nodes that hold a replica, preferred leader first. */
+  replicas: number[];
+  /** The in-sync replicas. */
+  isr: number[];
+}
+
+/**
+ * Starts the local 3-node cluster, or the nodes of it that are down, and waits until it is ready:
+ * all three brokers registered (unfenced), and a topic at replication factor 3 can be created,
+ * written with acks=all and deleted. Nodes that run keep running; a node this checkout did not
+ * start is used only while all three answer (see `planCluster` in scripts/service-plan.ts).
+ * `KAFKA_BROKERS` plays no part here: {@link ensureServices} decides between it and the cluster.
+ * Safe to call from several processes at once (a lock file of its own).
+ *
+ * Nodes start detached, formatted once with one cluster id per version
+ * (`.services/cluster-<version>/cluster-id`); ports, settings and heaps: scripts/broker-config.ts.
+ *
+ * @throws Error with the fix in the message: missing Java/Maven, a Maven failure, a node that
+ * exited during start-up or a cluster not ready in 150 s (the nodes started by this call are then
+ * stopped; the tails of their logs are included), or brokers of another checkout on the ports.
+ */
+export async function ensureKafkaCluster(log: Log = noop): Promise<KafkaInfo> {
+  const addresses = clusterAddresses();
+  const brokers = addresses.map((a) => a.broker);
+  const release = await acquireLock(log, CLUSTER_LOCK_FILE);
+  try {
+    const answers = await Promise.all(addresses.map((a) => kafkaAnswers([a.broker])));
+    const running = findClusterProcesses().filter((p) => p.alive);
+    const plan = planCluster({
+      nodes: addresses.map((a, i) => ({
+        id: a.id,
+        broker: a.broker,
+        answers: answers[i]?.ok === true,
+        running: running.find((p) => p.id === a.id)?.version,
+      })),
+      wanted: resolveKafkaVersion(),
+      wantedExplicitly: Boolean(process.env.OUTBOXKIT_KAFKA_VERSION?.trim()),
+    });
+    if (plan.action === 'error') throw new Error(plan.message);
+    if (plan.warning) log(plan.warning);
+
+    if (plan.action === 'use-running') {
+      const watch = running.map((p) => watched(p.version, p.id, p.pid));
+      await waitForCluster(watch, [], () => clusterUsable(brokers), log);
+      log(`Kafka cluster answers at ${brokers.join(',')}${describeOwnCluster()}`);
+      return { brokers, startedHere: false };
+    }
+
+    const { version } = plan;
+    if (plan.start.length > 0) {
+      const situation = clusterNotRunning();
+      await checkJava(situation);
+      await resolveKafkaJars(version, log, situation);
+      const idFile = path.join(clusterHome(version), 'cluster-id');
+      if (!readText(idFile)?.trim() && running.length === 0) {
+        // Storage formatted for a cluster id that is gone could never join a new one: start afresh.
+        for (const id of CLUSTER_NODE_IDS)
+          fs.rmSync(clusterNodeLaunch(version, id).logDir, { recursive: true, force: true });
+      }
+      await ensureClusterId(version, idFile);
+      log(`Starting Kafka ${version} cluster node${plan.start.length === 1 ? '' : 's'} ${plan.start.join(', ')}`);
+    }
+    const launched = Date.now();
+    const logFrom = new Map(CLUSTER_NODE_IDS.map((id) => [id, logSize(nodeHome(version, id))]));
+    // Formats (first start only) and launches the nodes together: a lone voter cannot elect a leader.
+    const results = await Promise.allSettled(
+      plan.start.map((id) => startBroker(version, log, clusterNodeLaunch(version, id))),
+    );
+    const startedPids = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) {
+      await Promise.all(startedPids.map((pid) => terminate(pid, log)));
+      throw failed.reason;
+    }
+    const watch = [
+      ...plan.start.map((id, i) => ({ id, pid: startedPids[i] })),
+      ...plan.wait.map((id) => ({ id, pid: running.find((p) => p.id === id)?.pid })),
+    ].flatMap(({ id, pid }) => (pid === undefined ? [] : [watched(version, id, pid, logFrom.get(id))]));
+    await waitForCluster(watch, startedPids, () => clusterUsable(brokers), log);
+    log(
+      `Kafka ${version} 3-node cluster ready at ${brokers.join(',')} (${watch.map((n) => `node ${n.id} pid ${n.pid}`).join(', ')}; ` +
+        `${seconds(Date.now() - launched)} after launch)`,
+    );
+    return { brokers, startedHere: plan.start.length > 0 };
+  } finally {
+    release();
+  }
+}
+
+/**
+ * Stops every node of the local cluster this checkout started (all versions): SIGTERM to all at
+ * once (each broker's controlled shutdown needs the quorum of the others), then SIGKILL to any
+ * still running 30 s later. Does nothing for nodes it did not start.
+ *
+ * @returns whether a running node was stopped.
+ */
+export async function stopKafkaCluster(log: Log = noop): Promise<boolean> {
+  const found = findClusterProcesses();
+  for (const p of found) if (!p.alive) fs.rmSync(p.pidFile, { force: true });
+  const alive = found.filter((p) => p.alive);
+  if (alive.length === 0) {
+    log('No Kafka cluster node started by this project is running');
+    return false;
+  }
+  const started = Date.now();
+  log(`Stopping Kafka cluster nodes ${alive.map((p) => `${p.id} (${p.version}, pid ${p.pid})`).join(', ')}`);
+  await Promise.all(
+    alive.map(async (p) => {
+      // A node frozen by a test (SIGSTOP) would only act on SIGTERM once resumed.
+      try {
+        process.kill(p.pid, 'SIGCONT');
+      } catch {
+        // Exited meanwhile: terminate() finds it gone.
+      }
+      await terminate(p.pid, log);
+      fs.rmSync(p.pidFile, { force: true });
+    }),
+  );
+  log(`Kafka cluster stopped in ${seconds(Date.now() - started)}`);
+  return true;
+}
+
+/**
+ * The local cluster's three nodes: addresses, the pid of each node this checkout runs, and where
+ * each keeps its data and its log. Reads pid files only (no network).
+ */
+export function clusterNodes(): ClusterNode[] {
+  const running = findClusterProcesses().filter((p) => p.alive);
+  const version = running[0]?.version ?? resolveKafkaVersion();
+  return clusterAddresses().map((a) => {
+    const proc = running.find((p) => p.id === a.id);
+    const launch = clusterNodeLaunch(proc?.version ?? version, a.id);
+    return {
+      ...a,
+      pid: proc?.pid,
+      logDir: launch.logDir,
+      serverLog: path.join(launch.home, 'logs', 'server.log'),
+      version: proc?.version ?? version,
+    };
+  });
+}
+
+/**
+ * Sends `signal` (SIGKILL by default: a crash, no controlled shutdown) to node `id` and waits
+ * until its process has exited (at most 30 s). Its partitions get new leaders once the active
+ * controller fences it, `broker.session.timeout.ms` (6 s, scripts/broker-config.ts) after its
+ * last heartbeat (about 9 s after the kill when it was the active controller: a successor is
+ * elected first); at once when the signal lets it shut down in a controlled way (SIGTERM).
+ * SIGSTOP (a frozen node, fenced like a dead one) and SIGCONT return at once: the process stays.
+ *
+ * @throws Error when the node is unknown, not running (or not started by this checkout), or still
+ * running 30 s after the signal.
+ */
+export async function killClusterNode(id: number, signal: NodeJS.Signals = 'SIGKILL'): Promise<void> {
+  const node = findClusterNode(id);
+  const pid = node.pid;
+  if (pid === undefined)
+    throw new Error(`Kafka cluster node ${id} is not running (or was not started from this checkout)`);
+  process.kill(pid, signal);
+  if (signal === 'SIGSTOP' || signal === 'SIGCONT') return;
+  const exited = await waitUntil(async () => ({ ok: !isAlive(pid) }), KAFKA_STOP_MS, 50);
+  if (!exited.ok)
+    throw new Error(`Kafka cluster node ${id} (pid ${pid}) still runs ${KAFKA_STOP_MS / 1000} s after ${signal}`);
+  fs.rmSync(path.join(nodeHome(node.version, id), 'kafka.pid'), { force: true });
+}
+
+/**
+ * Starts node `id` again on its storage (stopping it first, SIGTERM then SIGKILL after 30 s, if
+ * it runs) and waits until the cluster's metadata lists it as a registered, unfenced broker. Its
+ * replicas then catch up in the background: wait for the ISR you need (see
+ * {@link partitionLeaders}). The other nodes need not all run (two of three keep the quorum).
+ *
+ * @returns the new pid.
+ * @throws Error when the node exits during start-up or is not registered within 150 s (it is
+ * then stopped; the tail of its log is in the message).
+ */
+export async function restartClusterNode(id: number, log: Log = noop): Promise<number> {
+  const release = await acquireLock(log, CLUSTER_LOCK_FILE);
+  try {
+    const node = findClusterNode(id);
+    if (node.pid !== undefined) {
+      log(`Stopping Kafka cluster node ${id} (pid ${node.pid})`);
+      await terminate(node.pid, log);
+    }
+    const launch = clusterNodeLaunch(node.version, id);
+    const from = logSize(launch.home);
+    const started = Date.now();
+    const pid = await startBroker(node.version, log, launch);
+    const brokers = runningBrokers();
+    await waitForCluster([watched(node.version, id, pid, from)], [pid], () => brokerRegistered(brokers, id), log);
+    log(`Kafka cluster node ${id} registered again (pid ${pid}, ${seconds(Date.now() - started)} after launch)`);
+    return pid;
+  } finally {
+    release();
+  }
+}
+
+/**
+ * Leader, replicas and ISR of each partition of `topic`, as the cluster's metadata says (kafkajs
+ * admin, Metadata request to a running node). A killed leader is still named until the active
+ * controller fences it (`broker.session.timeout.ms`, 6 s).
+ *
+ * @throws the kafkajs error when no node answers or the topic does not exist.
+ */
+export async function partitionLeaders(topic: string): Promise<PartitionLeadership[]> {
+  const admin = probeClient(runningBrokers(), 3).admin();
+  try {
+    await admin.connect();
+    const { topics } = await admin.fetchTopicMetadata({ topics: [topic] });
+    const partitions = topics.find((t) => t.name === topic)?.partitions ?? [];
+    return partitions
+      .map((p) => ({
+        partition: p.partitionId,
+        leader: p.leader >= 0 ? p.leader : undefined,
+        replicas: [...p.replicas],
+        isr: [...p.isr],
+      }))
+      .sort((a, b) => a.partition - b.partition);
+  } finally {
+    await admin.disconnect().catch(() => {});
+  }
+}
+
+/** The node that leads `topic`-`partition` (see {@link partitionLeaders}); undefined when none. */
+export async function partitionLeader(topic: string, partition: number): Promise<number | undefined> {
+  return (await partitionLeaders(topic)).find((p) => p.partition === partition)?.leader;
+}
+
+/**
+ * The node that is the active controller (the leader of the KRaft metadata quorum), read from the
+ * running nodes' `<log.dirs>/__cluster_metadata-0/quorum-state` files (`quorumLeader` in
+ * scripts/broker-config.ts says how; Kafka's Metadata answers cannot tell in KRaft). Undefined
+ * during an election, or when no node of this checkout runs.
+ */
+export function activeController(): number | undefined {
+  return quorumLeader(
+    clusterNodes().map((n) => ({
+      id: n.id,
+      running: n.pid !== undefined,
+      state: parseQuorumState(readText(path.join(n.logDir, '__cluster_metadata-0', 'quorum-state')) ?? ''),
+    })),
+  );
+}
+
+function findClusterNode(id: number): ClusterNode {
+  const node = clusterNodes().find((n) => n.id === id);
+  if (!node) throw new Error(`The local Kafka cluster has no node ${id} (its nodes: ${CLUSTER_NODE_IDS.join(', ')})`);
+  return node;
+}
+
+/** Client addresses of the nodes this checkout runs; all three when it runs none (another's). */
+function runningBrokers(): string[] {
+  const nodes = clusterNodes();
+  const running = nodes.filter((n) => n.pid !== undefined);
+  return (running.length > 0 ? running : nodes).map((n) => n.broker);
+}
+
+function clusterHome(version: string): string {
+  return path.join(SERVICES_DIR, `cluster-${version}`);
+}
+
+function nodeHome(version: string, id: number): string {
+  return path.join(clusterHome(version), `node-${id}`);
+}
+
+/** Node `id` of the cluster: its settings, its storage, the shared cluster id, its heap. */
+function clusterNodeLaunch(version: string, id: number): BrokerLaunch {
+  const addresses = clusterAddresses();
+  const self = addresses.find((a) => a.id === id);
+  if (!self) throw new Error(`The local Kafka cluster has no node ${id}`);
+  const home = nodeHome(version, id);
+  const logDir = path.join(home, 'data');
+  return {
+    home,
+    logDir,
+    properties: serverProperties({
+      version,
+      nodeId: id,
+      listen: self.broker,
+      controller: self.controller,
+      voters: addresses.map((a) => ({ id: a.id, controller: a.controller })),
+      logDir,
+    }),
+    clusterIdFile: path.join(clusterHome(version), 'cluster-id'),
+    heapMb: CLUSTER_HEAP_MB,
+  };
+}
+
+/** Pid files of cluster nodes, every version; `alive` only if the pid is still that node. */
+function findClusterProcesses(): ClusterProcess[] {
+  let entries: string[];
+  try {
+    entries = fs.readdirSync(SERVICES_DIR);
+  } catch {
+    return [];
+  }
+  const found: ClusterProcess[] = [];
+  for (const name of entries) {
+    const version = /^cluster-(.+)$/.exec(name)?.[1];
+    if (!version) continue;
+    for (const id of CLUSTER_NODE_IDS) {
+      const home = nodeHome(version, id);
+      const pidFile = path.join(home, 'kafka.pid');
+      const pid = Number(readText(pidFile)?.trim());
+      if (!Number.isInteger(pid) || pid <= 0) continue;
+      found.push({ version, id, pid, pidFile, alive: isAlive(pid) && isOurBroker(pid, home) });
+    }
+  }
+  return found;
+}
+
+function describeOwnCluster(): string {
+  const running = findClusterProcesses().filter((p) => p.alive);
+  if (running.length === 0) return '';
+  return ` (Kafka ${running[0]?.version}, ${running.map((p) => `node ${p.id} pid ${p.pid}`).join(', ')}, started by this project)`;
+}
+
+/** How an error about a missing toolchain starts for the cluster. */
+function clusterNotRunning(): string {
+  return `The Kafka cluster is not running at ${clusterAddresses()
+    .map((a) => a.broker)
+    .join(',')}`;
+}
+
+/** Every node of the cluster answers on its own (an admin client lists topics through it). */
+async function clusterAnswers(): Promise<Probe> {
+  const probes = await Promise.all(clusterAddresses().map(async (a) => ({ a, p: await kafkaAnswers([a.broker]) })));
+  const down = probes.filter(({ p }) => !p.ok);
+  if (down.length === 0) return { ok: true };
+  return { ok: false, error: down.map(({ a, p }) => `${a.broker}: ${p.error}`).join('; ') };
+}
+
+/**
+ * Ready for tests: all three brokers registered (the cluster's metadata lists only unfenced
+ * brokers), and a topic at replication factor 3 can be created, written with acks=all (which
+ * needs `min.insync.replicas`, 2, in sync) and deleted.
+ */
+async function clusterUsable(brokers: string[]): Promise<Probe> {
+  const kafka = probeClient(brokers, 2);
+  const admin = kafka.admin();
+  const producer = kafka.producer({
+    allowAutoTopicCreation: false,
+    createPartitioner: Partitioners.DefaultPartitioner,
+    retry: { retries: 3, initialRetryTime: 200 },
+  });
+  const topic = `outboxkit-probe-${randomBytes(4).toString('hex')}`;
+  let created = false;
+  try {
+    await admin.connect();
+    const registered = (await admin.describeCluster()).brokers.map((b) => b.nodeId).sort((a, b) => a - b);
+    const missing = CLUSTER_NODE_IDS.filter((id) => !registered.includes(id));
+    if (missing.length > 0) {
+      return {
+        ok: false,
+        error: `brokers registered: ${registered.join(', ') || 'none'}; not yet: ${missing.join(', ')}`,
+      };
+    }
+    created = await admin.createTopics({
+      topics: [{ topic, numPartitions: 1, replicationFactor: CLUSTER_NODE_IDS.length }],
+      waitForLeaders: true,
+      timeout: 10_000,
+    });
+    if (!created) return { ok: false, error: `probe topic ${topic} already existed` };
+    await producer.connect();
+    await producer.send({ topic, acks: -1, timeout: 10_000, messages: [{ value: 'probe' }] });
+    await admin.deleteTopics({ topics: [topic], timeout: 10_000 });
+    created = false;
+    return { ok: true };
+  } catch (err) {
+    return { ok: false, error: errorText(err) };
+  } finally {
+    await producer.disconnect().catch(() => {});
+    if (created) await admin.deleteTopics({ topics: [topic], timeout: 10_000 }).catch(() => {});
+    await admin.disconnect().catch(() => {});
+  }
+}
+
+/** Node `id` is in the cluster's metadata: registered with the active controller and unfenced. */
+async function brokerRegistered(brokers: string[], id: number): Promise<Probe> {
+  const admin = probeClient(brokers, 2).admin();
+  try {
+    await admin.connect();
+    const registered = (await admin.describeCluster()).brokers.map((b) => b.nodeId);
+    if (registered.includes(id)) return { ok: true };
+    return {
+      ok: false,
+      error: `brokers registered: ${registered.sort((a, b) => a - b).join(', ') || 'none'}; not yet: ${id}`,
+    };
+  } catch (err) {
+    return { ok: false, error: errorText(err) };
+  } finally {
+    await admin.disconnect().catch(() => {});
+  }
+}
+
+/** A node process that {@link waitForCluster} watches: it must not exit while the cluster starts. */
+interface WatchedNode {
+  id: number;
+  pid: number;
+  home: string;
+  /** Offset of its server.log when it was launched (failure reports show only this start). */
+  logFrom: number;
+}
+
+function watched(version: string, id: number, pid: number, logFrom?: number): WatchedNode {
+  const home = nodeHome(version, id);
+  return { id, pid, home, logFrom: logFrom ?? logSize(home) };
+}
+
+/**
+ * Polls `ready` every 0.5 s for up to 150 s, and fails at once when a watched node exits. On
+ * either failure the nodes in `startedHere` are stopped (half a cluster helps nobody) and the
+ * error carries the tails of the watched nodes' logs.
+ */
+async function waitForCluster(
+  watch: readonly WatchedNode[],
+  startedHere: readonly number[],
+  ready: () => Promise<Probe>,
+  log: Log,
+): Promise<void> {
+  const stopStarted = async () => {
+    await Promise.all(startedHere.filter(isAlive).map((pid) => terminate(pid, log)));
+    for (const n of watch) if (startedHere.includes(n.pid)) fs.rmSync(path.join(n.home, 'kafka.pid'), { force: true });
+  };
+  const deadline = Date.now() + KAFKA_CLUSTER_READY_MS;
+  let nextReport = Date.now() + 15_000;
+  let last: Probe = { ok: false, error: 'not probed yet' };
+  while (Date.now() < deadline) {
+    const dead = watch.find((n) => !isAlive(n.pid));
+    if (dead) {
+      const tail = logTail(dead.home, dead.logFrom);
+      fs.rmSync(path.join(dead.home, 'kafka.pid'), { force: true });
+      await stopStarted();
+      throw new Error(`Kafka cluster node ${dead.id} (pid ${dead.pid}) exited during start-up.\n${tail}`);
+    }
+    last = await ready();
+    if (last.ok) return;
+    if (Date.now() >= nextReport) {
+      log(`Kafka cluster not ready yet: ${last.error}`);
+      nextReport += 15_000;
+    }
+    await sleep(500);
+  }
+  const tails = watch.map((n) => `=== node ${n.id} ===\n${logTail(n.home, n.logFrom)}`).join('\n');
+  log(
+    `Kafka cluster did not become ready within ${KAFKA_CLUSTER_READY_MS / 1000} s (last error: ${last.error}); stopping the nodes started here`,
+  );
+  await stopStarted();
+  throw new Error(
+    `Kafka cluster did not become ready within ${KAFKA_CLUSTER_READY_MS / 1000} s (last error: ${last.error}).\n${tails}`,
+  );
+}
+
+/** Resident memory of a process in MiB, from /proc (undefined elsewhere). */
+function residentMb(pid: number): number | undefined {
+  const kb = /^VmRSS:\s+(\d+) kB/m.exec(readText(`/proc/${pid}/status`) ?? '')?.[1];
+  return kb === undefined ? undefined : Math.round(Number(kb) / 1024);
 }
 
 export interface Services {
@@ -380,7 +893,11 @@ export async function ensureServices(log: Log = noop, options: EnsureServicesOpt
   // allSettled: a PostgreSQL failure must not leave a Kafka start running unreported.
   const [pgResult, kafkaResult, containerResult] = await Promise.allSettled([
     containersWanted.postgres ? undefined : ensurePostgres(log),
-    containersWanted.kafka ? undefined : ensureKafka(log),
+    containersWanted.kafka
+      ? undefined
+      : plan.kafka.action !== 'use-env' && resolveKafkaNodes() === 3
+        ? ensureKafkaCluster(log)
+        : ensureKafka(log),
     containers,
   ]);
   const stop = async () => {
@@ -406,9 +923,10 @@ export async function ensureServices(log: Log = noop, options: EnsureServicesOpt
 async function gatherFacts(ephemeralOk: boolean): Promise<ServiceFacts> {
   const databaseUrl = process.env.DATABASE_URL?.trim() || undefined;
   const kafkaBrokers = parseBrokers(process.env.KAFKA_BROKERS);
+  const nodes = resolveKafkaNodes();
   const [pgLocal, kafkaLocal] = await Promise.all([
     databaseUrl === undefined ? probePostgres(DEFAULT_DATABASE_URL) : undefined,
-    kafkaBrokers.length === 0 ? kafkaAnswers([LOCAL_BROKER]) : undefined,
+    kafkaBrokers.length === 0 ? (nodes === 3 ? clusterAnswers() : kafkaAnswers([LOCAL_BROKER])) : undefined,
   ]);
   const facts: Omit<ServiceFacts, 'docker'> = {
     databaseUrl,
@@ -419,8 +937,9 @@ async function gatherFacts(ephemeralOk: boolean): Promise<ServiceFacts> {
       clusterInstalled: localClusterInstalled(),
     },
     kafka: {
+      nodes,
       localAnswers: kafkaLocal?.ok ?? true,
-      maven: kafkaLocal === undefined || kafkaLocal.ok ? undefined : await mavenBrokerPossible(),
+      maven: kafkaLocal === undefined || kafkaLocal.ok ? undefined : await mavenBrokerPossible(nodes),
     },
     ci: isCi(process.env.CI),
     ephemeralOk,
@@ -438,19 +957,19 @@ function localClusterInstalled(): boolean {
 }
 
 /** Java 17+ runs, and Maven runs or the jars of the configured version are already resolved. */
-async function mavenBrokerPossible(): Promise<{ ok: boolean; reason?: string }> {
+async function mavenBrokerPossible(nodes: 1 | 3): Promise<{ ok: boolean; reason?: string }> {
   try {
     const version = resolveKafkaVersion();
     // A broker of ours that is still booting needs no toolchain check: ensureKafka waits for it.
-    if (findOwnBrokers().some((b) => b.alive)) return { ok: true };
-    await checkJava();
+    if (nodes === 1 && findOwnBrokers().some((b) => b.alive)) return { ok: true };
+    await checkJava(nodes === 3 ? clusterNotRunning() : undefined);
     if (readText(path.join(kafkaHome(version), 'lib', '.complete')) === kafkaJarsStamp(version)) return { ok: true };
-    await checkMaven();
+    await checkMaven(nodes === 3 ? clusterNotRunning() : undefined);
     return { ok: true };
   } catch (err) {
     // checkJava/checkMaven phrase a whole error; the plan's message only needs what failed.
     const reason = errorText(err)
-      .replace(/^Kafka is not running at \S+ and cannot be started: /, '')
+      .replace(/^(?:The )?Kafka (?:cluster )?is not running at \S+ and cannot be started: /, '')
       .replace(TOOLCHAIN_HINT, '')
       .trim();
     return { ok: false, reason };
@@ -481,10 +1000,6 @@ export function resolveKafkaVersion(value = process.env.OUTBOXKIT_KAFKA_VERSION)
   );
 }
 
-function kafkaLine(version: string): KafkaLine {
-  return version.startsWith('4.') ? 4 : 3;
-}
-
 function kafkaHome(version: string): string {
   return path.join(SERVICES_DIR, `kafka-${version}`);
 }
@@ -496,14 +1011,15 @@ interface Probe {
   error?: string;
 }
 
-function probeClient(brokers: string[]) {
+/** `retries`: kafkajs retries per request (0 for a probe; a few where a seed broker may be down). */
+function probeClient(brokers: string[], retries = 0) {
   return new Kafka({
     clientId: 'outboxkit-services',
     brokers,
     logLevel: logLevel.NOTHING,
     connectionTimeout: 2_000,
     requestTimeout: 10_000,
-    retry: { retries: 0 },
+    retry: { retries, initialRetryTime: 200 },
   });
 }
 
@@ -612,11 +1128,12 @@ function javaBin(): string {
   return 'java';
 }
 
-async function checkJava(): Promise<void> {
+/** `situation`: how an error message starts, e.g. "Kafka is not running at 127.0.0.1:9092". */
+async function checkJava(situation = `Kafka is not running at ${LOCAL_BROKER}`): Promise<void> {
   const java = await run(javaBin(), ['-version'], { timeoutMs: 30_000 });
   if (java.code !== 0) {
     throw new Error(
-      `Kafka is not running at ${LOCAL_BROKER} and cannot be started: \`java -version\` failed (${java.error ?? lastLines(java.stderr, 3)}). ${TOOLCHAIN_HINT}`,
+      `${situation} and cannot be started: \`java -version\` failed (${java.error ?? lastLines(java.stderr, 3)}). ${TOOLCHAIN_HINT}`,
     );
   }
   // `openjdk version "17.0.15" ...` or, before Java 9, `java version "1.8.0_412"`.
@@ -624,16 +1141,16 @@ async function checkJava(): Promise<void> {
   const major = m ? (m[1] === '1' ? Number(m[2]) : Number(m[1])) : NaN;
   if (!(major >= JAVA_MIN_MAJOR)) {
     throw new Error(
-      `Kafka is not running at ${LOCAL_BROKER} and cannot be started: Java ${JAVA_MIN_MAJOR}+ is needed, found ${Number.isNaN(major) ? 'an unknown version' : `Java ${major}`} (${javaBin()}). ${TOOLCHAIN_HINT}`,
+      `${situation} and cannot be started: Java ${JAVA_MIN_MAJOR}+ is needed, found ${Number.isNaN(major) ? 'an unknown version' : `Java ${major}`} (${javaBin()}). ${TOOLCHAIN_HINT}`,
     );
   }
 }
 
-async function checkMaven(): Promise<void> {
+async function checkMaven(situation = `Kafka is not running at ${LOCAL_BROKER}`): Promise<void> {
   const mvn = await run('mvn', ['-v'], { timeoutMs: 60_000 });
   if (mvn.code !== 0) {
     throw new Error(
-      `Kafka is not running at ${LOCAL_BROKER} and cannot be started: \`mvn -v\` failed (${mvn.error ?? lastLines(mvn.stderr || mvn.stdout, 3)}). ${TOOLCHAIN_HINT}`,
+      `${situation} and cannot be started: \`mvn -v\` failed (${mvn.error ?? lastLines(mvn.stderr || mvn.stdout, 3)}). ${TOOLCHAIN_HINT}`,
     );
   }
 }
@@ -651,14 +1168,15 @@ function kafkaJarsStamp(version: string): string {
  * written after success (holding the pom's hash) makes later calls skip Maven entirely. Exported
  * for test brokers of their own (test/relay/secure-broker.ts).
  *
+ * @param situation - how a missing-Maven error starts (default: "Kafka is not running at 127.0.0.1:9092").
  * @throws when Maven is missing or cannot resolve the version.
  */
-export async function resolveKafkaJars(version: string, log: Log = noop): Promise<void> {
+export async function resolveKafkaJars(version: string, log: Log = noop, situation?: string): Promise<void> {
   const lib = path.join(kafkaHome(version), 'lib');
   const marker = path.join(lib, '.complete');
   const stamp = kafkaJarsStamp(version);
   if (readText(marker) === stamp) return;
-  await checkMaven();
+  await checkMaven(situation);
 
   log(`Resolving Apache Kafka ${version} from Maven Central into ${path.relative(ROOT, lib)} (first run only)`);
   const started = Date.now();
@@ -703,99 +1221,76 @@ function jvmLoggingArgs(version: string, home: string): string[] {
   return args;
 }
 
-function serverProperties(
+/** What {@link startBroker} starts: one broker process and where it keeps its files. */
+interface BrokerLaunch {
+  /** The process's folder: `server.properties`, `kafka.pid`, `kafka.out`, `logs/`. */
+  home: string;
+  /** `log.dirs` (formatted once; `meta.properties` there says it is). */
+  logDir: string;
+  /** The text of `server.properties`, rewritten on every start. */
+  properties: string;
+  /** Keeps the KRaft cluster id across runs; the nodes of one cluster share it. */
+  clusterIdFile: string;
+  /** `-Xms` = `-Xmx`, in MiB. */
+  heapMb: number;
+}
+
+/** The single broker (or a scratch broker at another address): one node, its own cluster id. */
+function singleBrokerLaunch(
   version: string,
-  home: string,
+  home = kafkaHome(version),
   listen = LOCAL_BROKER,
   controller = CONTROLLER_ADDRESS,
-): string {
-  const lines = [
-    '# Written by scripts/services.ts on every start; edit that file, not this one.',
-    '# Single-node KRaft, broker and controller in one process, loopback only.',
-    'process.roles=broker,controller',
-    'node.id=1',
-    `controller.quorum.voters=1@${controller}`,
-    `listeners=PLAINTEXT://${listen},CONTROLLER://${controller}`,
-    `advertised.listeners=PLAINTEXT://${listen}`,
-    'inter.broker.listener.name=PLAINTEXT',
-    'controller.listener.names=CONTROLLER',
-    'listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT',
-    '',
-    '# Small machine (2 cores): few threads.',
-    'num.network.threads=2',
-    'num.io.threads=2',
-    'background.threads=2',
-    'num.replica.fetchers=1',
-    'num.recovery.threads.per.data.dir=1',
-    '',
-    `log.dirs=${path.join(home, 'data')}`,
-    'num.partitions=1',
-    'default.replication.factor=1',
-    'min.insync.replicas=1',
-    '# Topics are created explicitly (tests use random names); a typo must fail, not create a topic.',
-    'auto.create.topics.enable=false',
-    'delete.topic.enable=true',
-    '',
-    '# Internal topics: one replica, few partitions so the first consumer group / transactional',
-    '# producer does not wait for 50 partitions to be created.',
-    'offsets.topic.replication.factor=1',
-    'offsets.topic.num.partitions=3',
-    'transaction.state.log.replication.factor=1',
-    'transaction.state.log.min.isr=1',
-    'transaction.state.log.num.partitions=3',
-    '# No 3 s wait before the first rebalance of a group (faster tests).',
-    'group.initial.rebalance.delay.ms=0',
-    '',
-    '# A dev/test broker: keep a day, at most 128 MiB per partition, small segments.',
-    'log.retention.hours=24',
-    'log.retention.bytes=134217728',
-    'log.segment.bytes=16777216',
-    'log.retention.check.interval.ms=300000',
-  ];
-  if (kafkaLine(version) === 4) {
-    lines.push(
-      '',
-      '# Kafka 4.x share groups (KIP-932): one replica for their state topic too.',
-      'share.coordinator.state.topic.replication.factor=1',
-      'share.coordinator.state.topic.min.isr=1',
+): BrokerLaunch {
+  const logDir = path.join(home, 'data');
+  return {
+    home,
+    logDir,
+    properties: serverProperties({ version, nodeId: 1, listen, controller, voters: [{ id: 1, controller }], logDir }),
+    clusterIdFile: path.join(home, 'cluster-id'),
+    heapMb: SINGLE_BROKER_HEAP_MB,
+  };
+}
+
+/**
+ * The cluster id in `file`, created with `kafka.tools.StorageTool random-uuid` when the file is
+ * missing or empty.
+ */
+async function ensureClusterId(version: string, file: string): Promise<string> {
+  const existing = readText(file)?.trim();
+  if (existing) return existing;
+  const classpath = path.join(kafkaHome(version), 'lib', '*');
+  const logging = jvmLoggingArgs(version, path.dirname(file));
+  const res = await run(javaBin(), [...logging, '-cp', classpath, 'kafka.tools.StorageTool', 'random-uuid'], {
+    timeoutMs: 60_000,
+  });
+  const clusterId = res.stdout.trim().split('\n').pop()?.trim();
+  if (res.code !== 0 || !clusterId || !/^[\w-]{22}$/.test(clusterId)) {
+    throw new Error(
+      `kafka.tools.StorageTool random-uuid failed (exit ${res.code}): ${lastLines(res.stdout + res.stderr, 10)}`,
     );
   }
-  return `${lines.join('\n')}\n`;
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  fs.writeFileSync(file, `${clusterId}\n`);
+  return clusterId;
 }
 
 /** Formats KRaft storage once (cluster id kept across runs), then launches the broker detached. */
 async function startBroker(
   version: string,
   log: Log,
-  layout: { home: string; listen: string; controller: string } = {
-    home: kafkaHome(version),
-    listen: LOCAL_BROKER,
-    controller: CONTROLLER_ADDRESS,
-  },
+  launch: BrokerLaunch = singleBrokerLaunch(version),
 ): Promise<number> {
-  const home = layout.home;
+  const home = launch.home;
   const props = path.join(home, 'server.properties');
   const classpath = path.join(kafkaHome(version), 'lib', '*');
   fs.mkdirSync(path.join(home, 'logs'), { recursive: true });
-  fs.writeFileSync(props, serverProperties(version, home, layout.listen, layout.controller));
+  fs.writeFileSync(props, launch.properties);
   const logging = jvmLoggingArgs(version, home);
 
-  if (!fs.existsSync(path.join(home, 'data', 'meta.properties'))) {
-    const idFile = path.join(home, 'cluster-id');
-    let clusterId = readText(idFile)?.trim();
-    if (!clusterId) {
-      const res = await run(javaBin(), [...logging, '-cp', classpath, 'kafka.tools.StorageTool', 'random-uuid'], {
-        timeoutMs: 60_000,
-      });
-      clusterId = res.stdout.trim().split('\n').pop()?.trim();
-      if (res.code !== 0 || !clusterId || !/^[\w-]{22}$/.test(clusterId)) {
-        throw new Error(
-          `kafka.tools.StorageTool random-uuid failed (exit ${res.code}): ${lastLines(res.stdout + res.stderr, 10)}`,
-        );
-      }
-      fs.writeFileSync(idFile, `${clusterId}\n`);
-    }
-    log(`Formatting KRaft storage (cluster id ${clusterId})`);
+  if (!fs.existsSync(path.join(launch.logDir, 'meta.properties'))) {
+    const clusterId = await ensureClusterId(version, launch.clusterIdFile);
+    log(`Formatting KRaft storage of ${path.relative(ROOT, home)} (cluster id ${clusterId})`);
     // Static voters (controller.quorum.voters): no --standalone, which 4.x rejects in that case.
     const res = await run(
       javaBin(),
@@ -817,8 +1312,8 @@ async function startBroker(
     const child = spawn(
       javaBin(),
       [
-        '-Xms512m',
-        '-Xmx512m',
+        `-Xms${launch.heapMb}m`,
+        `-Xmx${launch.heapMb}m`,
         '-XX:+UseG1GC',
         '-XX:MaxGCPauseMillis=20',
         '-XX:InitiatingHeapOccupancyPercent=35',
@@ -954,31 +1449,31 @@ async function terminate(pid: number, log: Log): Promise<void> {
  * An exclusive lock file (O_EXCL) so that concurrent callers (vitest workers, the demo and the
  * tests) never start two brokers. A lock whose owner pid is gone, or older than 10 min, is stale.
  */
-async function acquireLock(log: Log): Promise<() => void> {
+async function acquireLock(log: Log, file = LOCK_FILE): Promise<() => void> {
   fs.mkdirSync(SERVICES_DIR, { recursive: true });
   const deadline = Date.now() + LOCK_WAIT_MS;
   let announced = false;
   for (;;) {
     try {
-      const fd = fs.openSync(LOCK_FILE, 'wx');
+      const fd = fs.openSync(file, 'wx');
       fs.writeSync(fd, JSON.stringify({ pid: process.pid, at: new Date().toISOString() }));
       fs.closeSync(fd);
       let released = false;
       return () => {
         if (released) return;
         released = true;
-        fs.rmSync(LOCK_FILE, { force: true });
+        fs.rmSync(file, { force: true });
       };
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
-    if (isStaleLock()) {
-      fs.rmSync(LOCK_FILE, { force: true });
+    if (isStaleLock(file)) {
+      fs.rmSync(file, { force: true });
       continue;
     }
     if (Date.now() > deadline) {
       throw new Error(
-        `Timed out after ${LOCK_WAIT_MS / 1000} s waiting for ${path.relative(ROOT, LOCK_FILE)} (another process is starting Kafka); delete it if no such process exists.`,
+        `Timed out after ${LOCK_WAIT_MS / 1000} s waiting for ${path.relative(ROOT, file)} (another process is starting Kafka); delete it if no such process exists.`,
       );
     }
     if (!announced) {
@@ -989,11 +1484,11 @@ async function acquireLock(log: Log): Promise<() => void> {
   }
 }
 
-function isStaleLock(): boolean {
+function isStaleLock(file: string): boolean {
   try {
-    const stat = fs.statSync(LOCK_FILE);
+    const stat = fs.statSync(file);
     if (Date.now() - stat.mtimeMs > LOCK_STALE_MS) return true;
-    const owner = JSON.parse(fs.readFileSync(LOCK_FILE, 'utf8')) as { pid?: unknown };
+    const owner = JSON.parse(fs.readFileSync(file, 'utf8')) as { pid?: unknown };
     return typeof owner.pid === 'number' && !isAlive(owner.pid);
   } catch (err) {
     // Gone already (ENOENT) → retry; half-written by its owner (bad JSON) → not stale yet.
@@ -1080,15 +1575,28 @@ async function status(): Promise<boolean> {
   );
 
   const fromEnv = parseBrokers(process.env.KAFKA_BROKERS);
-  const brokers = fromEnv.length > 0 ? fromEnv : [LOCAL_BROKER];
-  const kProbe = await kafkaAnswers(brokers);
+  const cluster = resolveKafkaNodes() === 3;
+  const brokers = fromEnv.length > 0 ? fromEnv : cluster ? clusterAddresses().map((a) => a.broker) : [LOCAL_BROKER];
+  const kProbe = fromEnv.length === 0 && cluster ? await clusterAnswers() : await kafkaAnswers(brokers);
+  const source = fromEnv.length > 0 ? ' (KAFKA_BROKERS)' : cluster ? ' (3-node cluster)' : '';
   console.log(
-    `kafka     ${kProbe.ok ? 'up  ' : 'down'}  ${brokers.join(',')}${fromEnv.length > 0 ? ' (KAFKA_BROKERS)' : ''}${kProbe.ok ? '' : `  (${kProbe.error})`}`,
+    `kafka     ${kProbe.ok ? 'up  ' : 'down'}  ${brokers.join(',')}${source}${kProbe.ok ? '' : `  (${kProbe.error})`}`,
   );
   for (const b of findOwnBrokers()) {
     console.log(
       `          ${b.alive ? 'running' : 'stale pid file'}: Kafka ${b.version}, pid ${b.pid}, started by this project (${path.relative(ROOT, kafkaHome(b.version))})`,
     );
+  }
+  const nodes = clusterNodes();
+  if (cluster || nodes.some((n) => n.pid !== undefined)) {
+    for (const n of nodes) {
+      const rss = n.pid === undefined ? undefined : residentMb(n.pid);
+      console.log(
+        `          cluster node ${n.id} ${n.broker}: ${n.pid === undefined ? 'not running (here)' : `running, Kafka ${n.version}, pid ${n.pid}${rss === undefined ? '' : `, ${rss} MiB resident`}`} (${path.relative(ROOT, path.dirname(n.logDir))})`,
+      );
+    }
+    const controller = activeController();
+    if (controller !== undefined) console.log(`          active controller: node ${controller}`);
   }
   return pgProbe.ok && kProbe.ok;
 }
@@ -1108,6 +1616,7 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'down':
       await stopKafka(log);
+      await stopKafkaCluster(log);
       return 0;
     case 'status':
       return (await status()) ? 0 : 1;
@@ -1115,10 +1624,13 @@ async function main(argv: string[]): Promise<number> {
       console.error(
         'usage: tsx scripts/services.ts up|down|status\n' +
           '  up      start PostgreSQL and Kafka if needed; prints DATABASE_URL and KAFKA_BROKERS\n' +
-          '  down    stop the Kafka broker this project started\n' +
+          '  down    stop the Kafka broker and the cluster nodes this project started\n' +
           '  status  show what answers\n' +
           'env: DATABASE_URL, KAFKA_BROKERS (use these instead of local services),\n' +
-          `     OUTBOXKIT_KAFKA_VERSION (3 = ${KAFKA_LINES[3]}, default; 4 = ${KAFKA_LINES[4]})`,
+          `     OUTBOXKIT_KAFKA_VERSION (3 = ${KAFKA_LINES[3]}, default; 4 = ${KAFKA_LINES[4]}),\n` +
+          `     OUTBOXKIT_KAFKA_NODES (1 = the broker on ${LOCAL_BROKER}, default; 3 = a 3-node cluster on ${clusterAddresses()
+            .map((a) => a.broker)
+            .join(',')})`,
       );
       return 2;
   }

@@ -1,5 +1,14 @@
 import { describe, expect, it } from 'vitest';
-import { isCi, needsDockerProbe, planKafka, planPostgres, type ServiceFacts } from '../../scripts/service-plan.js';
+import {
+  isCi,
+  needsDockerProbe,
+  planCluster,
+  planKafka,
+  planPostgres,
+  type ClusterFacts,
+  type ClusterNodeFact,
+  type ServiceFacts,
+} from '../../scripts/service-plan.js';
 
 /** A machine with nothing: no env, nothing answering, no toolchain, no Docker, not CI, a test run. */
 function bare(over: Partial<ServiceFacts> = {}): ServiceFacts {
@@ -130,6 +139,120 @@ describe('planKafka', () => {
   it('never starts a container under CI or for services:up', () => {
     expect(planKafka(bare({ docker: DOCKER, ci: true })).action).toBe('error');
     expect(planKafka(bare({ docker: DOCKER, ephemeralOk: false })).action).toBe('error');
+  });
+});
+
+describe('planKafka with OUTBOXKIT_KAFKA_NODES=3', () => {
+  const cluster = (kafka: Partial<ServiceFacts['kafka']>, over: Partial<ServiceFacts> = {}) =>
+    bare({ kafka: { nodes: 3, localAnswers: false, maven: { ok: true }, ...kafka }, ...over });
+
+  it('still uses KAFKA_BROKERS first', () => {
+    expect(planKafka(cluster({}, { kafkaBrokers: ['k1:9092'] }))).toEqual({ action: 'use-env', brokers: ['k1:9092'] });
+  });
+
+  it('uses the cluster when every node answers, else starts its missing nodes with Maven', () => {
+    expect(planKafka(cluster({ localAnswers: true, maven: undefined }))).toEqual({ action: 'use-local' });
+    expect(planKafka(cluster({}))).toEqual({ action: 'start-maven-cluster' });
+    expect(planKafka(cluster({}, { ci: true }))).toEqual({ action: 'start-maven-cluster' });
+  });
+
+  it('never falls back to a container (no container path starts a cluster), and says what to do', () => {
+    const plan = planKafka(
+      cluster({ maven: { ok: false, reason: '`mvn -v` failed (mvn: command not found)' } }, { docker: DOCKER }),
+    );
+    expect(plan.action).toBe('error');
+    const message = plan.action === 'error' ? plan.message : '';
+    expect(message).toContain('127.0.0.1:9192,127.0.0.1:9292,127.0.0.1:9392');
+    expect(message).toContain('mvn: command not found');
+    expect(message).toContain('set KAFKA_BROKERS');
+    expect(message).toContain('install Java 17+ and Maven');
+    expect(message).toContain('unset OUTBOXKIT_KAFKA_NODES');
+  });
+
+  it('needs no Docker probe for Kafka', () => {
+    const { docker: _docker, ...facts } = cluster({ maven: { ok: false } }, { databaseUrl: 'postgres://x' });
+    expect(needsDockerProbe(facts)).toBe(false);
+  });
+});
+
+describe('planCluster', () => {
+  const node = (id: number, over: Partial<ClusterNodeFact> = {}): ClusterNodeFact => ({
+    id,
+    broker: `127.0.0.1:${9092 + 100 * id}`,
+    answers: false,
+    running: undefined,
+    ...over,
+  });
+  const facts = (nodes: ClusterNodeFact[], over: Partial<ClusterFacts> = {}): ClusterFacts => ({
+    nodes,
+    wanted: '3.9.2',
+    wantedExplicitly: false,
+    ...over,
+  });
+  const ours = { answers: true, running: '3.9.2' };
+
+  it('starts all three nodes, with the version asked for, when none runs', () => {
+    expect(planCluster(facts([node(1), node(2), node(3)], { wanted: '4.4.0' }))).toEqual({
+      action: 'start',
+      version: '4.4.0',
+      start: [1, 2, 3],
+      wait: [],
+    });
+  });
+
+  it('uses the cluster as it is when every node answers', () => {
+    expect(planCluster(facts([node(1, ours), node(2, ours), node(3, ours)]))).toEqual({ action: 'use-running' });
+  });
+
+  it('starts only a killed node again, with the version the others run', () => {
+    expect(planCluster(facts([node(1, ours), node(2), node(3, ours)], { wanted: '4.4.0' }))).toEqual({
+      action: 'start',
+      version: '3.9.2',
+      start: [2],
+      wait: [],
+    });
+  });
+
+  it('waits for a node of ours that runs but does not answer yet (booting), never starts a second one', () => {
+    expect(planCluster(facts([node(1, ours), node(2, { running: '3.9.2' }), node(3)]))).toEqual({
+      action: 'start',
+      version: '3.9.2',
+      start: [3],
+      wait: [2],
+    });
+  });
+
+  it('warns when OUTBOXKIT_KAFKA_VERSION asks for another version than the running cluster', () => {
+    const nodes = [node(1, ours), node(2, ours), node(3, ours)];
+    const plan = planCluster(facts(nodes, { wanted: '4.4.0', wantedExplicitly: true }));
+    expect(plan.action).toBe('use-running');
+    expect(plan.action === 'use-running' && plan.warning).toContain(
+      'asks for Kafka 4.4.0, but the local cluster runs Kafka 3.9.2',
+    );
+    // Not asked explicitly: the default version differs, nothing to warn about.
+    expect(planCluster(facts(nodes, { wanted: '4.4.0' }))).toEqual({ action: 'use-running' });
+  });
+
+  it('uses a cluster this checkout did not start while all its nodes answer', () => {
+    const foreign = { answers: true, running: undefined };
+    expect(planCluster(facts([node(1, foreign), node(2, foreign), node(3, foreign)]))).toEqual({
+      action: 'use-running',
+    });
+  });
+
+  it('refuses to complete a cluster this checkout did not start (another cluster id), naming the ports', () => {
+    const plan = planCluster(facts([node(1, { answers: true }), node(2), node(3, ours)]));
+    expect(plan.action).toBe('error');
+    const message = plan.action === 'error' ? plan.message : '';
+    expect(message).toContain('127.0.0.1:9192 answers but was not started from this checkout');
+    expect(message).toContain('127.0.0.1:9292 is down');
+    expect(message).toContain('npm run services:down');
+  });
+
+  it('refuses nodes of two versions at once', () => {
+    const plan = planCluster(facts([node(1, ours), node(2, { answers: true, running: '4.4.0' }), node(3)]));
+    expect(plan.action).toBe('error');
+    expect(plan.action === 'error' && plan.message).toContain('different versions (3.9.2, 4.4.0)');
   });
 });
 
