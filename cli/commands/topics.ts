@@ -50,7 +50,10 @@ export function registerTopics(program: Command): void {
             '(--partitions applies to new topics only).',
         );
       }
-      for (const [topic, f] of Object.entries(facts)) {
+      // In the order the topics were given.
+      for (const topic of new Set(names)) {
+        const f = facts[topic];
+        if (!f) continue;
         const weak = f.replicationFactor && weakAcksReason(f.replicationFactor, f.minInsyncReplicas);
         if (weak) printError(`outboxkit: warning: ${topic} has ${weak}.`);
       }
