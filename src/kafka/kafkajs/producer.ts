@@ -4,7 +4,7 @@
  * (`createKafkajsProducer`, `RelayProducer`), kept as deprecated aliases of `outboxkit/relay`.
  */
 import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
-import { optionNames, refuseUnknownOptions } from '../../errors.js';
+import { BrokerUnavailableError, optionNames, refuseUnknownOptions } from '../../errors.js';
 import { throwIfFailed } from '../outcomes.js';
 import {
   PRODUCER_SETTING_NAMES,
@@ -55,11 +55,21 @@ const CODECS: Record<CompressionCodec, CompressionTypes> = {
 export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): KafkaProducer {
   refuseUnknownOptions(settings ?? {}, PRODUCER_SETTING_NAMES, 'producer');
   const { retries = 5, retryInitialMs, retryMaxMs, requestTimeoutMs = 30_000, compression = 'none', onSend } = settings;
+  // The partition kafkajs chose for each message of a send (its last choice, retries included).
+  const assigned = new WeakMap<object, number>();
   const producer: Producer = kafka.producer({
     ...SAFE_PRODUCER_CONFIG,
     // Java-compatible murmur2 of the key: the same partition a Java producer would choose. Naming it
-    // also spares every start kafkajs's "v2.0.0 switched default partitioner" warning.
-    createPartitioner: Partitioners.DefaultPartitioner,
+    // also spares every start kafkajs's "v2.0.0 switched default partitioner" warning. Each choice
+    // is remembered, so that a send's answer can be checked against it (unacknowledgedPartitions).
+    createPartitioner: () => {
+      const choose = Partitioners.DefaultPartitioner();
+      return (args) => {
+        const partition = choose(args);
+        assigned.set(args.message, partition);
+        return partition;
+      };
+    },
     // The client's own retry timing unless the caller sets it (kafkajs merges the two).
     retry: {
       retries,
@@ -98,12 +108,17 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
         const began = performance.now();
         let failure: KafkaFailure | undefined;
         try {
-          await producer.sendBatch({
+          const answers = await producer.sendBatch({
             acks: -1,
             timeout: requestTimeoutMs,
             compression: codec,
             topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
           });
+          const sent = [...byTopic].flatMap(([topic, messages]) =>
+            messages.map((m) => ({ topic, partition: assigned.get(m) })),
+          );
+          const missing = unacknowledgedPartitions(sent, answers);
+          if (missing.length > 0) failure = notAcknowledged(missing);
         } catch (err) {
           failure = failureOf(err);
         }
@@ -118,6 +133,40 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
       tail = result.catch(() => undefined);
       return result;
     },
+  };
+}
+
+/**
+ * The topic-partitions of `sent` that no answer of `answers` covers, as `topic-partition` strings.
+ *
+ * kafkajs 2.2.4 resolves a send whose partition moved, during its retries, to a broker that had
+ * already answered for other partitions of the same send, without sending that partition's
+ * messages again (sendMessages.js keeps each broker's first answer and skips it on retry;
+ * tulios/kafkajs#1798): the send succeeds, some records are not written. Found on a 3-node
+ * cluster with a leader killed mid-send (test/cluster/). A message whose partition is unknown
+ * (`undefined`: the partitioner was not asked) counts as unacknowledged.
+ */
+export function unacknowledgedPartitions(
+  sent: readonly { topic: string; partition: number | undefined }[],
+  answers: readonly { topicName: string; partition: number }[],
+): string[] {
+  const answered = new Set(answers.map((a) => `${a.topicName}-${a.partition}`));
+  const missing = new Set<string>();
+  for (const s of sent) {
+    const tp = `${s.topic}-${s.partition ?? '?'}`;
+    if (!answered.has(tp)) missing.add(tp);
+  }
+  return [...missing];
+}
+
+/** The failure of a send that kafkajs resolved without an answer for `missing` (a broker failure: sent again). */
+function notAcknowledged(missing: readonly string[]): KafkaFailure {
+  return {
+    kind: 'broker',
+    error: new BrokerUnavailableError(
+      `kafkajs resolved the send without an acknowledgement for ${missing.join(', ')} ` +
+        '(a partition leader moved during the send): its records count as not sent and go again.',
+    ),
   };
 }
 

@@ -8,7 +8,12 @@
 import { CompressionTypes, KafkaJSNumberOfRetriesExceeded, KafkaJSProtocolError } from 'kafkajs';
 import { describe, expect, it } from 'vitest';
 import { isOutboxkitError } from '../../../src/errors.js';
-import { createKafkajsProducer, fromRelayProducer, kafkajsProducer } from '../../../src/kafka/kafkajs/producer.js';
+import {
+  createKafkajsProducer,
+  fromRelayProducer,
+  kafkajsProducer,
+  unacknowledgedPartitions,
+} from '../../../src/kafka/kafkajs/producer.js';
 import type { Kafka } from '../../../src/kafka/kafkajs/client.js';
 import type { OutboundRecord } from '../../../src/kafka/types.js';
 
@@ -17,19 +22,38 @@ interface SendBatchCall {
   timeout: number;
   compression: number;
   topicMessages: { topic: string; messages: { key: unknown; value: unknown; partition?: number }[] }[];
+  /** What kafkajs would answer when every partition chosen (3 per topic) was acknowledged. */
+  answers: { topicName: string; partition: number }[];
 }
 
-/** A fake kafkajs client whose producer's sendBatch runs `answer`. */
-function fakeKafka(answer: (call: SendBatchCall) => Promise<unknown> = async () => []) {
+type Partitioner = (args: { topic: string; partitionMetadata: unknown[]; message: unknown }) => number;
+
+/**
+ * A fake kafkajs client whose producer's sendBatch asks the configured partitioner for each message
+ * (3 partitions per topic), as kafkajs does, then runs `answer` (by default: every partition answered).
+ */
+function fakeKafka(answer: (call: SendBatchCall) => Promise<unknown> = async (call) => call.answers) {
   const producerConfigs: Record<string, unknown>[] = [];
   const calls: SendBatchCall[] = [];
+  const partitionMetadata = [0, 1, 2].map((partitionId) => ({ partitionId, leader: 1 }));
   const kafka = {
     producer(config: Record<string, unknown>) {
       producerConfigs.push(config);
+      const partitioner = (config.createPartitioner as () => Partitioner)();
       return {
         connect: async () => {},
         disconnect: async () => {},
-        sendBatch: (call: SendBatchCall) => {
+        sendBatch: (batch: Omit<SendBatchCall, 'answers'>) => {
+          const chosen = new Set<string>();
+          const answers: SendBatchCall['answers'] = [];
+          for (const { topic, messages } of batch.topicMessages) {
+            for (const message of messages) {
+              const partition = partitioner({ topic, partitionMetadata, message });
+              if (!chosen.has(`${topic}-${partition}`)) answers.push({ topicName: topic, partition });
+              chosen.add(`${topic}-${partition}`);
+            }
+          }
+          const call = { ...batch, answers };
           calls.push(call);
           return answer(call);
         },
@@ -121,11 +145,11 @@ describe('the kafkajs producer', () => {
     const held = new Promise<void>((r) => (release = r));
     let inFlight = 0;
     let most = 0;
-    const { kafka } = fakeKafka(async () => {
+    const { kafka } = fakeKafka(async (call) => {
       most = Math.max(most, ++inFlight);
       await held;
       inFlight--;
-      return [];
+      return call.answers;
     });
     const sent: { records: number; ok: boolean }[] = [];
     const producer = kafkajsProducer(kafka, {
@@ -145,6 +169,23 @@ describe('the kafkajs producer', () => {
       { records: 2, ok: true },
       { records: 1, ok: true },
     ]);
+  });
+
+  it('a send kafkajs resolved without an answer for a partition fails (a broker failure) instead of passing as written', async () => {
+    // kafkajs 2.2.4 can resolve a send without writing a partition whose leader moved during it
+    // (tulios/kafkajs#1798): its answer then lacks that partition.
+    const { kafka } = fakeKafka(async (call) => call.answers.slice(0, 1));
+    const producer = kafkajsProducer(kafka);
+    const keys = Array.from({ length: 30 }, (_, i) => `key-${i}`);
+    const { outcomes } = await producer.send(keys.map((k) => record('t', k)));
+    expect(outcomes).toHaveLength(30);
+    for (const outcome of outcomes) {
+      expect(outcome.ok).toBe(false);
+      if (outcome.ok) continue;
+      expect(outcome.failure.kind).toBe('broker');
+      expect(isOutboxkitError(outcome.failure.error, 'OUTBOXKIT_BROKER_UNAVAILABLE')).toBe(true);
+      expect(outcome.failure.error.message).toMatch(/without an acknowledgement for t-\d, t-\d/);
+    }
   });
 
   it('createKafkajsProducer (deprecated) rejects with kafkajs’s error, as before', async () => {
@@ -175,5 +216,30 @@ describe('the kafkajs producer', () => {
     ]);
     fail = false;
     expect((await wrapped.send([record('a')])).outcomes).toEqual([{ ok: true }]);
+  });
+});
+
+describe('unacknowledgedPartitions (a send kafkajs resolved without an answer for some partition)', () => {
+  it('names the topic-partitions sent that no answer covers, once each', () => {
+    const sent = [
+      { topic: 'a', partition: 0 },
+      { topic: 'a', partition: 1 },
+      { topic: 'a', partition: 1 },
+      { topic: 'b', partition: 0 },
+    ];
+    expect(unacknowledgedPartitions(sent, [{ topicName: 'a', partition: 0 }])).toEqual(['a-1', 'b-0']);
+    expect(
+      unacknowledgedPartitions(sent, [
+        { topicName: 'a', partition: 0 },
+        { topicName: 'a', partition: 1 },
+        { topicName: 'b', partition: 0 },
+      ]),
+    ).toEqual([]);
+  });
+
+  it('counts a message whose partition was never chosen as unacknowledged', () => {
+    expect(
+      unacknowledgedPartitions([{ topic: 'a', partition: undefined }], [{ topicName: 'a', partition: 0 }]),
+    ).toEqual(['a-?']);
   });
 });
