@@ -76,11 +76,6 @@ export class BrokerHealth {
     return this.standingDownNow;
   }
 
-  /** A failure streak runs: a send, connect or probe failed and the broker has not answered since. */
-  get streakRunning(): boolean {
-    return this.failingSince !== undefined;
-  }
-
   /** How long the current failure streak has lasted, in ms, when it is longer than a lease; else undefined. */
   standDownDue(): number | undefined {
     if (this.failingSince === undefined) return undefined;

@@ -404,13 +404,10 @@ export class Relay extends EventEmitter<RelayEvents> {
         this.emit('relay:pass', { read, sent, durationMs: performance.now() - began });
       } catch (err) {
         failures++;
+        this.health.failing();
         this.readAhead = undefined;
-        // A failure of Kafka (a send, a producer or admin connect) has started the failure streak
-        // by now: the producer is dropped at once (`producerConnected` false) and a new one
-        // connects. Any other failure (the database: a read, a marking, a lease) leaves the
-        // producer in place and the streak alone: it is retried with backoff, and a relay that
-        // cannot reach its database loses its lanes by their leases, not by standing down.
-        const rebuilt = this.health.streakRunning ? this.health.awaitProducer() : undefined;
+        // The producer is dropped at once (`producerConnected` false) and a new one connects.
+        const rebuilt = this.health.awaitProducer();
         await this.marks.settle().catch(() => undefined);
         const error = err instanceof Error ? err : new Error(String(err));
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
@@ -558,12 +555,10 @@ export class Relay extends EventEmitter<RelayEvents> {
       if (unknown.length > 0) {
         const admin = this.client.admin();
         const timeoutMs = this.options.brokerTimeoutMs;
-        const began = performance.now();
         const connecting = admin.connect();
         try {
           await withDeadline(connecting, timeoutMs, 'an admin connect');
         } catch (err) {
-          this.health.failing(began);
           // Disconnected once its connect settles (a disconnect during it could leave a connection).
           void connecting.catch(() => undefined).then(() => this.health.disconnectQuietly(admin));
           throw err;

@@ -188,7 +188,7 @@ describe('CLI over SCRAM-SHA-512', () => {
       KAFKA_SASL_PASSWORD_FILE: passwordFile,
     });
     expect((await r.exited).code, r.output.join('')).toBe(0);
-    expect(JSON.parse(r.stdout.join(''))).toEqual({ created: [topic], existing: [], partitions: { [topic]: 3 } });
+    expect(JSON.parse(r.stdout.join(''))).toMatchObject({ created: [topic], existing: [], partitions: { [topic]: 3 } });
     // The same user with the SHA-256 mechanism has no credentials: refused.
     const wrong = spawnCli(['topics', 'ensure', randomName('scram512-wrong'), '--json', '--kafka-retries', '0'], {
       KAFKA_BROKERS: broker.brokers.join(','),
@@ -250,7 +250,11 @@ describe('relay and CLI over TLS', () => {
       KAFKA_SSL_KEY_PASSWORD_FILE: broker.tls.clientKeyPasswordFile,
     });
     expect((await ok.exited).code, ok.output.join('')).toBe(0);
-    expect(JSON.parse(ok.stdout.join(''))).toEqual({ created: [topic], existing: [], partitions: { [topic]: 3 } });
+    expect(JSON.parse(ok.stdout.join(''))).toMatchObject({
+      created: [topic],
+      existing: [],
+      partitions: { [topic]: 3 },
+    });
     const refused = spawnCli(['topics', 'ensure', randomName('mtls-no-cert'), '--json', '--kafka-retries', '0'], env);
     expect((await refused.exited).code).toBe(1);
   });

@@ -126,7 +126,11 @@ describe('runFaultPhase (the floor of injected faults)', () => {
       },
     });
     expect(result).toMatchObject({ injected: 4, skipped: 4, replacements: 4, floorReached: true });
-    expect(tried.slice(4)).toEqual(Array(4).fill('pg-terminate-listener'));
+    // The four planned faults (kill-relay), each skipped, and four replacements, all of the one
+    // feasible kind. Their order is the clock's: on a loaded machine a replacement may come
+    // before a later planned fault's time.
+    expect(tried.filter((k) => k === 'kill-relay')).toHaveLength(4);
+    expect(tried.filter((k) => k !== 'kill-relay')).toEqual(Array(4).fill('pg-terminate-listener'));
   });
 
   it('fails the floor when the deadline passes first', async () => {
