@@ -114,10 +114,7 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
             compression: codec,
             topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
           });
-          const sent = [...byTopic].flatMap(([topic, messages]) =>
-            messages.map((m) => ({ topic, partition: assigned.get(m) })),
-          );
-          const missing = unacknowledgedPartitions(sent, answers);
+          const missing = unacknowledgedPartitions(byTopic, (m) => assigned.get(m), answers);
           if (missing.length > 0) failure = notAcknowledged(missing);
         } catch (err) {
           failure = failureOf(err);
@@ -137,7 +134,8 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
 }
 
 /**
- * The topic-partitions of `sent` that no answer of `answers` covers, as `topic-partition` strings.
+ * The topic-partitions of the messages of `sent` (by topic; `partitionOf` gives each one's
+ * partition) that no answer of `answers` covers, as `topic-partition` strings.
  *
  * kafkajs 2.2.4 resolves a send whose partition moved, during its retries, to a broker that had
  * already answered for other partitions of the same send, without sending that partition's
@@ -146,15 +144,25 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
  * cluster with a leader killed mid-send (test/cluster/). A message whose partition is unknown
  * (`undefined`: the partitioner was not asked) counts as unacknowledged.
  */
-export function unacknowledgedPartitions(
-  sent: readonly { topic: string; partition: number | undefined }[],
+export function unacknowledgedPartitions<M>(
+  sent: ReadonlyMap<string, readonly M[]>,
+  partitionOf: (message: M) => number | undefined,
   answers: readonly { topicName: string; partition: number }[],
 ): string[] {
-  const answered = new Set(answers.map((a) => `${a.topicName}-${a.partition}`));
+  // On the relay's hot path: no allocation per message unless a partition is missing.
+  const answered = new Map<string, Set<number>>();
+  for (const a of answers) {
+    let partitions = answered.get(a.topicName);
+    if (!partitions) answered.set(a.topicName, (partitions = new Set()));
+    partitions.add(a.partition);
+  }
   const missing = new Set<string>();
-  for (const s of sent) {
-    const tp = `${s.topic}-${s.partition ?? '?'}`;
-    if (!answered.has(tp)) missing.add(tp);
+  for (const [topic, messages] of sent) {
+    const partitions = answered.get(topic);
+    for (const m of messages) {
+      const partition = partitionOf(m);
+      if (partition === undefined || !partitions?.has(partition)) missing.add(`${topic}-${partition ?? '?'}`);
+    }
   }
   return [...missing];
 }

@@ -221,15 +221,13 @@ describe('the kafkajs producer', () => {
 
 describe('unacknowledgedPartitions (a send kafkajs resolved without an answer for some partition)', () => {
   it('names the topic-partitions sent that no answer covers, once each', () => {
-    const sent = [
-      { topic: 'a', partition: 0 },
-      { topic: 'a', partition: 1 },
-      { topic: 'a', partition: 1 },
-      { topic: 'b', partition: 0 },
-    ];
-    expect(unacknowledgedPartitions(sent, [{ topicName: 'a', partition: 0 }])).toEqual(['a-1', 'b-0']);
+    const sent = new Map([
+      ['a', [0, 1, 1]],
+      ['b', [0]],
+    ]);
+    expect(unacknowledgedPartitions(sent, (p) => p, [{ topicName: 'a', partition: 0 }])).toEqual(['a-1', 'b-0']);
     expect(
-      unacknowledgedPartitions(sent, [
+      unacknowledgedPartitions(sent, (p) => p, [
         { topicName: 'a', partition: 0 },
         { topicName: 'a', partition: 1 },
         { topicName: 'b', partition: 0 },
@@ -239,7 +237,7 @@ describe('unacknowledgedPartitions (a send kafkajs resolved without an answer fo
 
   it('counts a message whose partition was never chosen as unacknowledged', () => {
     expect(
-      unacknowledgedPartitions([{ topic: 'a', partition: undefined }], [{ topicName: 'a', partition: 0 }]),
+      unacknowledgedPartitions(new Map([['a', [undefined]]]), (p) => p, [{ topicName: 'a', partition: 0 }]),
     ).toEqual(['a-?']);
   });
 });
