@@ -39,6 +39,8 @@ export default defineConfig({
           // After the other projects: it kills cluster nodes and stops the cluster at the end, which
           // `OUTBOXKIT_KAFKA_NODES=3 npm test` also hands to the integration tests.
           sequence: { groupOrder: 1 },
+          // One file at a time: each kills and restarts nodes of the one cluster.
+          fileParallelism: false,
           testTimeout: 180_000,
           hookTimeout: 300_000,
         },

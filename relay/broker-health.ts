@@ -123,6 +123,15 @@ export class BrokerHealth {
     this.answered();
   }
 
+  /**
+   * A send failed, but the cluster answered and said why (a partition that cannot take writes):
+   * the broker works, and the failure streak is neither started nor ended by it.
+   */
+  sendAnswered(): void {
+    this.sending = false;
+    this.answered();
+  }
+
   /** A send failed or got no answer in time: the failure streak starts at its start, if not before. */
   sendFailed(startedAt: number): void {
     this.sending = false;

@@ -31,10 +31,11 @@ import { readTopicLimits, splitByTopicLimit } from '../src/kafka/topic-limits.js
 import { createKafkajsClient, kafkaClientOf } from '../src/kafka/kafkajs/client.js';
 import { fromRelayProducer, RELAY_PRODUCER_RETRY } from '../src/kafka/kafkajs/producer.js';
 import { firstFailure, throwIfFailed } from '../src/kafka/outcomes.js';
-import type { KafkaClient, KafkaFailure, OutboundRecord } from '../src/kafka/types.js';
+import type { KafkaAdmin, KafkaClient, KafkaFailure, OutboundRecord } from '../src/kafka/types.js';
 import { BrokerHealth, noProducer, withDeadline } from './broker-health.js';
 import { Lanes, type LaneLease } from './lanes.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
+import { PartitionGate, type BlockedPartition } from './partitions.js';
 import { resolveRelayOptions, type RelayOptions, type ResolvedRelayOptions } from './options.js';
 import * as sql from './sql.js';
 import { Wake } from './wake.js';
@@ -61,7 +62,18 @@ export interface RelayEvents {
   'relay:pass': [{ read: number; sent: number; durationMs: number }];
   /** Rows marked published (fewer than acknowledged when the fencing check refused some). */
   'relay:marked': [{ rows: number }];
+  /**
+   * The topic-partitions that cannot take writes changed (no leader, or too few in-sync
+   * replicas): `blocked` lists them now (empty once all take writes again). Their events wait.
+   */
+  'relay:partitions': [{ blocked: BlockedPartition[] }];
 }
+
+/**
+ * While some topic-partition cannot take writes, the relay asks the cluster for its state this
+ * often, in ms: its waiting events go out within about this long of it taking writes again.
+ */
+export const PARTITION_RECHECK_MS = 1_000;
 
 /**
  * A relay instance. `start()` runs it in the background; `stop()` drains the pass in flight,
@@ -80,6 +92,12 @@ export class Relay extends EventEmitter<RelayEvents> {
   private readonly lanes: Lanes;
   private readonly health: BrokerHealth;
   private readonly wake: Wake;
+  /** Which topic-partitions cannot take writes, and the keys that wait for them (undefined without a Kafka client). */
+  private readonly gate: PartitionGate | undefined;
+  /** The admin client of the gate's metadata requests, connected on first use and dropped after a failure. */
+  private admin: { client: KafkaAdmin; connecting: Promise<void> } | undefined;
+  private recheckTimer: NodeJS.Timeout | undefined;
+  private rechecking = false;
   private loopDone: Promise<void> | undefined;
   private maintainTimer: NodeJS.Timeout | undefined;
   private cleanupTimer: NodeJS.Timeout | undefined;
@@ -175,6 +193,25 @@ export class Relay extends EventEmitter<RelayEvents> {
       },
       o.leaseMs,
     );
+    this.gate = client
+      ? new PartitionGate(
+          {
+            describe: (topics) => this.withAdmin('a metadata request', (a) => a.describeTopics(topics)),
+            minInsyncReplicas: (topics) =>
+              this.withAdmin('a topic configuration read', async (a) => {
+                const configs = await a.describeTopicConfigs(topics, ['min.insync.replicas']);
+                const values = new Map<string, number>();
+                for (const [topic, c] of configs) {
+                  const n = Number(c['min.insync.replicas']);
+                  if (Number.isSafeInteger(n) && n > 0) values.set(topic, n);
+                }
+                return values;
+              }),
+            partitionForKey: (key, count) => client.partitionForKey(key, count),
+          },
+          this.logger,
+        )
+      : undefined;
     this.wake = new Wake({
       listen: o.listen,
       channel: notifyChannel(o.schema),
@@ -201,6 +238,30 @@ export class Relay extends EventEmitter<RelayEvents> {
   /** The lanes this relay currently holds. */
   heldLanes(): number[] {
     return this.lanes.list();
+  }
+
+  /**
+   * The topic-partitions this relay found unable to take writes (no leader, or fewer in-sync
+   * replicas than `min.insync.replicas`), with how many keys of its lanes wait for each. Empty
+   * when every partition it writes to takes writes, or when it has no Kafka client to ask.
+   */
+  blockedPartitions(): BlockedPartition[] {
+    return this.gate?.blocked() ?? [];
+  }
+
+  /**
+   * Events of this relay's lanes that wait for each blocked topic-partition (one query, only while
+   * some partition is blocked): `{ topic, partition, events }`.
+   */
+  async waitingEvents(): Promise<{ topic: string; partition: number; events: number }[]> {
+    const gate = this.gate;
+    if (!gate?.anyBlocked) return [];
+    const byKey = await sql.pendingByKey(this.db, this.q, this.heldLanes(), gate.keys());
+    return gate.blocked().map((b) => ({
+      topic: b.topic,
+      partition: b.partition,
+      events: gate.keysOf(b.topic, b.partition).reduce((n, k) => n + (byKey.get(k) ?? 0), 0),
+    }));
   }
 
   /**
@@ -244,6 +305,8 @@ export class Relay extends EventEmitter<RelayEvents> {
         .finally(() => (this.cleaning = undefined));
     }, this.options.cleanupIntervalMs);
     this.cleanupTimer.unref();
+    this.recheckTimer = setInterval(() => void this.recheckPartitions(), PARTITION_RECHECK_MS);
+    this.recheckTimer.unref();
     signal?.addEventListener('abort', () => void this.stop(), { once: true });
     this.loopDone = this.loop();
     this.logger.info({ relayId: this.relayId, lanes: this.heldLanes().length }, 'relay started');
@@ -266,6 +329,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.health.stop();
     clearInterval(this.maintainTimer);
     clearInterval(this.cleanupTimer);
+    clearInterval(this.recheckTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([this.loopDone, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
@@ -284,6 +348,9 @@ export class Relay extends EventEmitter<RelayEvents> {
     }
     this.lanes.clear();
     await this.wake.close();
+    const admin = this.admin;
+    this.admin = undefined;
+    if (admin) await admin.connecting.then(() => this.health.disconnectQuietly(admin.client)).catch(() => undefined);
     await this.health.close();
     if (this.ownsPool) await this.pool.end();
     this.logger.info({ relayId: this.relayId }, 'relay stopped');
@@ -460,9 +527,15 @@ export class Relay extends EventEmitter<RelayEvents> {
     // may have committed after its snapshot.
     const wakesAtRead = aheadRows && ahead ? ahead.wakes : wake.wakes;
     // Rows acknowledged but not marked yet are still pending in the table: not read again meanwhile.
-    const rows = aheadRows ?? (await sql.readPending(this.db, this.q, { ...read, exclude: this.marks.pendingSeqs() }));
+    const rows =
+      aheadRows ??
+      (await sql.readPending(this.db, this.q, { ...read, ...this.waiting(), exclude: this.marks.pendingSeqs() }));
     if (rows.length === 0) return { read: 0, sent: 0 };
-    const sendable = this.lanes.stillOwned(rows, lanes);
+    const owned = this.lanes.stillOwned(rows, lanes);
+    // Rows for a topic-partition that cannot take writes wait, and so do later rows of their keys
+    // (the next reads skip those keys): only what can go out is sent.
+    const { send: sendable, waiting } = this.gate ? this.gate.split(owned) : { send: owned, waiting: [] };
+    if (waiting.length > 0) this.morePending = true;
     if (sendable.length === 0) return { read: rows.length, sent: 0 };
     this.passHoldsRows = true;
     if (this.isolateNext) {
@@ -484,7 +557,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     // this one is acknowledged, so a key's order holds. Dropped if this send fails (the next pass
     // isolates). Without LISTEN the next poll reads.
     const pageRows = rows[0]!.page_rows;
-    this.morePending = pageRows >= o.batchSize || pageRows > rows.length;
+    this.morePending ||= pageRows >= o.batchSize || pageRows > rows.length;
     let inFlight = true;
     const readNext = (): void => {
       if (this.readAhead || this.stopping) return;
@@ -493,7 +566,11 @@ export class Relay extends EventEmitter<RelayEvents> {
         leases,
         wakes,
         rows: sql
-          .readPending(this.db, this.q, { ...read, exclude: [...this.marks.pendingSeqs(), ...rows.map((r) => r.seq)] })
+          .readPending(this.db, this.q, {
+            ...read,
+            ...this.waiting(),
+            exclude: [...this.marks.pendingSeqs(), ...rows.map((r) => r.seq)],
+          })
           .catch(() => undefined), // the next pass reads again
       };
       this.readAhead = next;
@@ -510,6 +587,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.morePending || (o.listen && wake.wakes !== wakesAtRead)) readNext();
     else if (o.listen) wake.onWake = readNext;
     let acked = 0;
+    let failure: KafkaFailure | undefined;
     const sendStarted = this.health.sendStarted();
     try {
       await crashPoint('relay:before-send');
@@ -517,19 +595,28 @@ export class Relay extends EventEmitter<RelayEvents> {
       // retries a broker that is gone for seconds, and waits `requestTimeout` (30 s) for one that
       // does not answer, while this relay should be giving its lanes to a healthy one.
       for (const chunk of chunks) {
-        throwIfFailed(await withDeadline(producer.send(chunk), o.brokerTimeoutMs, 'a send'));
+        failure = firstFailure(await withDeadline(producer.send(chunk), o.brokerTimeoutMs, 'a send'));
+        if (failure) throw failure.error;
         acked += chunk.length;
       }
       this.health.sendSucceeded();
     } catch (err) {
-      this.health.sendFailed(sendStarted);
-      // The rows of failed chunks stay pending; those the broker acknowledged are marked. kafkajs
-      // may report a record's fault as another error (its internal retry of a partly written
-      // batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not trusted here: the
-      // next pass isolates.
-      this.isolateNext = true;
       this.readAhead = undefined;
+      // The rows of failed chunks stay pending; those the broker acknowledged are marked.
       this.marks.add(markBatch(sendable.slice(0, acked), leases, lanes));
+      // The cluster answered that a partition cannot take writes (no leader, too few in-sync
+      // replicas): the relay asks which one; its rows wait from the next pass on, the others go
+      // out in batches. The client recovers by itself: no new producer, no failure streak.
+      if (await this.explained(failure, sendable.slice(acked))) {
+        this.health.sendAnswered();
+        this.morePending = true;
+        return { read: rows.length, sent: acked };
+      }
+      this.health.sendFailed(sendStarted);
+      // Otherwise kafkajs may report a record's fault as another error (its internal retry of a
+      // partly written batch ends in OUT_OF_ORDER_SEQUENCE_NUMBER), so the error's kind is not
+      // trusted here: the next pass isolates.
+      this.isolateNext = true;
       throw err;
     } finally {
       inFlight = false;
@@ -545,6 +632,90 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.marks.takeFailure();
     await this.marks.drainTo(o.batchSize);
     return { read: rows.length, sent: sendable.length };
+  }
+
+  /** What the read skips: the keys and keyless topics that wait for a blocked partition. */
+  private waiting(): { waitingKeys: string[]; closedTopics: string[] } {
+    return this.gate
+      ? { waitingKeys: this.gate.keys(), closedTopics: this.gate.closedTopics() }
+      : { waitingKeys: [], closedTopics: [] };
+  }
+
+  /**
+   * Whether a failed send of `rows` is explained by a partition that cannot take writes. When the
+   * cluster answered so (`failure.partitionUnavailable`), the relay asks it which partitions at once
+   * (see {@link blockedBy}); a connection error or a timeout says nothing of the cluster's state, so
+   * the relay treats it as before (failure streak, new producer, backoff) and asks in the
+   * background, for its next pass, without delaying what the outage of a whole cluster needs.
+   */
+  private async explained(failure: KafkaFailure | undefined, rows: readonly sql.PendingRow[]): Promise<boolean> {
+    if (failure?.partitionUnavailable) return this.blockedBy(rows);
+    void this.blockedBy(rows);
+    return false;
+  }
+
+  /**
+   * After a failed send of `rows`: asks the cluster for the partitions of their topics (bounded by
+   * `brokerTimeoutMs`). True when one of the rows goes to a partition that cannot take writes (it
+   * then waits, see relay/partitions.ts); false when none does or the cluster did not answer.
+   */
+  private async blockedBy(rows: readonly sql.PendingRow[]): Promise<boolean> {
+    const gate = this.gate;
+    if (!gate || rows.length === 0 || this.stopping) return false;
+    const before = gate.blocked().length;
+    try {
+      await gate.refresh(rows.map((r) => r.topic));
+    } catch (err) {
+      this.logger.warn({ err }, 'the cluster did not answer a metadata request after a failed send');
+      return false;
+    }
+    if (gate.blocked().length !== before) this.emit('relay:partitions', { blocked: gate.blocked() });
+    return gate.split(rows).waiting.length > 0;
+  }
+
+  /**
+   * While some topic-partition cannot take writes: asks the cluster for it again (every
+   * {@link PARTITION_RECHECK_MS}), and wakes the loop when some take writes again, so that their
+   * waiting events go out at once.
+   */
+  private async recheckPartitions(): Promise<void> {
+    const gate = this.gate;
+    if (!gate?.anyBlocked || this.rechecking || this.stopping) return;
+    this.rechecking = true;
+    try {
+      const before = gate.blocked().length;
+      const waitingBefore = gate.keys().length;
+      await gate.refresh(gate.blockedTopics());
+      const after = gate.blocked();
+      if (after.length !== before) this.emit('relay:partitions', { blocked: after });
+      if (after.length < before || gate.keys().length < waitingBefore) this.wake.wakeUp();
+    } catch (err) {
+      this.logger.debug({ err }, 'partition recheck failed');
+    } finally {
+      this.rechecking = false;
+    }
+  }
+
+  /**
+   * `fn` with the relay's admin client (connected on first use), bounded by `brokerTimeoutMs`. A
+   * failure drops the client (disconnected once its connect settles); the next call makes a new one.
+   */
+  private async withAdmin<T>(what: string, fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
+    const timeoutMs = this.options.brokerTimeoutMs;
+    let conn = this.admin;
+    if (!conn) {
+      const client = this.client!.admin();
+      conn = this.admin = { client, connecting: client.connect() };
+    }
+    try {
+      await withDeadline(conn.connecting, timeoutMs, 'an admin connect');
+      return await withDeadline(fn(conn.client), timeoutMs, what);
+    } catch (err) {
+      if (this.admin === conn) this.admin = undefined;
+      const dropped = conn;
+      void dropped.connecting.catch(() => undefined).then(() => this.health.disconnectQuietly(dropped.client));
+      throw err;
+    }
   }
 
   /** `max.message.bytes` of the topics of `records` (read once per topic), as a lookup. */
@@ -590,12 +761,118 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
-   * Sends rows one at a time after a batch failed for a record's reason, so that only the guilty
-   * rows count an attempt. Later rows of a failing key are not sent in this pass (per-key order).
+   * Sends the rows of a pass after a batch failed for a reason the cluster's metadata did not
+   * explain, so that a record at fault (too large, topic deleted or forbidden) is found and only it
+   * counts an attempt: one send per topic-partition first (rows of one key go to one partition, in
+   * order), and one send per row only inside a partition whose send failed. So the isolation costs
+   * a send per partition and per suspect row, not one per row of the batch. Later rows of a failing
+   * key are not sent in this pass (per-key order).
    */
   private async isolate(rows: sql.PendingRow[], lanes: LaneLease[]): Promise<number> {
-    const tokens = new Map(lanes.map((l) => [l.lane, l.token]));
     const failedKeys = new Set<string>();
+    let published = 0;
+    for (const group of this.byPartition(rows)) {
+      const pending = group.filter((r) => r.key === null || !failedKeys.has(r.key));
+      if (pending.length === 0) continue;
+      let rest = pending;
+      if (pending.length > 1) {
+        const acked = await this.sendGroup(pending, lanes);
+        if (acked === undefined) break; // fenced out, or stopping
+        published += acked;
+        if (acked === pending.length) continue;
+        rest = pending.slice(acked);
+        // The failed send may have left the idempotent producer's sequence numbers ahead of the
+        // broker's (see isolateRow): the rows are sent one by one by a new producer.
+        if (!(await this.freshProducer())) break;
+      }
+      const outcome = await this.isolateRows(rest, lanes, failedKeys);
+      published += outcome.published;
+      if (outcome.stop) break;
+    }
+    if (published > 0) this.emit('relay:published', { count: published, marked: published, lanes: lanes.length });
+    return published;
+  }
+
+  /**
+   * `rows` in groups of one topic-partition each, in the order of their first row. A row whose
+   * partition is not known (no key, no metadata of its topic, no Kafka client to ask) is a group of
+   * its own: it is sent alone.
+   */
+  private byPartition(rows: readonly sql.PendingRow[]): sql.PendingRow[][] {
+    const groups = new Map<string, sql.PendingRow[]>();
+    const out: sql.PendingRow[][] = [];
+    for (const row of rows) {
+      const partition = this.gate?.partitionOf(row);
+      if (partition === undefined) {
+        out.push([row]);
+        continue;
+      }
+      const id = `${row.topic}\0${partition}`;
+      let group = groups.get(id);
+      if (!group) {
+        groups.set(id, (group = []));
+        out.push(group);
+      }
+      group.push(row);
+    }
+    return out;
+  }
+
+  /**
+   * Sends the rows of one topic-partition in batches (split by the topic's byte limit) and marks
+   * what was acknowledged. Resolves to the rows acknowledged before the first failed batch, or to
+   * undefined when the marking was refused by the fencing check.
+   */
+  private async sendGroup(rows: readonly sql.PendingRow[], lanes: LaneLease[]): Promise<number | undefined> {
+    const records = rows.map(toRecord);
+    const chunks = splitByTopicLimit(records, await this.topicLimits(records));
+    let acked = 0;
+    this.health.sendStarted();
+    try {
+      for (const chunk of chunks) {
+        throwIfFailed(await withDeadline(this.health.producer!.send(chunk), this.options.brokerTimeoutMs, 'a send'));
+        acked += chunk.length;
+      }
+      this.health.sendSucceeded();
+    } catch {
+      // Which row is at fault is found row by row; the broker's state counts there.
+      this.health.sendAnswered();
+    }
+    if (acked === 0) return 0;
+    const marked = await sql.markPublished(
+      this.scope,
+      rows.slice(0, acked).map((r) => r.seq),
+      lanes,
+    );
+    if (marked > 0) this.emit('relay:marked', { rows: marked });
+    if (marked < acked) {
+      this.fencedOut(new Set(rows.map((r) => r.lane)), acked, marked);
+      return undefined;
+    }
+    return acked;
+  }
+
+  /** Drops the producer and connects a new one; false when none connected (or the relay stops). */
+  private async freshProducer(): Promise<boolean> {
+    if (this.stopping) return false;
+    await this.health.awaitProducer();
+    if (this.health.producer) return true;
+    if (this.stopping) return false; // stop() came during the rebuild, which then made no producer
+    throw noProducer(this.options.brokerTimeoutMs);
+  }
+
+  /**
+   * Sends `rows` one at a time, so that only the guilty rows count an attempt; adds the keys of
+   * failed rows to `failedKeys` and skips their later rows. A broker failure not explained by a
+   * blocked partition rejects (the loop backs off). `stop`: the pass ends here (fenced out, or
+   * stopping).
+   */
+  private async isolateRows(
+    rows: readonly sql.PendingRow[],
+    lanes: LaneLease[],
+    failedKeys: Set<string>,
+  ): Promise<{ published: number; stop: boolean }> {
+    const tokens = new Map(lanes.map((l) => [l.lane, l.token]));
     let published = 0;
     for (const row of rows) {
       if (row.key !== null && failedKeys.has(row.key)) continue;
@@ -611,6 +888,12 @@ export class Relay extends EventEmitter<RelayEvents> {
         failure = firstFailure(sent);
         if (failure && failure.kind !== 'record') throw failure.error;
       } catch (err) {
+        // Its partition cannot take writes: the row and its key wait; the others go on.
+        if (await this.explained(failure, [row])) {
+          this.health.sendAnswered();
+          if (row.key !== null) failedKeys.add(row.key);
+          continue;
+        }
         this.health.sendFailed(sendStarted);
         throw err;
       }
@@ -634,28 +917,22 @@ export class Relay extends EventEmitter<RelayEvents> {
           parked ? 'event parked' : 'event publish failed',
         );
         this.emit('relay:failed', { eventId: row.event_id, attempts, parked, error: message });
-        // Stopping: no new producer (stop() disconnects this one); the rows left stay pending.
-        if (this.stopping) break;
         // kafkajs' idempotent producer counts the rejected record's sequence number although the
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
-        // start over with a new producer id.
-        await this.health.awaitProducer();
-        if (!this.health.producer) {
-          if (this.stopping) break; // stop() came during the rebuild, which then made no producer
-          throw noProducer(this.options.brokerTimeoutMs);
-        }
+        // start over with a new producer id. Stopping: no new producer (stop() disconnects this
+        // one); the rows left stay pending.
+        if (!(await this.freshProducer())) return { published, stop: true };
         continue;
       }
       const marked = await sql.markPublished(this.scope, [row.seq], lanes);
       if (marked > 0) this.emit('relay:marked', { rows: marked });
       if (marked === 0) {
         this.fencedOut(new Set([row.lane]), 1, 0);
-        break;
+        return { published, stop: true };
       }
       published += marked;
     }
-    if (published > 0) this.emit('relay:published', { count: published, marked: published, lanes: lanes.length });
-    return published;
+    return { published, stop: false };
   }
 
   /** Deletes published rows past their retention; only the holder of lane 0 does it. */

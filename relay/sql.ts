@@ -268,6 +268,10 @@ export interface ReadPendingParams {
   holdKeys?: boolean;
   /** Seqs skipped by this read (a batch in flight). @defaultValue none */
   exclude?: readonly string[];
+  /** Keys whose rows are skipped: they wait for a partition that cannot take writes (relay/partitions.ts). @defaultValue none */
+  waitingKeys?: readonly string[];
+  /** Topics whose rows without a key are skipped: none of their partitions can take writes. @defaultValue none */
+  closedTopics?: readonly string[];
 }
 
 /**
@@ -286,6 +290,10 @@ export interface ReadPendingParams {
  * `exclude`: seqs of a batch being sent right now (read ahead while it is in flight; its rows are
  * still pending until marked). Excluded rows are skipped for this read only, never for later ones.
  *
+ * `waitingKeys` and `closedTopics`: rows that wait for a topic-partition that cannot take writes
+ * (relay/partitions.ts) are skipped, so that a backlog of them never fills a pass and starves the
+ * partitions that can.
+ *
  * A named prepared statement (see the note on prepared statements at the top of this file).
  */
 export function readPendingSql(schema: string, p: ReadPendingParams): SqlStatement {
@@ -300,6 +308,8 @@ export function readPendingSql(schema: string, p: ReadPendingParams): SqlStateme
           AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
           AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = e.key AND b.seq < e.seq)
           AND e.seq <> ALL($5::bigint[])
+          AND (e.key IS NULL OR e.key <> ALL($6::text[]))
+          AND (e.key IS NOT NULL OR e.topic <> ALL($7::text[]))
         ORDER BY e.seq LIMIT $2),
      w AS (
        SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
@@ -311,7 +321,15 @@ export function readPendingSql(schema: string, p: ReadPendingParams): SqlStateme
       ORDER BY e.seq`;
   return {
     text,
-    values: [p.lanes, p.maxRows, p.maxBytes, p.holdKeys ?? true, p.exclude ?? []],
+    values: [
+      p.lanes,
+      p.maxRows,
+      p.maxBytes,
+      p.holdKeys ?? true,
+      p.exclude ?? [],
+      p.waitingKeys ?? [],
+      p.closedTopics ?? [],
+    ],
     name: statementName('relay_read', text),
   };
 }
@@ -531,4 +549,24 @@ export async function backlog(
   );
   const r = rows[0];
   return { pending: Number(r?.pending ?? 0), parked: Number(r?.parked ?? 0), oldestPendingMs: r?.oldest_ms ?? 0 };
+}
+
+/**
+ * Pending (not parked) events of `keys` in `lanes`, counted per key: the events that wait for a
+ * blocked topic-partition (relay/partitions.ts), for the relay's gauge.
+ */
+export async function pendingByKey(
+  db: Queryable,
+  schema: string,
+  lanes: readonly number[],
+  keys: readonly string[],
+): Promise<Map<string, number>> {
+  if (lanes.length === 0 || keys.length === 0) return new Map();
+  const { rows } = await db.query<{ key: string; n: number }>(
+    `SELECT key, count(*)::int AS n FROM ${schema}.outbox_events
+      WHERE lane = ANY($1::smallint[]) AND key = ANY($2::text[]) AND published_at IS NULL AND parked_at IS NULL
+      GROUP BY key`,
+    [lanes, keys],
+  );
+  return new Map(rows.map((r) => [r.key, r.n]));
 }

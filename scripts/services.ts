@@ -44,6 +44,7 @@ import {
   resolveKafkaNodes,
   serverProperties,
 } from './broker-config.js';
+import { applyKafkajsMetadataFix } from '../src/kafka/kafkajs/metadata-fix.js';
 import { probeDocker, startContainers } from './containers.js';
 import { isCi, needsDockerProbe, planCluster, planServices, type ServiceFacts } from './service-plan.js';
 
@@ -1013,6 +1014,8 @@ interface Probe {
 
 /** `retries`: kafkajs retries per request (0 for a probe; a few where a seed broker may be down). */
 function probeClient(brokers: string[], retries = 0) {
+  // A partition without a leader (a node of the cluster is down) must not make every node look down.
+  applyKafkajsMetadataFix();
   return new Kafka({
     clientId: 'outboxkit-services',
     brokers,

@@ -38,6 +38,7 @@ export type { KafkajsClientOptions, KafkajsLogLevel } from './kafkajs/client.js'
 export { isRetriableKafkaError } from './kafkajs/errors.js';
 export { applyKafkajsRequestQueueFix } from './kafkajs/fix.js';
 export type { KafkajsFixOutcome } from './kafkajs/fix.js';
+export { applyKafkajsMetadataFix } from './kafkajs/metadata-fix.js';
 export { ensureTopics, weakAcksReason } from './topics.js';
 export type { EnsureTopicsOptions, EnsureTopicsResult } from './topics.js';
 export {

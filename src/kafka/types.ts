@@ -54,6 +54,14 @@ export interface KafkaFailure {
   kind: 'record' | 'broker';
   /** The Kafka protocol error name, when the broker gave one: `MESSAGE_TOO_LARGE`, `UNKNOWN_TOPIC_OR_PARTITION`... */
   code?: string;
+  /**
+   * True when the cluster answered that a partition of the send cannot take writes now: it has no
+   * leader (or the client knows of no broker for its leader), its leader moved, or it has fewer
+   * in-sync replicas than `min.insync.replicas` (NOT_ENOUGH_REPLICAS). The relay then asks the
+   * cluster which partitions, and holds back only their events (relay/partitions.ts). Absent for a
+   * connection error or a timeout, which say nothing of where the fault is.
+   */
+  partitionUnavailable?: boolean;
   /** The client's error, as it came. */
   error: Error;
 }
@@ -155,9 +163,9 @@ export interface TopicPartitions {
   /**
    * `leader` is the broker id of the partition's leader, null while it has none (an election);
    * `replicas` the broker ids of its assigned replicas (their count is the replication factor),
-   * when the client reports them.
+   * `isr` those of its in-sync replicas, when the client reports them.
    */
-  partitions: { partition: number; leader: number | null; replicas?: number[] }[];
+  partitions: { partition: number; leader: number | null; replicas?: number[]; isr?: number[] }[];
 }
 
 /** A partition's earliest (`low`) and log-end (`high`) offsets, decimal strings. */
@@ -346,6 +354,13 @@ export interface KafkaClient {
   admin(): KafkaAdmin;
   /** A new group member, not connected. */
   groupConsumer(settings: GroupConsumerSettings): GroupConsumer;
+  /**
+   * The partition its producers write a record with key `key` to, of a topic with
+   * `partitionCount` partitions: Kafka's Java-client partitioner (murmur2 of the key's UTF-8 bytes,
+   * positive, modulo the count), which every client must match (docs/kafka.md). The relay uses it
+   * to tell which pending events go to a partition that cannot take writes.
+   */
+  partitionForKey(key: string | Buffer, partitionCount: number): number;
   /**
    * Whether an error of this client may pass on a later attempt (kafkajs: its `retriable` flag,
    * through its retries-exceeded and aggregate errors; @platformatic/kafka: `canRetry`).

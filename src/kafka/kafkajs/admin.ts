@@ -2,7 +2,7 @@
  * The kafkajs {@link KafkaAdmin}: a kafkajs admin client in outboxkit's shapes. Errors are
  * kafkajs's, as they come.
  */
-import type { ConfigResourceTypes, Kafka } from 'kafkajs';
+import type { Admin, ConfigResourceTypes, Kafka } from 'kafkajs';
 import type { KafkaAdmin } from '../types.js';
 
 /**
@@ -10,6 +10,37 @@ import type { KafkaAdmin } from '../types.js';
  * written out: kafkajs is CommonJS and Node's ESM loader does not see that enum as a named export.
  */
 const TOPIC_RESOURCE_TYPE = 2 as ConfigResourceTypes;
+
+/** How long `createTopic` waits for a new topic's partition leaders, in ms (kafkajs' own createTopics timeout). */
+export const LEADER_WAIT_MS = 5_000;
+
+/**
+ * Resolves once every partition of `topic` has a leader, asking every 100 ms for at most
+ * {@link LEADER_WAIT_MS}. kafkajs' `waitForLeaders` did this by retrying a metadata request until
+ * it stopped failing; with the metadata fix (./metadata-fix.ts) a partition without a leader no
+ * longer fails it, so the leaders are checked here. A broker that does not know the new topic yet
+ * (UNKNOWN_TOPIC_OR_PARTITION) is asked again.
+ *
+ * @throws Error `Timed out while waiting for topic leaders` (as kafkajs), with the last error as `cause`.
+ */
+async function waitForLeaders(admin: Admin, topic: string): Promise<void> {
+  const deadline = performance.now() + LEADER_WAIT_MS;
+  let last: unknown;
+  for (;;) {
+    try {
+      const { topics } = await admin.fetchTopicMetadata({ topics: [topic] });
+      const partitions = topics[0]?.partitions ?? [];
+      if (partitions.length > 0 && partitions.every((p) => p.leader >= 0)) return;
+      last = undefined;
+    } catch (err) {
+      last = err;
+    }
+    if (performance.now() >= deadline) {
+      throw new Error(`Timed out while waiting for topic leaders of ${topic}`, { cause: last });
+    }
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
 
 /** A kafkajs-backed {@link KafkaAdmin} (see `KafkaClient.admin`). */
 export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
@@ -30,6 +61,7 @@ export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
           partition: p.partitionId,
           leader: p.leader < 0 ? null : p.leader,
           replicas: p.replicas,
+          isr: p.isr,
         })),
       }));
     },
@@ -49,7 +81,8 @@ export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
     async createTopic(spec) {
       // One topic per request: kafkajs resolves false when the topic exists, but fails the whole
       // request when only some of its topics exist.
-      const created = await admin.createTopics({ waitForLeaders: true, topics: [spec] });
+      const created = await admin.createTopics({ waitForLeaders: false, topics: [spec] });
+      if (created) await waitForLeaders(admin, spec.topic);
       return created ? 'created' : 'exists';
     },
     async partitionOffsets(topic) {

@@ -9,9 +9,10 @@ import type { KafkaClient } from '../types.js';
 import { kafkajsAdmin } from './admin.js';
 import { isRetriableKafkaError } from './errors.js';
 import { applyKafkajsRequestQueueFix } from './fix.js';
+import { applyKafkajsMetadataFix } from './metadata-fix.js';
 import { kafkajsGroupConsumer } from './group-consumer.js';
 import { kafkajsLogCreator } from './log.js';
-import { kafkajsProducer } from './producer.js';
+import { kafkajsPartitionForKey, kafkajsProducer } from './producer.js';
 
 export type { Kafka, KafkaConfig, SASLOptions } from 'kafkajs';
 
@@ -60,9 +61,10 @@ export function isKafkajsKafka(value: unknown): value is Kafka {
  * A {@link KafkaClient} over kafkajs, from a `Kafka` instance or a kafkajs config (for example
  * `resolveKafkaConfig().kafkaConfig`).
  *
- * It applies {@link applyKafkajsRequestQueueFix} (once per process): the fix of kafkajs 2.2.4's idle
- * 1 ms timer loop, to the copy of kafkajs outboxkit resolves (docs/kafka.md, "kafkajs' 1 ms timer
- * loop"). So does every relay and dedup consumer made from a kafkajs client, since they make
+ * It applies {@link applyKafkajsRequestQueueFix} and {@link applyKafkajsMetadataFix} (once per
+ * process): the fixes of kafkajs 2.2.4's idle 1 ms timer loop and of its metadata requests that fail
+ * on any partition without a leader, to the copy of kafkajs outboxkit resolves (docs/kafka.md,
+ * "kafkajs' 1 ms timer loop", "A partition without a leader"). So does every relay and dedup consumer made from a kafkajs client, since they make
  * theirs here; the library's constructors never patch kafkajs themselves.
  *
  * @throws {@link InvalidOptionsError} on an unknown option name, on `logger` or `logLevel` given
@@ -96,11 +98,13 @@ export function createKafkajsClient(kafka: Kafka | KafkaConfig, options: Kafkajs
     );
   }
   applyKafkajsRequestQueueFix();
+  applyKafkajsMetadataFix();
   return {
     producer: (settings) => kafkajsProducer(instance, settings),
     admin: () => kafkajsAdmin(instance),
     groupConsumer: (settings) => kafkajsGroupConsumer(instance, settings),
     isRetriable: isRetriableKafkaError,
+    partitionForKey: kafkajsPartitionForKey,
   };
 }
 

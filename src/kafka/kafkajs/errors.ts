@@ -23,6 +23,34 @@ export const RECORD_ERROR_TYPES = new Set([
   'INVALID_REQUIRED_ACKS',
 ]);
 
+/**
+ * Kafka protocol error types (and kafkajs error names) by which the cluster says that a partition
+ * cannot take writes now: no leader, a leader that moved, too few in-sync replicas. kafkajs names
+ * KafkaJSBrokerNotFound when a partition's leader is -1 (none) in its metadata.
+ */
+const PARTITION_UNAVAILABLE = new Set([
+  'LEADER_NOT_AVAILABLE',
+  'NOT_LEADER_FOR_PARTITION',
+  'NOT_LEADER_OR_FOLLOWER',
+  'NOT_ENOUGH_REPLICAS',
+  'NOT_ENOUGH_REPLICAS_AFTER_APPEND',
+  'KafkaJSBrokerNotFound',
+]);
+
+/** Whether `err`, or an error it wraps, has a protocol type or an error name in `names`. */
+function chainHas(err: unknown, names: ReadonlySet<string>): boolean {
+  const seen = new Set<unknown>();
+  let current: unknown = err;
+  while (current && typeof current === 'object' && !seen.has(current)) {
+    seen.add(current);
+    const { type, name } = current as { type?: unknown; name?: unknown };
+    if ((typeof type === 'string' && names.has(type)) || (typeof name === 'string' && names.has(name))) return true;
+    const next = current as { cause?: unknown; originalError?: unknown; errors?: unknown[] };
+    current = next.cause ?? next.originalError ?? next.errors?.[0];
+  }
+  return false;
+}
+
 /** The protocol error type of `err` or of an error it wraps, if any. */
 export function kafkaErrorType(err: unknown): string | undefined {
   const seen = new Set<unknown>();
@@ -50,9 +78,11 @@ export function isRecordError(err: unknown): boolean {
 /** The {@link KafkaFailure} of a failed kafkajs send (or of what a `RelayProducer` rejected with). */
 export function failureOf(err: unknown): KafkaFailure {
   const code = kafkaErrorType(err);
+  const kind = isRecordError(err) ? 'record' : 'broker';
   return {
-    kind: isRecordError(err) ? 'record' : 'broker',
+    kind,
     ...(code === undefined ? {} : { code }),
+    ...(kind === 'broker' && chainHas(err, PARTITION_UNAVAILABLE) ? { partitionUnavailable: true } : {}),
     error: err instanceof Error ? err : new Error(String(err), { cause: err }),
   };
 }

@@ -36,6 +36,27 @@ export const SAFE_PRODUCER_CONFIG = Object.freeze({
   allowAutoTopicCreation: false,
 } satisfies ProducerConfig);
 
+/** One kafkajs DefaultPartitioner, used only for keyed records (for which it keeps no state). */
+let keyPartitioner: ReturnType<typeof Partitioners.DefaultPartitioner> | undefined;
+
+/**
+ * The partition kafkajs's DefaultPartitioner (Java-compatible murmur2, the one
+ * {@link kafkajsProducer} uses) gives a record with key `key` in a topic of `partitionCount`
+ * partitions (`KafkaClient.partitionForKey`). A keyed choice depends only on the key and the count.
+ */
+export function kafkajsPartitionForKey(key: string | Buffer, partitionCount: number): number {
+  keyPartitioner ??= Partitioners.DefaultPartitioner();
+  const partitionMetadata = Array.from({ length: partitionCount }, (_, partitionId) => ({
+    partitionId,
+    leader: 0,
+    replicas: [],
+    isr: [],
+    offlineReplicas: [],
+    partitionErrorCode: 0,
+  }));
+  return keyPartitioner({ topic: '', partitionMetadata, message: { key, value: null } });
+}
+
 /** kafkajs's codec of each name (its `CompressionTypes` are Kafka's codec ids). */
 const CODECS: Record<CompressionCodec, CompressionTypes> = {
   none: CompressionTypes.None,

@@ -1,0 +1,187 @@
+/**
+ * What the partial-outage tests on the local 3-node cluster share: a migrated database of their
+ * own, writers that enqueue at a steady rate, a relay, and the checks of a topic against the
+ * outbox rows (no loss, nothing invented, per-key order of first occurrences) with each record's
+ * publish time (its Kafka timestamp, set by the producer when it sends).
+ */
+import { randomBytes } from 'node:crypto';
+import { Kafka, logLevel } from 'kafkajs';
+import pg from 'pg';
+import { enqueue, withPgTransaction } from '../../src/index.js';
+import { migrate } from '../../src/migrate.js';
+import { createKafkajsClient } from '../../src/kafka/kafkajs/client.js';
+import type { KafkaClient } from '../../src/kafka/types.js';
+import { randomName } from '../helpers/kafka.js';
+
+export const log = (msg: string) => console.log(`[outage] ${msg}`);
+
+/** A database of its own for one test file, migrated; `drop()` removes it. */
+export async function clusterTestDatabase(): Promise<{ url: string; pool: pg.Pool; drop(): Promise<void> }> {
+  const base = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+  const name = `outboxkit_c_${randomBytes(5).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: base });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${name}`);
+  await admin.end();
+  const url = new URL(base);
+  url.pathname = `/${name}`;
+  await migrate({ connectionString: url.toString() });
+  const pool = new pg.Pool({ connectionString: url.toString(), max: 6 });
+  return {
+    url: url.toString(),
+    pool,
+    async drop() {
+      pool.on('error', () => {});
+      await pool.end();
+      const c = new pg.Client({ connectionString: base });
+      await c.connect();
+      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await c.end();
+    },
+  };
+}
+
+/** A kafkajs `Kafka` and outboxkit's client over it, on `brokers`, silent. */
+export function clusterKafka(brokers: string[]): { kafka: Kafka; client: KafkaClient } {
+  const kafka = new Kafka({
+    clientId: randomName('outage'),
+    brokers,
+    logLevel: logLevel.NOTHING,
+    retry: { retries: 8, initialRetryTime: 200, maxRetryTime: 2_000 },
+  });
+  return { kafka, client: createKafkajsClient(kafka) };
+}
+
+/** One enqueued event: its key, topic, order number and when its transaction committed (ms since the epoch). */
+export interface Written {
+  n: number;
+  topic: string;
+  key: string;
+  committedAt: number;
+}
+
+/**
+ * Enqueues `ratePerSecond` events (one per transaction) until `stop()`: event n goes to
+ * `topicOf(n)` with key `keyOf(n)`; its payload is `{ n }`.
+ */
+export function startWriters(
+  pool: pg.Pool,
+  options: { ratePerSecond: number; topicOf: (n: number) => string; keyOf: (n: number) => string },
+): { written: Written[]; stop(): Promise<void> } {
+  const written: Written[] = [];
+  let stopped = false;
+  let n = 0;
+  const began = Date.now();
+  const run = (async () => {
+    while (!stopped) {
+      const due = began + (n * 1000) / options.ratePerSecond;
+      const wait = due - Date.now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      const i = n++;
+      const topic = options.topicOf(i);
+      const key = options.keyOf(i);
+      await withPgTransaction(pool, (c) => enqueue(c, { topic, key, type: 'outage.test', payload: { n: i } }));
+      written.push({ n: i, topic, key, committedAt: Date.now() });
+    }
+  })();
+  return {
+    written,
+    async stop() {
+      stopped = true;
+      await run;
+    },
+  };
+}
+
+/** A record read back: its key, order number, partition and Kafka timestamp (ms). */
+export interface ReadBack {
+  key: string;
+  n: number;
+  partition: number;
+  timestamp: number;
+}
+
+/** Reads `topic` from the beginning until it holds every n of `expected` (or `timeoutMs` passes). */
+export async function readBack(
+  kafka: Kafka,
+  topic: string,
+  expected: ReadonlySet<number>,
+  timeoutMs = 60_000,
+): Promise<ReadBack[]> {
+  const consumer = kafka.consumer({ groupId: randomName('outage-reader'), maxWaitTimeInMs: 200 });
+  const out: ReadBack[] = [];
+  const seen = new Set<number>();
+  await consumer.connect();
+  try {
+    await consumer.subscribe({ topic, fromBeginning: true });
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, timeoutMs);
+      const check = () => {
+        if ([...expected].every((n) => seen.has(n))) {
+          clearTimeout(timer);
+          resolve();
+        }
+      };
+      check();
+      void consumer.run({
+        eachMessage: async ({ message, partition }) => {
+          const n = (JSON.parse(message.value!.toString()) as { n: number }).n;
+          out.push({ key: message.key!.toString(), n, partition, timestamp: Number(message.timestamp) });
+          seen.add(n);
+          check();
+        },
+      });
+    });
+  } finally {
+    await consumer.disconnect();
+  }
+  return out;
+}
+
+/**
+ * Checks a topic's records against what was written to it: every event there (none lost), nothing
+ * that was not written (none invented), and for each key the first occurrences in the order of
+ * writing. Returns the problems found (empty when none) and the count of duplicates.
+ */
+export function checkTopic(
+  written: readonly Written[],
+  records: readonly ReadBack[],
+): { problems: string[]; duplicates: number } {
+  const problems: string[] = [];
+  const byN = new Map(written.map((w) => [w.n, w]));
+  const first = new Map<number, ReadBack>();
+  let duplicates = 0;
+  for (const r of records) {
+    if (!byN.has(r.n)) problems.push(`invented: n=${r.n}`);
+    if (first.has(r.n)) duplicates++;
+    else first.set(r.n, r);
+  }
+  const missing = written.filter((w) => !first.has(w.n));
+  if (missing.length > 0) {
+    problems.push(
+      `lost ${missing.length}: ${missing
+        .slice(0, 10)
+        .map((w) => w.n)
+        .join(', ')}`,
+    );
+  }
+  // Per key, the first occurrences (by partition offset order, as read) in order of n.
+  const lastByKey = new Map<string, number>();
+  const seenFirst = new Set<number>();
+  let reorders = 0;
+  for (const r of records) {
+    if (seenFirst.has(r.n)) continue;
+    seenFirst.add(r.n);
+    const last = lastByKey.get(r.key);
+    if (last !== undefined && r.n < last) reorders++;
+    lastByKey.set(r.key, r.n);
+  }
+  if (reorders > 0) problems.push(`${reorders} first occurrences out of key order`);
+  return { problems, duplicates };
+}
+
+/** Records with a Kafka timestamp in [from, to) per second. */
+export function ratePerSecond(records: readonly { timestamp: number }[], from: number, to: number): number {
+  if (to <= from) return 0;
+  return records.filter((r) => r.timestamp >= from && r.timestamp < to).length / ((to - from) / 1000);
+}
