@@ -213,7 +213,8 @@ async function main(): Promise<number> {
         // Test-only (examples/orders/server.ts, shipping.ts): empty in a real run.
         CHAOS_SABOTAGE: o.sabotage.join(','),
       },
-      // Short leases: a dead relay's lanes are taken over within seconds. Published rows are kept
+      // Short leases: a dead relay's lanes are taken over within seconds (with a broker timeout
+      // below the lease, as the relay requires: three quarters of it). Published rows are kept
       // for the check (the default retention could delete them during a long run).
       // Log level info: the relay's "relay started" line tells the supervisor it is ready.
       // Consumer members with partition progress in PostgreSQL (--record-progress).
@@ -225,6 +226,8 @@ async function main(): Promise<number> {
         'relay',
         '--lease-ms',
         '3000',
+        '--broker-timeout-ms',
+        '2250',
         '--poll-interval-ms',
         '250',
         '--published-retention-ms',

@@ -148,7 +148,8 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    * consumer's `fetch.max.wait.ms` is 500 too). It also paces retries: while every partition a
    * fetch would read is paused for a backoff, kafkajs waits this long before it fetches again, so a
    * retry comes after max(backoff, about this wait). It bounds how long `stop()` waits for a fetch
-   * in flight. @defaultValue 500
+   * in flight. Must be below `sessionTimeoutMs`: an idle member heartbeats only between fetches.
+   * @defaultValue 500
    */
   fetchMaxWaitMs?: number;
   /**
@@ -311,10 +312,23 @@ const dedupConsumerSchema = z
   } satisfies Record<keyof DedupConsumerOptions<DatabaseHandle>, z.ZodType>)
   .superRefine((o, ctx) => {
     retryDelaysInOrder(o, ctx);
+    // The broker expels a member that sends no heartbeat for a session: one per interval must fit.
     if (o.heartbeatIntervalMs >= o.sessionTimeoutMs) {
       ctx.addIssue(
         sentence(
           `heartbeatIntervalMs (${o.heartbeatIntervalMs}) must be below sessionTimeoutMs (${o.sessionTimeoutMs}); a third of it is usual.`,
+        ),
+      );
+    }
+    // An idle member heartbeats only between fetches (kafkajs's runner; the keep-alive covers
+    // batches being processed), and a fetch of idle partitions waits fetchMaxWaitMs: a wait as long
+    // as the session would expel the member at every idle fetch, each time a rebalance.
+    if (o.fetchMaxWaitMs >= o.sessionTimeoutMs) {
+      ctx.addIssue(
+        sentence(
+          `fetchMaxWaitMs (${o.fetchMaxWaitMs}) must be below sessionTimeoutMs (${o.sessionTimeoutMs}): an idle member ` +
+            'heartbeats only between fetches, so a longer fetch wait expels it from the group. ' +
+            `Lower fetchMaxWaitMs (default ${DEDUP_CONSUMER_DEFAULTS.fetchMaxWaitMs}) or raise sessionTimeoutMs.`,
         ),
       );
     }

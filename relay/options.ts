@@ -49,15 +49,19 @@ export interface RelayOptions {
   pollIntervalMs?: number;
   /** Wake on NOTIFY from writers (LISTEN on a dedicated connection). @defaultValue true */
   listen?: boolean;
-  /** Lane lease length, in ms: how long a dead relay's lanes stay blocked. @defaultValue 10_000 */
+  /**
+   * Lane lease length, in ms: how long a dead relay's lanes stay blocked. Must be above
+   * `brokerTimeoutMs`. @defaultValue 10_000
+   */
   leaseMs?: number;
   /**
    * Longest wait for Kafka, in ms: for a send's acknowledgement (kafkajs' own retries included), a
    * producer's connect, and the probe of an idle relay (every third of a lease). Past it the broker
    * counts as unreachable: the send fails with {@link BrokerUnavailableError} (its rows stay
    * pending and go again: at least once), `producerConnected` and readiness turn false, the relay
-   * backs off and, after `leaseMs` of failing, stands down. Keep it below `leaseMs`, and above the
-   * slowest acknowledgement of a healthy cluster (acks=all). @defaultValue 5_000
+   * backs off and, after `leaseMs` of failing, stands down. Must be below `leaseMs` (else
+   * {@link InvalidOptionsError}); keep it above the slowest acknowledgement of a healthy cluster
+   * (acks=all). @defaultValue 5_000
    */
   brokerTimeoutMs?: number;
   /** Backoff after a failed pass: first delay and cap, in ms (full jitter). @defaultValue 200, 10_000 */
@@ -158,6 +162,7 @@ const relayOptionsSchema = z
   } satisfies Record<keyof RelayOptions, z.ZodType>)
   .superRefine((o, ctx) => {
     option.retryDelaysInOrder(o, ctx);
+    brokerTimeoutBelowLease(o, ctx);
     if (!o.pool && !o.connectionString) ctx.addIssue(option.sentence('The relay needs `connectionString` or `pool`.'));
     if (!o.producer && !o.kafka && !(o.brokers && o.brokers.length > 0)) {
       ctx.addIssue(option.sentence('The relay needs `brokers`, `kafka` or `producer`.'));
@@ -165,10 +170,30 @@ const relayOptionsSchema = z
   });
 
 /**
+ * The rule between `brokerTimeoutMs` and `leaseMs`: a relay counts a failure only when a wait for
+ * Kafka ends (up to `brokerTimeoutMs`), and stands down `leaseMs` after its failing began
+ * (relay/broker-health.ts). A timeout as long as the lease would let a hung broker keep the relay
+ * holding every lane for the whole timeout, past the lease that bounds how long a dead relay
+ * blocks them. Named by option and by CLI flag (the CLI shows only the flags).
+ */
+function brokerTimeoutBelowLease(o: { brokerTimeoutMs: number; leaseMs: number }, ctx: z.RefinementCtx): void {
+  if (o.brokerTimeoutMs < o.leaseMs) return;
+  ctx.addIssue(
+    option.sentence(
+      `brokerTimeoutMs (flag --broker-timeout-ms) must be below leaseMs (flag --lease-ms), got ${o.brokerTimeoutMs} and ${o.leaseMs}: ` +
+        'a send waits up to brokerTimeoutMs and the relay stands down only after leaseMs of failing, so a hung broker ' +
+        'would keep it holding its lanes past their lease. Lower brokerTimeoutMs or raise leaseMs ' +
+        `(defaults ${RELAY_DEFAULTS.brokerTimeoutMs} and ${RELAY_DEFAULTS.leaseMs}).`,
+    ),
+  );
+}
+
+/**
  * Validates relay options once (`new Relay()` and `createRelay()` call it before connecting).
  *
  * @throws {@link InvalidOptionsError} naming the unknown option names, if any (of the options or of
- *   `producerOptions`, listing the known ones), else the first invalid option.
+ *   `producerOptions`, listing the known ones), else the first invalid option, else the first rule
+ *   between options that fails (`retryMaxMs` ≥ `retryInitialMs`, `brokerTimeoutMs` < `leaseMs`).
  */
 export function resolveRelayOptions(options: RelayOptions): ResolvedRelayOptions {
   return option.parseOptions(relayOptionsSchema, options, 'createRelay');

@@ -36,12 +36,13 @@ function relayOrFlagError(pool: pg.Pool, build: () => Relay): Relay {
   } catch (err) {
     void pool.end();
     if (!(err instanceof InvalidOptionsError)) throw err;
-    // The operator gave flags, not createRelay()'s options: named by flag, without the function.
+    // The operator gave flags, not createRelay()'s options: named by flag, without the function
+    // (a rule between options names each as `leaseMs (flag --lease-ms)`: the flag alone here).
     const flagged = err.message
       .replace(/^createRelay: /, '')
       .replace(
-        /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|relayId|schema)\b/g,
-        (name) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`,
+        /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|relayId|schema)\b(?: \(flag --[a-z-]+\))?/g,
+        (_match, name: string) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`,
       );
     throw new InvalidOptionsError(flagged, { cause: err });
   }
@@ -75,13 +76,16 @@ export function registerRelay(program: Command): void {
         .default(RELAY_DEFAULTS.pollIntervalMs),
     )
     .addOption(
-      new Option('--lease-ms <ms>', 'lane lease length')
+      new Option('--lease-ms <ms>', 'lane lease length (above --broker-timeout-ms)')
         .env('OUTBOXKIT_LEASE_MS')
         .argParser(int)
         .default(RELAY_DEFAULTS.leaseMs),
     )
     .addOption(
-      new Option('--broker-timeout-ms <ms>', 'longest wait for a send, a producer connect or a probe of Kafka')
+      new Option(
+        '--broker-timeout-ms <ms>',
+        'longest wait for a send, a producer connect or a probe of Kafka (below --lease-ms)',
+      )
         .env('OUTBOXKIT_BROKER_TIMEOUT_MS')
         .argParser(int)
         .default(RELAY_DEFAULTS.brokerTimeoutMs),

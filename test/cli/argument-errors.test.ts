@@ -223,6 +223,24 @@ describe('arguments checked before anything connects', () => {
     expect(r.stdout).toBe(''); // no 'Kafka connection settings' line: nothing started
     expect(r.stderr).toBe(expected);
   });
+
+  it('relay: a broker timeout not below the lease is refused naming both flags (flag, env and default)', async () => {
+    const refusal = (timeout: number, lease: number) =>
+      `outboxkit: OUTBOXKIT_INVALID_OPTIONS: --broker-timeout-ms must be below --lease-ms, got ${timeout} and ${lease}: ` +
+      'a send waits up to --broker-timeout-ms and the relay stands down only after --lease-ms of failing, so a hung ' +
+      'broker would keep it holding its lanes past their lease. Lower --broker-timeout-ms or raise --lease-ms ' +
+      '(defaults 5000 and 10000).\n';
+    for (const [args, env, expected] of [
+      [['--lease-ms', '2000', '--broker-timeout-ms', '2000'], {}, refusal(2_000, 2_000)],
+      [['--lease-ms', '2000'], { OUTBOXKIT_BROKER_TIMEOUT_MS: '3000' }, refusal(3_000, 2_000)],
+      [['--lease-ms', '3000'], {}, refusal(5_000, 3_000)], // the default timeout
+    ] as const) {
+      const r = await cli(['relay', '--database-url', db.url, ...args], env);
+      expect(r.code).toBe(1);
+      expect(r.stdout).toBe(''); // nothing started
+      expect(r.stderr).toBe(expected);
+    }
+  });
 });
 
 describe('option values checked before anything connects', () => {

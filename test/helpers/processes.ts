@@ -46,7 +46,10 @@ export function spawnCli(args: string[], env: Record<string, string> = {}): Spaw
   return { proc, output, stdout, exited };
 }
 
-/** Starts a relay daemon process on `url` with fast test timings. */
+/**
+ * Starts a relay daemon process on `url` with fast test timings: a 2 s lease and a 1.5 s broker
+ * timeout (below the lease, as the relay requires), as `startRelay()` (test/helpers/relay.ts).
+ */
 export function spawnRelay(url: string, env: Record<string, string> = {}, extraArgs: string[] = []): Spawned {
   return spawnCli(
     [
@@ -55,6 +58,8 @@ export function spawnRelay(url: string, env: Record<string, string> = {}, extraA
       url,
       '--lease-ms',
       '2000',
+      '--broker-timeout-ms',
+      '1500',
       '--poll-interval-ms',
       '100',
       '--log-level',

@@ -13,7 +13,11 @@ afterEach(async () => {
   await Promise.all(left.map((r) => r.stop({ timeoutMs: 10_000 })));
 });
 
-/** Starts a relay on the test database with fast test timings. */
+/**
+ * Starts a relay on the test database with fast test timings: a 2 s lease, and a broker timeout
+ * below it (1.5 s: createRelay refuses one that is not). A test that sets `leaseMs` below 1.5 s
+ * sets `brokerTimeoutMs` too.
+ */
 export async function startRelay(
   url: string,
   options: Partial<RelayOptions> = {},
@@ -23,6 +27,7 @@ export async function startRelay(
     kafka: testKafka('outboxkit-test-relay'),
     pollIntervalMs: 100,
     leaseMs: 2_000,
+    brokerTimeoutMs: 1_500,
     ...options,
   }) as Relay & { stopAndForget(): Promise<void> };
   relay.stopAndForget = async () => {

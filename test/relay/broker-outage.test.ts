@@ -93,7 +93,14 @@ async function outage(options: { outage: 'kill' | 'freeze'; idle: boolean }) {
   const { kafka, producerOptions } = daemonKafka();
   await createTopicsOn(kafka, [{ topic, numPartitions: 3 }], { retries: 20 });
   const relayId = randomName('outage-relay');
-  const relay = await startRelay(db.url, { kafka, producerOptions, relayId, leaseMs: 10_000, pollIntervalMs: 1_000 });
+  const relay = await startRelay(db.url, {
+    kafka,
+    producerOptions,
+    relayId,
+    leaseMs: 10_000,
+    brokerTimeoutMs: 5_000,
+    pollIntervalMs: 1_000,
+  });
   const pool = new pg.Pool({ connectionString: db.url, max: 2 });
   const registry = new client.Registry();
   relayMetrics(relay, pool, registry);

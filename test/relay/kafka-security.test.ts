@@ -164,6 +164,7 @@ describe('relay over SASL', () => {
       producerOptions: resolved.producer,
       pollIntervalMs: 100,
       leaseMs: 2_000,
+      brokerTimeoutMs: 1_500,
     });
     await relay.start();
     try {

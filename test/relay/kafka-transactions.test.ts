@@ -313,10 +313,13 @@ describe('the default relay (no transactions): an owner paused mid-pass', () => 
     const [topic] = await createTopics(['paused-owner'], { partitions: 1 });
     const key = 'order-1';
     // A whole-process pause of relay A, emulated in-process: from its send of the paused pass on,
-    // every query of A (lease renewals, marks) and that send wait on the gate.
+    // every query of A (lease renewals, marks) waits on the gate, and that send on its own gate.
+    // A's timers still run here: its send deadline (brokerTimeoutMs 1.5 s, below the 2 s lease)
+    // ends the paused pass and A reconnects its producer, but the send it began is not cancelled.
     let pauseAtNextSend = false;
     let gate: Promise<void> | undefined;
     let resume: () => void = () => undefined;
+    let resumeSend: () => void = () => undefined;
     let onPaused: () => void = () => undefined;
     const paused = new Promise<void>((r) => (onPaused = r));
     const pool = new pg.Pool({ connectionString: db.url, max: 3 });
@@ -331,8 +334,9 @@ describe('the default relay (no transactions): an owner paused mid-pass', () => 
         if (pauseAtNextSend) {
           pauseAtNextSend = false;
           gate = new Promise<void>((r) => (resume = r));
+          const sendGate = new Promise<void>((r) => (resumeSend = r));
           onPaused();
-          await gate;
+          await sendGate;
         }
         return inner.send(records);
       },
@@ -351,6 +355,7 @@ describe('the default relay (no transactions): an owner paused mid-pass', () => 
       return rows[0]?.by;
     };
     const a = await startRelay(db.url, { pool, producer, listen: false, relayId: 'relay-a' });
+    let seen: string[] = [];
     try {
       await waitFor(() => a.heldLanes().includes(laneOf(key)), { message: 'relay A holds the lane' });
       pauseAtNextSend = true;
@@ -362,15 +367,20 @@ describe('the default relay (no transactions): an owner paused mid-pass', () => 
       await waitFor(() => published(ids[0]!), { timeoutMs: 20_000 });
       const v2 = await write(2);
       await waitFor(() => published(v2), { timeoutMs: 20_000 });
+      // A wakes up: the send it began goes through (its pass had already ended at the deadline, so
+      // it marks nothing; a mark would be refused by the fencing token). Its queries wait until the
+      // copy is in the topic: A's stand-down, due a lease after that send began, would otherwise
+      // reconnect its producer during it.
+      resumeSend();
+      seen = await readTopic(
+        topic!,
+        (m) => m.headers[HEADER_EVENT_ID]!,
+        (all) => all.length >= 3,
+      );
     } finally {
-      // A wakes up: its send goes through, its mark is refused (fencing token).
+      resumeSend();
       resume();
     }
-    const seen = await readTopic(
-      topic!,
-      (m) => m.headers[HEADER_EVENT_ID]!,
-      (all) => all.length >= 3,
-    );
     // v1 (B), v2 (B), then A's late copy of v1 after the newer v2.
     expect(seen).toEqual([ids[0], ids[1], ids[0]]);
     await a.stopAndForget();

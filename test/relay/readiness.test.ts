@@ -48,6 +48,7 @@ describe('/readyz', () => {
       }),
       pollIntervalMs: 100,
       leaseMs: 2_000,
+      brokerTimeoutMs: 1_500,
       retryMaxMs: 500,
     });
     const pool = new pg.Pool({ connectionString: db.url, max: 1 });

@@ -212,6 +212,7 @@ function relayWithHeldFirstSend(
     kafka: testKafka(clientId),
     pollIntervalMs: 60_000,
     leaseMs: 2_000,
+    brokerTimeoutMs: 1_500,
     producer: {
       connect: () => kafkajs.connect(),
       disconnect: () => kafkajs.disconnect(),
@@ -510,6 +511,7 @@ describe('relay stop', () => {
       logger,
       pollIntervalMs: 100,
       leaseMs: 2_000,
+      brokerTimeoutMs: 1_500,
       retryInitialMs: 10,
       retryMaxMs: 20,
       producer: {
@@ -610,7 +612,7 @@ describe('C01 rows whose transactions commit late, at scale', () => {
 describe('lanes released under a live relay (outboxkit lanes release)', () => {
   it('stops sending their rows once a marking is refused, until its renewal: a few copies, not one per pass', async () => {
     const [topic] = await createTopics(['relay-released-live']);
-    const relay = await startRelay(db.url, { leaseMs: 3_000 });
+    const relay = await startRelay(db.url, { leaseMs: 3_000, brokerTimeoutMs: 2_250 });
     await waitFor(() => relay.heldLanes().length === 64);
     const ids: string[] = [];
     let writing = true;

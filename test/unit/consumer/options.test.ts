@@ -1,7 +1,8 @@
 /**
  * consumer/options.ts `resolveDedupConsumerOptions`: unknown option names are refused (the
- * known ones listed), and every option docs/configuration.md documents is accepted. Needs no
- * infrastructure: neither the pool nor the Kafka client connects before `start()`.
+ * known ones listed), every option docs/configuration.md documents is accepted, and the rules
+ * between options (session timeout, heartbeat interval, fetch wait; retry delays) name both
+ * options. Needs no infrastructure: neither the pool nor the Kafka client connects before `start()`.
  */
 import { readFileSync } from 'node:fs';
 import { Kafka, logLevel } from 'kafkajs';
@@ -139,5 +140,54 @@ describe('batchMaxMessages above what PostgreSQL caches', () => {
     expect(warned({ transactionScope: 'batch', batchMaxMessages: 65 }).join()).toMatch(/batchMaxMessages is above 64/);
     expect(warned({ transactionScope: 'batch', batchMaxMessages: 64 })).toEqual([]);
     expect(warned({ transactionScope: 'message', batchMaxMessages: 500 })).toEqual([]);
+  });
+});
+
+describe('rules between options', () => {
+  /** The InvalidOptionsError message of `override` (fails the test when it is accepted). */
+  const refusal = (override: Partial<DedupConsumerOptions<pg.Pool>>): string => {
+    const err = thrown(() => resolveDedupConsumerOptions({ ...base(), ...override }));
+    expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS'), String(err)).toBe(true);
+    return err!.message;
+  };
+
+  it('refuses a heartbeat interval not below the session timeout, naming both and the values', () => {
+    expect(refusal({ sessionTimeoutMs: 6_000, heartbeatIntervalMs: 6_000 })).toBe(
+      'createDedupConsumer: heartbeatIntervalMs (6000) must be below sessionTimeoutMs (6000); a third of it is usual.',
+    );
+    // The default interval (3 s) above a session timeout lowered alone.
+    expect(refusal({ sessionTimeoutMs: 2_000 })).toMatch(
+      /heartbeatIntervalMs \(3000\) must be below sessionTimeoutMs \(2000\)/,
+    );
+  });
+
+  it('refuses a fetch wait not below the session timeout, naming both and the values', () => {
+    expect(refusal({ sessionTimeoutMs: 6_000, fetchMaxWaitMs: 6_000 })).toBe(
+      'createDedupConsumer: fetchMaxWaitMs (6000) must be below sessionTimeoutMs (6000): an idle member heartbeats ' +
+        'only between fetches, so a longer fetch wait expels it from the group. Lower fetchMaxWaitMs (default 500) ' +
+        'or raise sessionTimeoutMs.',
+    );
+    expect(refusal({ fetchMaxWaitMs: 45_000 })).toMatch(
+      /fetchMaxWaitMs \(45000\) must be below sessionTimeoutMs \(30000\)/,
+    );
+  });
+
+  it('refuses a retry cap below the first retry delay, naming both and the values', () => {
+    expect(refusal({ retryInitialMs: 500, retryMaxMs: 499 })).toBe(
+      'createDedupConsumer: retryMaxMs (499) must be at least retryInitialMs (500).',
+    );
+  });
+
+  it('accepts the edges: 1 ms below the session timeout, a cap equal to the first delay', () => {
+    const o = resolveDedupConsumerOptions({
+      ...base(),
+      sessionTimeoutMs: 6_000,
+      heartbeatIntervalMs: 5_999,
+      fetchMaxWaitMs: 5_999,
+      retryInitialMs: 500,
+      retryMaxMs: 500,
+    });
+    expect(o).toMatchObject({ heartbeatIntervalMs: 5_999, fetchMaxWaitMs: 5_999, retryMaxMs: 500 });
+    expect(resolveDedupConsumerOptions({ ...base(), fetchMaxWaitMs: 0 }).fetchMaxWaitMs).toBe(0);
   });
 });
