@@ -83,6 +83,22 @@ export class BrokerHealth {
     return failingMs > this.options.leaseMs ? failingMs : undefined;
   }
 
+  /** When the current failure streak began (ms of `now`), or undefined while the relay can publish. */
+  get failingSinceMs(): number | undefined {
+    return this.failingSince;
+  }
+
+  /**
+   * The stand-down that came due is not taken: the cluster answers and says that only some
+   * partitions cannot take writes (G7: a relay stands down only when it cannot reach the cluster as
+   * a whole). The streak starts over now, so the question comes again a lease later.
+   */
+  postponeStandDown(): void {
+    if (this.failingSince === undefined) return;
+    this.failingSince = undefined;
+    this.failing();
+  }
+
   /**
    * Starts a failure streak at `since` (ms of `now`), unless one runs, and calls `onStandDownDue`
    * right when it has lasted a lease: the stand-down then comes a lease after the failing began,

@@ -165,12 +165,17 @@ export class PartitionGate {
     if (unique.length === 0) return [];
     const unknown = unique.filter((t) => !this.minInsync.has(t));
     if (unknown.length > 0) {
-      const values = await this.source.minInsyncReplicas(unknown).catch((err: unknown) => {
-        this.logger.warn({ err, topics: unknown }, 'could not read min.insync.replicas; in-sync replicas not checked');
-        return new Map<string, number>();
-      });
-      // Absent: 1, Kafka's default (any in-sync replica takes writes), and not asked again.
-      for (const t of unknown) this.minInsync.set(t, values.get(t) ?? 1);
+      try {
+        const values = await this.source.minInsyncReplicas(unknown);
+        // Absent from the answer: 1, Kafka's default (any in-sync replica takes writes).
+        for (const t of unknown) this.minInsync.set(t, values.get(t) ?? 1);
+      } catch (err) {
+        // Asked again at the next refresh; meanwhile only leaders are checked.
+        this.logger.warn(
+          { err, topics: unknown },
+          'could not read min.insync.replicas; in-sync replicas not checked this time',
+        );
+      }
     }
     const described = await this.source.describe(unique);
     const now = Date.now();

@@ -30,7 +30,7 @@ import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from '../src/kafka/topic-limits.js';
 import { createKafkajsClient, kafkaClientOf } from '../src/kafka/kafkajs/client.js';
 import { fromRelayProducer, RELAY_PRODUCER_RETRY } from '../src/kafka/kafkajs/producer.js';
-import { firstFailure, throwIfFailed } from '../src/kafka/outcomes.js';
+import { firstFailure } from '../src/kafka/outcomes.js';
 import type { KafkaAdmin, KafkaClient, KafkaFailure, OutboundRecord } from '../src/kafka/types.js';
 import { BrokerHealth, noProducer, withDeadline } from './broker-health.js';
 import { Lanes, type LaneLease } from './lanes.js';
@@ -98,6 +98,10 @@ export class Relay extends EventEmitter<RelayEvents> {
   private admin: { client: KafkaAdmin; connecting: Promise<void> } | undefined;
   private recheckTimer: NodeJS.Timeout | undefined;
   private rechecking = false;
+  /** When the gate's metadata request last succeeded (ms of `performance.now()`, the health clock). */
+  private metadataAnsweredAt = -Infinity;
+  /** Topics of the last failed send (asked again when a stand-down comes due). */
+  private failedTopics: string[] = [];
   private loopDone: Promise<void> | undefined;
   private maintainTimer: NodeJS.Timeout | undefined;
   private cleanupTimer: NodeJS.Timeout | undefined;
@@ -196,7 +200,11 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.gate = client
       ? new PartitionGate(
           {
-            describe: (topics) => this.withAdmin('a metadata request', (a) => a.describeTopics(topics)),
+            describe: async (topics) => {
+              const described = await this.withAdmin('a metadata request', (a) => a.describeTopics(topics));
+              this.metadataAnsweredAt = performance.now();
+              return described;
+            },
             minInsyncReplicas: (topics) =>
               this.withAdmin('a topic configuration read', async (a) => {
                 const configs = await a.describeTopicConfigs(topics, ['min.insync.replicas']);
@@ -394,8 +402,16 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.stopping) return;
     const failingMs = this.health.standDownDue();
     if (failingMs !== undefined) {
-      await this.standDown(failingMs);
-      return;
+      if (await this.onlySomePartitionsFail()) {
+        this.logger.info(
+          { failingMs: Math.round(failingMs), blocked: this.blockedPartitions().length },
+          'sends failed for longer than a lease, but the cluster answers and only some partitions cannot take writes: not standing down',
+        );
+        this.health.postponeStandDown();
+      } else {
+        await this.standDown(failingMs);
+        return;
+      }
     }
     const { acquired } = await this.lanes.maintain(async () => {
       // Lanes given back after the pass in flight, which may still be publishing their rows, and
@@ -634,6 +650,25 @@ export class Relay extends EventEmitter<RelayEvents> {
     return { read: rows.length, sent: sendable.length };
   }
 
+  /**
+   * When a stand-down comes due: whether the failures come from some partitions only, not from the
+   * cluster as a whole. True when the cluster answered a partition check since the failure streak
+   * began and answers one now, naming a partition that cannot take writes (its leader died, too
+   * few in-sync replicas). A cluster that answers but names none (it refuses every send) or does
+   * not answer: the relay stands down.
+   */
+  private async onlySomePartitionsFail(): Promise<boolean> {
+    const gate = this.gate;
+    const since = this.health.failingSinceMs;
+    if (!gate || since === undefined || this.metadataAnsweredAt < since) return false;
+    try {
+      await gate.refresh([...new Set([...this.failedTopics, ...gate.blockedTopics()])]);
+    } catch {
+      return false;
+    }
+    return gate.anyBlocked;
+  }
+
   /** What the read skips: the keys and keyless topics that wait for a blocked partition. */
   private waiting(): { waitingKeys: string[]; closedTopics: string[] } {
     return this.gate
@@ -654,23 +689,46 @@ export class Relay extends EventEmitter<RelayEvents> {
     return false;
   }
 
-  /**
-   * After a failed send of `rows`: asks the cluster for the partitions of their topics (bounded by
-   * `brokerTimeoutMs`). True when one of the rows goes to a partition that cannot take writes (it
-   * then waits, see relay/partitions.ts); false when none does or the cluster did not answer.
-   */
+  /** True when a failed send of `rows` is explained by a partition that cannot take writes (see {@link partitionVerdict}). */
   private async blockedBy(rows: readonly sql.PendingRow[]): Promise<boolean> {
+    return (await this.partitionVerdict(rows)) === 'blocked';
+  }
+
+  /**
+   * After a failed send of `rows`: asks the cluster for the partitions of their topics (twice at
+   * most, a new admin client the second time: the first may have asked a dead broker; each bounded
+   * by {@link metadataTimeoutMs}). `'blocked'`: one of the rows goes to a partition that cannot take
+   * writes (it waits from now on, see relay/partitions.ts); `'answered'`: the cluster answers and
+   * names none (a leader that just died is not replaced yet); `'unreachable'`: the cluster did not
+   * answer, or the relay has no Kafka client to ask.
+   */
+  private async partitionVerdict(rows: readonly sql.PendingRow[]): Promise<'blocked' | 'answered' | 'unreachable'> {
     const gate = this.gate;
-    if (!gate || rows.length === 0 || this.stopping) return false;
+    if (!gate || rows.length === 0 || this.stopping) return 'unreachable';
     const before = gate.blocked().length;
-    try {
-      await gate.refresh(rows.map((r) => r.topic));
-    } catch (err) {
-      this.logger.warn({ err }, 'the cluster did not answer a metadata request after a failed send');
-      return false;
+    const topics = rows.map((r) => r.topic);
+    this.failedTopics = [...new Set(topics)];
+    let answered = false;
+    for (let attempt = 0; attempt < 2 && !answered && !this.stopping; attempt++) {
+      try {
+        await gate.refresh(topics);
+        answered = true;
+      } catch (err) {
+        this.logger.warn({ err, attempt }, 'the cluster did not answer a metadata request after a failed send');
+      }
     }
+    if (!answered) return 'unreachable';
     if (gate.blocked().length !== before) this.emit('relay:partitions', { blocked: gate.blocked() });
-    return gate.split(rows).waiting.length > 0;
+    return gate.split(rows).waiting.length > 0 ? 'blocked' : 'answered';
+  }
+
+  /**
+   * Longest wait for a metadata request of the partition checks, in ms: a cluster that answers
+   * does so in milliseconds, and a relay whose whole cluster is down must not wait `brokerTimeoutMs`
+   * again before it backs off.
+   */
+  private get metadataTimeoutMs(): number {
+    return Math.min(this.options.brokerTimeoutMs, 2_000);
   }
 
   /**
@@ -697,11 +755,11 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
-   * `fn` with the relay's admin client (connected on first use), bounded by `brokerTimeoutMs`. A
+   * `fn` with the relay's admin client (connected on first use), bounded by {@link metadataTimeoutMs}. A
    * failure drops the client (disconnected once its connect settles); the next call makes a new one.
    */
   private async withAdmin<T>(what: string, fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
-    const timeoutMs = this.options.brokerTimeoutMs;
+    const timeoutMs = this.metadataTimeoutMs;
     let conn = this.admin;
     if (!conn) {
       const client = this.client!.admin();
@@ -771,25 +829,45 @@ export class Relay extends EventEmitter<RelayEvents> {
   private async isolate(rows: sql.PendingRow[], lanes: LaneLease[]): Promise<number> {
     const failedKeys = new Set<string>();
     let published = 0;
+    /** The error of a partition that took nothing, for no reason the cluster gave (its leader just died). */
+    let unsent: unknown;
     for (const group of this.byPartition(rows)) {
       const pending = group.filter((r) => r.key === null || !failedKeys.has(r.key));
       if (pending.length === 0) continue;
       let rest = pending;
       if (pending.length > 1) {
-        const acked = await this.sendGroup(pending, lanes);
-        if (acked === undefined) break; // fenced out, or stopping
-        published += acked;
-        if (acked === pending.length) continue;
-        rest = pending.slice(acked);
-        // The failed send may have left the idempotent producer's sequence numbers ahead of the
-        // broker's (see isolateRow): the rows are sent one by one by a new producer.
+        const sent = await this.sendGroup(pending, lanes);
+        if (sent.fenced) break;
+        published += sent.acked;
+        if (!sent.failure) continue;
+        rest = pending.slice(sent.acked);
+        if (sent.failure.kind !== 'record') {
+          // The partition failed, not a row: its rows (and keys) wait for a later pass, the other
+          // partitions go on, unless the cluster as a whole does not answer.
+          const verdict = await this.partitionVerdict(rest);
+          if (verdict === 'unreachable') {
+            this.health.sendFailed(sent.startedAt);
+            throw sent.failure.error;
+          }
+          this.health.sendAnswered();
+          if (verdict === 'answered') unsent ??= sent.failure.error;
+          for (const r of rest) if (r.key !== null) failedKeys.add(r.key);
+          continue;
+        }
+        // A row of this partition is at fault. The failed send may have left the idempotent
+        // producer's sequence numbers ahead of the broker's (see isolateRows): the rows are sent
+        // one by one by a new producer.
         if (!(await this.freshProducer())) break;
       }
       const outcome = await this.isolateRows(rest, lanes, failedKeys);
       published += outcome.published;
+      unsent ??= outcome.unsent;
       if (outcome.stop) break;
     }
     if (published > 0) this.emit('relay:published', { count: published, marked: published, lanes: lanes.length });
+    // Nothing went out, and a partition failed for no reason the cluster gave: the pass fails
+    // (backoff, and a failure streak that ends with the next acknowledged send).
+    if (published === 0 && unsent !== undefined) throw unsent;
     return published;
   }
 
@@ -820,25 +898,33 @@ export class Relay extends EventEmitter<RelayEvents> {
 
   /**
    * Sends the rows of one topic-partition in batches (split by the topic's byte limit) and marks
-   * what was acknowledged. Resolves to the rows acknowledged before the first failed batch, or to
-   * undefined when the marking was refused by the fencing check.
+   * what was acknowledged: `acked` rows before the first failed batch, its `failure` (a timeout is
+   * a broker failure), `fenced` when the marking was refused by the fencing check, and when the
+   * send started (ms of the health clock).
    */
-  private async sendGroup(rows: readonly sql.PendingRow[], lanes: LaneLease[]): Promise<number | undefined> {
+  private async sendGroup(
+    rows: readonly sql.PendingRow[],
+    lanes: LaneLease[],
+  ): Promise<{ acked: number; failure?: KafkaFailure; fenced: boolean; startedAt: number }> {
     const records = rows.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
     let acked = 0;
-    this.health.sendStarted();
+    let failure: KafkaFailure | undefined;
+    const startedAt = this.health.sendStarted();
     try {
       for (const chunk of chunks) {
-        throwIfFailed(await withDeadline(this.health.producer!.send(chunk), this.options.brokerTimeoutMs, 'a send'));
+        failure = firstFailure(
+          await withDeadline(this.health.producer!.send(chunk), this.options.brokerTimeoutMs, 'a send'),
+        );
+        if (failure) break;
         acked += chunk.length;
       }
-      this.health.sendSucceeded();
-    } catch {
-      // Which row is at fault is found row by row; the broker's state counts there.
-      this.health.sendAnswered();
+    } catch (err) {
+      failure = { kind: 'broker', error: err instanceof Error ? err : new Error(String(err)) };
     }
-    if (acked === 0) return 0;
+    // A record's fault is an answer of the broker; what a broker failure means is decided by the caller.
+    if (!failure || failure.kind === 'record') this.health.sendSucceeded();
+    if (acked === 0) return { acked, failure, fenced: false, startedAt };
     const marked = await sql.markPublished(
       this.scope,
       rows.slice(0, acked).map((r) => r.seq),
@@ -847,9 +933,9 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (marked > 0) this.emit('relay:marked', { rows: marked });
     if (marked < acked) {
       this.fencedOut(new Set(rows.map((r) => r.lane)), acked, marked);
-      return undefined;
+      return { acked: marked, failure, fenced: true, startedAt };
     }
-    return acked;
+    return { acked, failure, fenced: false, startedAt };
   }
 
   /** Drops the producer and connects a new one; false when none connected (or the relay stops). */
@@ -871,9 +957,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     rows: readonly sql.PendingRow[],
     lanes: LaneLease[],
     failedKeys: Set<string>,
-  ): Promise<{ published: number; stop: boolean }> {
+  ): Promise<{ published: number; stop: boolean; unsent?: unknown }> {
     const tokens = new Map(lanes.map((l) => [l.lane, l.token]));
     let published = 0;
+    let unsent: unknown;
     for (const row of rows) {
       if (row.key !== null && failedKeys.has(row.key)) continue;
       if (this.lanes.stillOwned([row], lanes).length === 0) continue;
@@ -888,14 +975,17 @@ export class Relay extends EventEmitter<RelayEvents> {
         failure = firstFailure(sent);
         if (failure && failure.kind !== 'record') throw failure.error;
       } catch (err) {
-        // Its partition cannot take writes: the row and its key wait; the others go on.
-        if (await this.explained(failure, [row])) {
-          this.health.sendAnswered();
-          if (row.key !== null) failedKeys.add(row.key);
-          continue;
+        // Its partition cannot take writes, or failed while the cluster answers: the row and its
+        // key wait for a later pass; the others go on. The cluster does not answer: the pass fails.
+        const verdict = await this.partitionVerdict([row]);
+        if (verdict === 'unreachable') {
+          this.health.sendFailed(sendStarted);
+          throw err;
         }
-        this.health.sendFailed(sendStarted);
-        throw err;
+        this.health.sendAnswered();
+        if (row.key !== null) failedKeys.add(row.key);
+        if (verdict === 'answered') unsent ??= err;
+        continue;
       }
       this.health.sendSucceeded(); // acknowledged, or the broker answered that this record is at fault (not the relay)
       if (failure) {
@@ -921,18 +1011,18 @@ export class Relay extends EventEmitter<RelayEvents> {
         // broker did not, so its next send to that partition would fail OUT_OF_ORDER_SEQUENCE_NUMBER:
         // start over with a new producer id. Stopping: no new producer (stop() disconnects this
         // one); the rows left stay pending.
-        if (!(await this.freshProducer())) return { published, stop: true };
+        if (!(await this.freshProducer())) return { published, stop: true, unsent };
         continue;
       }
       const marked = await sql.markPublished(this.scope, [row.seq], lanes);
       if (marked > 0) this.emit('relay:marked', { rows: marked });
       if (marked === 0) {
         this.fencedOut(new Set([row.lane]), 1, 0);
-        return { published, stop: true };
+        return { published, stop: true, unsent };
       }
       published += marked;
     }
-    return { published, stop: false };
+    return { published, stop: false, unsent };
   }
 
   /** Deletes published rows past their retention; only the holder of lane 0 does it. */

@@ -12,6 +12,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Kafka } from 'kafkajs';
 import { Relay } from '../../relay/index.js';
+import { createDedupConsumer, type DedupConsumer } from '../../consumer/index.js';
 import {
   activeController,
   ensureKafkaCluster,
@@ -72,7 +73,14 @@ describe.skipIf(!enabled)(
     }
 
     async function startRelay(options: { batchSize?: number } = {}): Promise<Relay> {
+      const began = Date.now();
+      const print = (level: string) => (obj: Record<string, unknown>, msg: string) => {
+        const err = obj.err instanceof Error ? `: ${obj.err.message}` : '';
+        const { err: _err, ...rest } = obj;
+        log(`relay ${((Date.now() - began) / 1000).toFixed(1)} s ${level} ${msg}${err} ${JSON.stringify(rest)}`);
+      };
       const relay = new Relay({
+        logger: { debug() {}, info: print('info'), warn: print('warn'), error: print('error') },
         connectionString: db.url,
         kafka: client,
         pollIntervalMs: 100,
@@ -228,5 +236,270 @@ describe.skipIf(!enabled)(
       ).toBeGreaterThanOrEqual(restartedAt);
       await relay.stop();
     }, 240_000);
+
+    it('C26: a leaderless partition of a topic no event targets stops nothing: relays publish, a new relay and a new dedup consumer start', async () => {
+      const orders = randomName('orders');
+      const reports = randomName('reports');
+      await createTopic(orders, 6);
+      await createTopic(`${orders}.dlq`, 1);
+      const victim = notController([3, 2, 1]);
+      await createTopic(reports, 1, [[victim]]);
+      await db.pool.query('CREATE TABLE IF NOT EXISTS c26_effects (n int NOT NULL)');
+      const keys = Array.from({ length: 30 }, (_, i) => `key-${i}`);
+      const first = await startRelay();
+      let standDowns = 0;
+      const watch = (r: Relay) => r.on('relay:standing-down', () => standDowns++);
+      watch(first);
+      const writers = startWriters(db.pool, {
+        ratePerSecond: 50,
+        topicOf: () => orders,
+        keyOf: () => keys[Math.floor(Math.random() * keys.length)]!,
+      });
+      const startedAt = Date.now();
+      await sleep(15_000);
+
+      const killedAt = Date.now();
+      log(`C26: killing node ${victim} (the only replica of ${reports}, which no event targets)`);
+      await killClusterNode(victim);
+      await waitFor(
+        async () => {
+          const o = await partitionLeaders(orders);
+          const r = await partitionLeaders(reports);
+          return o.every((p) => p.leader !== undefined && p.leader !== victim) && r[0]?.leader === undefined;
+        },
+        { timeoutMs: 30_000, intervalMs: 200, message: `the partitions of node ${victim} moved` },
+      );
+      const electedAt = Date.now();
+      log(`C26: leaders moved ${electedAt - killedAt} ms after the kill`);
+
+      // A second relay starts during the outage (its producer connects) and takes its share.
+      const second = await startRelay();
+      watch(second);
+      await waitFor(() => second.heldLanes().length > 0 && first.heldLanes().length > 0, {
+        timeoutMs: 30_000,
+        message: 'both relays hold lanes',
+      });
+      // A new dedup consumer of orders starts during the outage and applies events.
+      let applied = 0;
+      let consumer: DedupConsumer | undefined = createDedupConsumer({
+        kafka,
+        groupId: randomName('c26'),
+        topics: [orders],
+        database: db.pool,
+        fromBeginning: true,
+        async handler({ tx, event }) {
+          const { n } = event.json() as { n: number };
+          await tx.query('INSERT INTO c26_effects (n) VALUES ($1)', [n]);
+        },
+      });
+      consumer.on('consumer:applied', () => applied++);
+      const consumerStartedAt = Date.now();
+      await consumer.start();
+      await waitFor(() => applied > 0, {
+        timeoutMs: 30_000,
+        message: 'the new consumer applies events during the outage',
+      });
+      log(`C26: new consumer applied its first event ${Date.now() - consumerStartedAt} ms after start()`);
+
+      await sleep(Math.max(0, killedAt + 60_000 - Date.now()));
+      const restartedAt = Date.now();
+      expect(first.producerConnected && second.producerConnected, 'both relays connected').toBe(true);
+      expect(first.blockedPartitions(), 'nothing of the relay topics is blocked').toEqual([]);
+      await restartClusterNode(victim, log);
+      await sleep(5_000);
+      await writers.stop();
+
+      const records = await checkPublished(writers.written, orders);
+      const state = await rowState();
+      expect(state.attempted, 'attempts counted').toBe(0);
+      expect(state.parked, 'rows parked').toBe(0);
+      expect(standDowns, 'stand-downs').toBe(0);
+      const before = ratePerSecond(records, startedAt + 5_000, killedAt);
+      const during = ratePerSecond(records, electedAt + 3_000, restartedAt);
+      log(
+        `C26: ${orders}: ${before.toFixed(1)}/s before, ${during.toFixed(1)}/s during (ratio ${(during / before).toFixed(2)})`,
+      );
+      expect(during / before).toBeGreaterThanOrEqual(MIN_RATIO);
+
+      // Every event applied exactly once by the consumer.
+      const count = async () =>
+        (
+          await db.pool.query<{ n: number; d: number }>(
+            'SELECT count(*)::int AS n, count(DISTINCT n)::int AS d FROM c26_effects',
+          )
+        ).rows[0]!;
+      await waitFor(async () => (await count()).d === writers.written.length, {
+        timeoutMs: 60_000,
+        message: 'the consumer applies every event',
+      });
+      await consumer.stop();
+      consumer = undefined;
+      expect(await count()).toEqual({ n: writers.written.length, d: writers.written.length });
+      await first.stop();
+      await second.stop();
+    }, 300_000);
+
+    it('C27: a partition with too few in-sync replicas (NOT_ENOUGH_REPLICAS) holds back only its events; they go out when the replica is back', async () => {
+      const payments = randomName('payments');
+      // Partition 0 on brokers {2, 3}, partitions 1-5 on {1, 2}; min.insync.replicas 2.
+      await createTopic(
+        payments,
+        6,
+        [
+          [2, 3],
+          [1, 2],
+          [1, 2],
+          [1, 2],
+          [1, 2],
+          [1, 2],
+        ],
+        [{ name: 'min.insync.replicas', value: '2' }],
+      );
+      const keys = Array.from({ length: 30 }, (_, i) => `key-${i}`);
+      const onZero = (key: string) => client.partitionForKey(key, 6) === 0;
+      expect(keys.some(onZero) && keys.some((k) => !onZero(k)), 'keys on partition 0 and on others').toBe(true);
+      const relay = await startRelay({ batchSize: 20 });
+      let standDowns = 0;
+      relay.on('relay:standing-down', () => standDowns++);
+      const writers = startWriters(db.pool, {
+        ratePerSecond: 50,
+        topicOf: () => payments,
+        keyOf: () => keys[Math.floor(Math.random() * keys.length)]!,
+      });
+      const startedAt = Date.now();
+      await sleep(15_000);
+
+      const killedAt = Date.now();
+      log(`C27: stopping node 3 (a replica of ${payments}-0 only)`);
+      await killClusterNode(3);
+      await waitFor(async () => (await partitionLeaders(payments))[0]?.isr.length === 1, {
+        timeoutMs: 30_000,
+        intervalMs: 200,
+        message: `${payments}-0 down to one in-sync replica`,
+      });
+      const shrunkAt = Date.now();
+      log(`C27: ${payments}-0 has one in-sync replica ${shrunkAt - killedAt} ms after the kill`);
+      const blocked = await waitFor(() => relay.blockedPartitions().find((b) => b.topic === payments), {
+        timeoutMs: 30_000,
+        message: 'the relay reports the partition',
+      });
+      expect(blocked).toMatchObject({ partition: 0, reason: expect.stringMatching(/NOT_ENOUGH_REPLICAS/) });
+      await sleep(Math.max(0, killedAt + 30_000 - Date.now()));
+      const restartedAt = Date.now();
+      await restartClusterNode(3, log);
+      await waitFor(async () => (await partitionLeaders(payments))[0]?.isr.length === 2, {
+        timeoutMs: 60_000,
+        intervalMs: 100,
+        message: `node 3 back in the ISR of ${payments}-0`,
+      });
+      const rejoinedAt = Date.now();
+      log(`C27: node 3 back in the ISR ${rejoinedAt - restartedAt} ms after its restart`);
+      await sleep(5_000);
+      await writers.stop();
+
+      const records = await checkPublished(writers.written, payments);
+      const state = await rowState();
+      expect(state.attempted, 'attempts counted').toBe(0);
+      expect(state.parked, 'rows parked').toBe(0);
+      expect(standDowns, 'stand-downs').toBe(0);
+      const others = records.filter((r) => !onZero(r.key));
+      const before = ratePerSecond(others, startedAt + 5_000, killedAt);
+      const during = ratePerSecond(others, shrunkAt + 3_000, restartedAt);
+      // The events of partition 0 written before its replica came back: out within 3 s of it (quiet machine).
+      const written = new Map(writers.written.map((w) => [w.n, w]));
+      const held = records.filter((r) => r.partition === 0 && written.get(r.n)!.committedAt < rejoinedAt - 1_000);
+      const lastOut = Math.max(...held.map((r) => r.timestamp));
+      log(
+        `C27: partitions 1-5: ${before.toFixed(1)}/s before, ${during.toFixed(1)}/s during (ratio ${(during / before).toFixed(2)}); ` +
+          `the events partition 0 held were out ${lastOut - rejoinedAt} ms after node 3 rejoined its ISR`,
+      );
+      expect(during / before).toBeGreaterThanOrEqual(MIN_RATIO);
+      // 3 s on a quiet machine (issue 16, C27); a loaded 2-core machine gets twice that.
+      expect(lastOut - rejoinedAt).toBeLessThan(6_000);
+      await relay.stop();
+    }, 300_000);
+
+    it('C28: leader failover five times in a row (once the active controller): publishing to the moved partitions resumes within 3 s of the election', async () => {
+      const orders = randomName('orders');
+      await createTopic(orders, 6);
+      const keys = Array.from({ length: 30 }, (_, i) => `key-${i}`);
+      const partitionOf = (key: string) => client.partitionForKey(key, 6);
+      const relay = await startRelay();
+      let standDowns = 0;
+      relay.on('relay:standing-down', () => standDowns++);
+      const writers = startWriters(db.pool, {
+        ratePerSecond: 50,
+        topicOf: () => orders,
+        keyOf: () => keys[Math.floor(Math.random() * keys.length)]!,
+      });
+      await sleep(10_000);
+      /** When each event was marked published (database clock, ms since the epoch), by order number. */
+      const publishedAt = async () => {
+        const { rows } = await db.pool.query<{ n: number; at: number }>(
+          `SELECT (payload::jsonb->>'n')::int AS n, (extract(epoch FROM published_at) * 1000)::float8 AS at
+             FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NOT NULL`,
+          [orders],
+        );
+        return new Map(rows.map((r) => [r.n, r.at]));
+      };
+      const kills: { victim: number; controller: boolean; electionMs: number; resumeMs: number; delayed: number }[] =
+        [];
+      for (let k = 0; k < 5; k++) {
+        const leaders = await partitionLeaders(orders);
+        const count = new Map<number, number>();
+        for (const p of leaders) if (p.leader !== undefined) count.set(p.leader, (count.get(p.leader) ?? 0) + 1);
+        const controller = activeController();
+        // The third kill takes the active controller; the others the node that leads most partitions.
+        const victim = k === 2 && controller !== undefined ? controller : [...count].sort((a, b) => b[1] - a[1])[0]![0];
+        const moved = new Set(leaders.filter((p) => p.leader === victim).map((p) => p.partition));
+        const killedAt = Date.now();
+        await killClusterNode(victim);
+        await waitFor(
+          async () => (await partitionLeaders(orders)).every((p) => p.leader !== undefined && p.leader !== victim),
+          { timeoutMs: 30_000, intervalMs: 100, message: `the partitions of node ${victim} moved` },
+        );
+        const electedAt = Date.now();
+        await sleep(Math.max(0, killedAt + 20_000 - Date.now()));
+        // Publishing to the moved partitions resumed: the first of their events marked after the election.
+        const marks = await publishedAt();
+        const byN = new Map(writers.written.map((w) => [w.n, w]));
+        const resumedAt = Math.min(
+          ...[...marks]
+            .filter(([n, at]) => at >= electedAt && moved.has(partitionOf(byN.get(n)?.key ?? '')))
+            .map(([, at]) => at),
+        );
+        const delayed = writers.written.filter(
+          (w) => moved.has(partitionOf(w.key)) && w.committedAt >= killedAt && w.committedAt < electedAt,
+        ).length;
+        kills.push({
+          victim,
+          controller: victim === controller,
+          electionMs: electedAt - killedAt,
+          resumeMs: Math.max(0, resumedAt - electedAt),
+          delayed,
+        });
+        log(`C28: kill ${k + 1}: ${JSON.stringify(kills.at(-1))}`);
+        await restartClusterNode(victim, log);
+      }
+      await sleep(3_000);
+      await writers.stop();
+      const records = await checkPublished(writers.written, orders);
+      const { duplicates } = checkTopic(
+        writers.written.filter((w) => w.topic === orders),
+        records,
+      );
+      log(`C28: ${kills.length} kills, ${duplicates} duplicates in all`);
+      const state = await rowState();
+      expect(state.parked, 'rows parked').toBe(0);
+      expect(state.attempted, 'attempts counted').toBe(0);
+      expect(standDowns, 'stand-downs').toBe(0);
+      expect(
+        kills.some((x) => x.controller),
+        'one kill took the active controller',
+      ).toBe(true);
+      // 3 s on a quiet machine (issue 16 point 3); a loaded 2-core machine gets twice that.
+      for (const x of kills) expect(x.resumeMs, JSON.stringify(x)).toBeLessThan(6_000);
+      await relay.stop();
+    }, 420_000);
   },
 );

@@ -91,6 +91,23 @@ describe('PartitionGate', () => {
     expect(await other.refresh(['payments'])).toEqual([]);
   });
 
+  it('asks for min.insync.replicas again after a failed read (a dead broker answered first), not taking 1 for good', async () => {
+    const { source } = cluster({ payments: [{ leader: 2, isr: 1 }] }, { payments: 2 });
+    let failures = 1;
+    const flaky: PartitionSource = {
+      ...source,
+      async minInsyncReplicas(topics) {
+        if (failures-- > 0) throw new Error('connect ECONNREFUSED');
+        return source.minInsyncReplicas(topics);
+      },
+    };
+    const gate = new PartitionGate(flaky, noopLogger);
+    expect(await gate.refresh(['payments'])).toEqual([]);
+    expect(await gate.refresh(['payments'])).toMatchObject([
+      { partition: 0, reason: expect.stringMatching(/NOT_ENOUGH_REPLICAS/) },
+    ]);
+  });
+
   it('holds back rows without a key only when no partition of their topic takes writes', async () => {
     const state = {
       audit: [

@@ -114,6 +114,38 @@ describe('BrokerHealth', () => {
     expect(h.standDownDue()).toBeUndefined();
   });
 
+  it('a postponed stand-down (only some partitions fail) starts the streak over: due again a lease later', async () => {
+    const { h, m, due } = health();
+    await h.awaitProducer();
+    h.sendFailed(h.sendStarted());
+    m.advance(LEASE_MS + 10);
+    expect(due()).toBe(1);
+    expect(h.standDownDue()).toBe(LEASE_MS + 10);
+    h.postponeStandDown();
+    expect(h.standDownDue()).toBeUndefined();
+    expect(h.failingSinceMs).toBe(m.clock.now());
+    m.advance(LEASE_MS + 10);
+    expect(due()).toBe(2); // asked again
+    expect(h.standDownDue()).toBe(LEASE_MS + 10);
+    h.sendSucceeded();
+    expect(h.failingSinceMs).toBeUndefined();
+    h.postponeStandDown(); // no streak: nothing to postpone
+    expect(h.failingSinceMs).toBeUndefined();
+  });
+
+  it('a send the cluster answered (a blocked partition) neither starts nor ends a streak', async () => {
+    const { h, m } = health();
+    await h.awaitProducer();
+    h.sendStarted();
+    h.sendAnswered();
+    m.advance(LEASE_MS + 1);
+    expect(h.standDownDue()).toBeUndefined();
+    h.sendFailed(h.sendStarted());
+    h.sendAnswered();
+    m.advance(LEASE_MS + 1);
+    expect(h.standDownDue()).toBeGreaterThan(LEASE_MS);
+  });
+
   it('a streak from connects alone ends when the broker answers; a record error counts as an answer', async () => {
     const { h, m } = health([false]);
     await h.awaitProducer();
