@@ -402,10 +402,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (this.stopping) return;
     const failingMs = this.health.standDownDue();
     if (failingMs !== undefined) {
-      if (await this.onlySomePartitionsFail()) {
+      if (await this.clusterAnswers()) {
         this.logger.info(
           { failingMs: Math.round(failingMs), blocked: this.blockedPartitions().length },
-          'sends failed for longer than a lease, but the cluster answers and only some partitions cannot take writes: not standing down',
+          'sends failed for longer than a lease, but the cluster answers: some partitions fail, not the cluster; not standing down',
         );
         this.health.postponeStandDown();
       } else {
@@ -651,22 +651,25 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
-   * When a stand-down comes due: whether the failures come from some partitions only, not from the
-   * cluster as a whole. True when the cluster answered a partition check since the failure streak
-   * began and answers one now, naming a partition that cannot take writes (its leader died, too
-   * few in-sync replicas). A cluster that answers but names none (it refuses every send) or does
-   * not answer: the relay stands down.
+   * When a stand-down comes due: whether the cluster as a whole answers this relay, so that its
+   * failures come from some partitions (a leader that died and is not replaced yet, a partition
+   * without a leader or with too few in-sync replicas), not from the cluster. A peer relay would
+   * meet the same partitions, so releasing the lanes would only stop their other partitions too. True
+   * when the cluster answered a metadata request since the failure streak began and answers one for
+   * the failing topics now (within {@link metadataTimeoutMs}). A relay that cannot reach the cluster
+   * (unreachable, frozen, rejected credentials: its metadata requests fail too) stands down at
+   * once: the first condition fails without a request.
    */
-  private async onlySomePartitionsFail(): Promise<boolean> {
+  private async clusterAnswers(): Promise<boolean> {
     const gate = this.gate;
     const since = this.health.failingSinceMs;
     if (!gate || since === undefined || this.metadataAnsweredAt < since) return false;
     try {
       await gate.refresh([...new Set([...this.failedTopics, ...gate.blockedTopics()])]);
+      return true;
     } catch {
       return false;
     }
-    return gate.anyBlocked;
   }
 
   /** What the read skips: the keys and keyless topics that wait for a blocked partition. */

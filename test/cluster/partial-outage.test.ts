@@ -30,7 +30,7 @@ import {
   log,
   ratePerSecond,
   readBack,
-  startWriters,
+  startWriters as startWritersOn,
   type ReadBack,
   type Written,
 } from './outage-harness.js';
@@ -51,6 +51,13 @@ describe.skipIf(!enabled)(
     let client: KafkaClient;
     let db: Awaited<ReturnType<typeof clusterTestDatabase>>;
     const relays: Relay[] = [];
+    const writing: { stop(): Promise<void> }[] = [];
+    /** Writers stopped after the test, also when it fails. */
+    const startWriters = (...args: Parameters<typeof startWritersOn>) => {
+      const w = startWritersOn(...args);
+      writing.push(w);
+      return w;
+    };
 
     beforeAll(async () => {
       ({ brokers } = await ensureKafkaCluster(log));
@@ -59,6 +66,7 @@ describe.skipIf(!enabled)(
     }, 300_000);
 
     afterAll(async () => {
+      for (const w of writing) await w.stop().catch(() => undefined);
       for (const r of relays) await r.stop({ timeoutMs: 10_000 }).catch(() => undefined);
       await db?.drop();
       // Every node runs again for the next file (a failed test may have left one down).
@@ -436,7 +444,7 @@ describe.skipIf(!enabled)(
       /** When each event was marked published (database clock, ms since the epoch), by order number. */
       const publishedAt = async () => {
         const { rows } = await db.pool.query<{ n: number; at: number }>(
-          `SELECT (payload::jsonb->>'n')::int AS n, (extract(epoch FROM published_at) * 1000)::float8 AS at
+          `SELECT (convert_from(payload, 'UTF8')::jsonb->>'n')::int AS n, (extract(epoch FROM published_at) * 1000)::float8 AS at
              FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NOT NULL`,
           [orders],
         );
