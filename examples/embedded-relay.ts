@@ -25,7 +25,7 @@ import { kafkaConfigFromEnv } from '../src/kafka/index.js';
 
 export interface EmbeddedRelay {
   relay: Relay;
-  /** For the application's `/readyz`: PostgreSQL answers and the Kafka producer is connected. */
+  /** For the application's `/readyz`: PostgreSQL answers, the Kafka producer is connected and the relay does not stand down. */
   ready: () => Promise<RelayReadiness>;
   /** Drains and stops the relay (idempotent). The pool stays open: the application ends it. */
   stop: () => Promise<void>;

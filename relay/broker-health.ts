@@ -76,11 +76,17 @@ export class BrokerHealth {
     return this.standingDownNow;
   }
 
-  /** How long the current failure streak has lasted, in ms, when it is longer than a lease; else undefined. */
+  /**
+   * How long the current failure streak has lasted, in ms, when it is longer than a lease; else
+   * undefined. The relay asks at each lane maintenance and takes its share of the lanes when none
+   * is due, so a stand-down ends there too (`standingDown` false): the streak may have ended
+   * without {@link rejoin}, when a connect that outlasted `brokerTimeoutMs` succeeded later.
+   */
   standDownDue(): number | undefined {
-    if (this.failingSince === undefined) return undefined;
-    const failingMs = this.clock.now() - this.failingSince;
-    return failingMs > this.options.leaseMs ? failingMs : undefined;
+    const failingMs = this.failingSince === undefined ? undefined : this.clock.now() - this.failingSince;
+    if (failingMs !== undefined && failingMs > this.options.leaseMs) return failingMs;
+    this.standingDownNow = false;
+    return undefined;
   }
 
   /** When the current failure streak began (ms of `now`), or undefined while the relay can publish. */

@@ -56,8 +56,9 @@ function refreshMsOf(value: number | undefined, what: string): number {
 /** Options of {@link relayMetrics}. */
 export interface RelayMetricsOptions {
   /**
-   * Longest age of the database gauges (backlog, oldest pending age, parked, unowned lanes), in
-   * ms: they are read by one round of two queries at most once per interval, whatever the scrape
+   * Longest age of the database gauges (backlog, oldest pending age, parked, unowned lanes; the
+   * events waiting per blocked topic-partition), in ms: they are read by one round of two queries
+   * (and a third while some partition is blocked) at most once per interval, whatever the scrape
    * rate. 0 reads them at every scrape (still one round at a time).
    * @defaultValue 5_000 ({@link RELAY_METRICS_REFRESH_MS})
    */
@@ -101,6 +102,15 @@ const DATABASE_GAUGES: Readonly<Record<keyof DatabaseFigures, GaugeText>> = {
  *   acknowledgement (acks=all), for acknowledged sends.
  * - `outboxkit_relay_lanes_held`: lanes this instance holds.
  * - `outboxkit_relay_producer_connected`: 1 while the relay has a connected Kafka producer.
+ * - `outboxkit_relay_stand_downs_total`: times this relay stood down (it could not publish for
+ *   longer than a lease and released its lanes; event `relay:standing-down`).
+ * - `outboxkit_relay_partitions_blocked`: topic-partitions this relay found unable to take writes
+ *   (no leader, or fewer in-sync replicas than `min.insync.replicas`; {@link Relay.blockedPartitions}).
+ * - `outboxkit_relay_partition_waiting_events{topic,partition}`: events of this relay's lanes held
+ *   back by each blocked topic-partition (those of keys whose events go there, counting the keys'
+ *   later events on any topic; {@link Relay.waitingEvents}), read at most once per
+ *   `options.refreshMs`. Only blocked partitions have a series; a partition that takes writes again
+ *   drops out. The labels are the relay's topics and their partition numbers, never a key.
  * - From the database (all lanes, all relays), read at most once per `options.refreshMs`:
  *   `outboxkit_relay_backlog`, `outboxkit_relay_oldest_pending_seconds`, `outboxkit_relay_parked`,
  *   `outboxkit_relay_lanes_unowned` (lanes with no live lease: their events wait).
@@ -156,6 +166,35 @@ export function relayMetrics(
     },
   });
 
+  const standDowns = new client.Counter({
+    name: 'outboxkit_relay_stand_downs_total',
+    help: 'Times this relay stood down: it could not publish for longer than a lease and released its lanes.',
+    registers: [registry],
+  });
+  relay.on('relay:standing-down', () => standDowns.inc());
+  new client.Gauge({
+    name: 'outboxkit_relay_partitions_blocked',
+    help: 'Topic-partitions this relay found unable to take writes (no leader, or too few in-sync replicas): their events wait.',
+    registers: [registry],
+    collect() {
+      this.set(relay.blockedPartitions().length);
+    },
+  });
+  // One query while some partition is blocked (none otherwise), at most once per refreshMs.
+  const waiting = refreshedAtMostEvery(refreshMs, () => relay.waitingEvents());
+  new client.Gauge({
+    name: 'outboxkit_relay_partition_waiting_events',
+    help: "Events of this relay's lanes held back by a topic-partition that cannot take writes (blocked partitions only).",
+    labelNames: ['topic', 'partition'],
+    registers: [registry],
+    async collect() {
+      const now = await waiting();
+      // Reset first: a partition that takes writes again leaves the scrape instead of showing its last count.
+      this.reset();
+      for (const { topic, partition, events } of now) this.set({ topic, partition: String(partition) }, events);
+    },
+  });
+
   // The database gauges come from one snapshot, read off the hot path and at most once per
   // refreshMs: the two queries run one after the other, on one connection at a time.
   const q = { query: async <R>(text: string) => ({ rows: (await pool.query(text)).rows as R[], rowCount: 0 }) };
@@ -179,12 +218,24 @@ export function relayMetrics(
 
 /** What `/readyz` reports. */
 export interface RelayReadiness {
-  /** Both checks below passed. */
+  /** `database`, `kafka` and `lanes` all hold: the relay can publish its share of the outbox. */
   ready: boolean;
   /** PostgreSQL answered `SELECT 1` within the timeout (at the last check, at most `refreshMs` ago). */
   database: boolean;
   /** The relay holds a connected Kafka producer ({@link Relay.producerConnected}). */
   kafka: boolean;
+  /**
+   * The relay does not stand down ({@link Relay.standingDown}): it holds its fair share of the
+   * lanes, or stands by for healthy peers that hold them all. False from the moment it could not
+   * publish for longer than a lease (it released its lanes) until a new producer connects.
+   */
+  lanes: boolean;
+  /**
+   * Topic-partitions the relay finds unable to take writes now ({@link Relay.blockedPartitions},
+   * a count). Informational: they never make the relay unready, since every lane spans every
+   * partition and the relay's other partitions keep flowing; their events wait (G7).
+   */
+  blockedPartitions: number;
 }
 
 /** Every option name of {@link relayReadiness}. */
@@ -194,15 +245,26 @@ const READINESS_OPTION_NAMES = optionNames<NonNullable<Parameters<typeof relayRe
 });
 
 /**
- * The relay daemon's readiness check: ready only when PostgreSQL answers (`SELECT 1` on `pool`
- * within `timeoutMs`) and the relay holds a connected Kafka producer. The producer state is the
- * relay's own, read at each call; the database check runs at most once per `refreshMs` and calls
- * in between get its last answer, so probes (or a flood of requests) never cost a query each.
- * The producer is dropped on a failed connect, send or idle probe, or one Kafka did not answer
- * within the relay's `brokerTimeoutMs`, and replaced once the broker answers again, so an
- * unreachable broker or rejected credentials show here (about 5 s into an outage with the
- * defaults; 8 s for an idle relay, which probes every third of a lease). An unreachable database
- * shows within `refreshMs` + `timeoutMs`.
+ * The relay daemon's readiness check. Ready only when the relay can publish its share of the
+ * outbox: PostgreSQL answers (`SELECT 1` on `pool` within `timeoutMs`), the relay holds a
+ * connected Kafka producer, and it does not stand down (it holds its share of the lanes, or stands
+ * by for healthy peers). Never ready while it can publish nothing: without a producer, or after it
+ * released its lanes because it could not publish for longer than a lease.
+ *
+ * Lanes are key-hash buckets that span every partition of every topic, so readiness is about the
+ * relay's reach of the cluster as a whole: a topic-partition that cannot take writes (no leader,
+ * too few in-sync replicas) does not make it unready. Its events wait and every other partition
+ * keeps flowing; `blockedPartitions` counts such partitions, and the metrics
+ * `outboxkit_relay_partitions_blocked` and `outboxkit_relay_partition_waiting_events` report them.
+ *
+ * The producer and lane states are the relay's own, read at each call; the database check runs
+ * at most once per `refreshMs` and calls in between get its last answer, so probes (or a flood of
+ * requests) never cost a query each. The producer is dropped on a failed connect, send or idle
+ * probe, or one Kafka did not answer within the relay's `brokerTimeoutMs`, and replaced once the
+ * broker answers again, so an unreachable broker or rejected credentials show here (about 5 s into
+ * an outage with the defaults; 8 s for an idle relay, which probes every third of a lease); a
+ * lease into the outage the relay also stands down (`lanes` false) until a producer connects. An
+ * unreachable database shows within `refreshMs` + `timeoutMs`.
  *
  * @param options.timeoutMs - longest wait for PostgreSQL, in ms. @defaultValue 2_000
  * @param options.refreshMs - longest age of the database answer, in ms (0: ask at every call,
@@ -231,8 +293,36 @@ export function relayReadiness(
   return async () => {
     const database = await databaseAnswers();
     const kafka = relay.producerConnected;
-    return { ready: database && kafka, database, kafka };
+    const lanes = !relay.standingDown;
+    return {
+      ready: database && kafka && lanes,
+      database,
+      kafka,
+      lanes,
+      blockedPartitions: relay.blockedPartitions().length,
+    };
   };
+}
+
+/**
+ * The body of `/readyz`: `ready`, with the number of blocked topic-partitions when there are some
+ * (`ready; 2 topic-partitions cannot take writes, their events wait`), or `not ready` naming what
+ * is missing (`not ready: no connected Kafka producer, standing down (lanes released)`).
+ */
+function readinessText(r: boolean | RelayReadiness): string {
+  if (typeof r === 'boolean') return r ? 'ready\n' : 'not ready\n';
+  if (r.ready) {
+    const blocked = r.blockedPartitions;
+    return blocked > 0
+      ? `ready; ${blocked} topic-partition${blocked === 1 ? '' : 's'} cannot take writes, their events wait\n`
+      : 'ready\n';
+  }
+  const missing = [
+    r.database ? '' : 'database unreachable',
+    r.kafka ? '' : 'no connected Kafka producer',
+    r.lanes === false ? 'standing down (lanes released)' : '',
+  ].filter(Boolean);
+  return `not ready${missing.length > 0 ? `: ${missing.join(', ')}` : ''}\n`;
 }
 
 /** The address {@link serveMetrics} listens on unless told otherwise: this host only. */
@@ -254,7 +344,8 @@ const SERVE_OPTION_NAMES = optionNames<ServeMetricsOptions>({ host: true });
 
 /**
  * Serves `/metrics` (Prometheus text format), `/healthz` (the process answers) and `/readyz`
- * (200 `ready`, or 503 naming what is missing; see {@link relayReadiness}).
+ * (200 `ready`, or 503 naming what is missing: `database unreachable`, `no connected Kafka
+ * producer`, `standing down (lanes released)`; see {@link relayReadiness}).
  *
  * @param port - TCP port; 0 picks a free one.
  * @param ready - the readiness check; a boolean or a {@link RelayReadiness}. A throw counts as not ready.
@@ -287,15 +378,7 @@ export async function serveMetrics(
         } else if (req.url === '/readyz') {
           const r = await ready().catch(() => false as const);
           const ok = typeof r === 'boolean' ? r : r.ready;
-          const missing =
-            typeof r === 'boolean'
-              ? ''
-              : [r.database ? '' : 'database unreachable', r.kafka ? '' : 'no connected Kafka producer']
-                  .filter(Boolean)
-                  .join(', ');
-          res
-            .writeHead(ok ? 200 : 503, { 'content-type': 'text/plain' })
-            .end(ok ? 'ready\n' : `not ready${missing ? `: ${missing}` : ''}\n`);
+          res.writeHead(ok ? 200 : 503, { 'content-type': 'text/plain' }).end(readinessText(r));
         } else {
           res.writeHead(404).end();
         }

@@ -190,7 +190,14 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.scope = scope;
     this.lanes = new Lanes(
       {
-        heartbeat: (leaseMs) => sql.heartbeatInstance(scope, { hostname: hostname(), pid: process.pid, leaseMs }),
+        // The blocked partitions go with each heartbeat, for `outboxkit status` (it reads the database).
+        heartbeat: (leaseMs) =>
+          sql.heartbeatInstance(scope, {
+            hostname: hostname(),
+            pid: process.pid,
+            leaseMs,
+            blockedPartitions: this.blockedPartitions(),
+          }),
         renew: (held, leaseMs) => sql.renewLanes(scope, held, leaseMs),
         acquire: (count, leaseMs) => sql.acquireLanes(scope, count, leaseMs),
         release: (lanes) => sql.releaseLanes(scope, lanes),
@@ -241,6 +248,15 @@ export class Relay extends EventEmitter<RelayEvents> {
    */
   get producerConnected(): boolean {
     return this.started && !this.stopping && this.health.producer !== undefined;
+  }
+
+  /**
+   * Whether the relay stands down now: it could not publish for longer than a lease, released its
+   * lanes for the other relays and left the live instances, and holds none until a new producer
+   * connects (event `relay:standing-down`). False before start and once it rejoined.
+   */
+  get standingDown(): boolean {
+    return this.health.standingDown;
   }
 
   /** The lanes this relay currently holds. */

@@ -12,6 +12,7 @@ import type { Queryable, QueryResult } from '../src/database.js';
 import { EVENT_ID_REUSE_WINDOW_MS, OUTBOX_LANES } from '../src/constants.js';
 import { schemaMissingOr } from '../src/errors.js';
 import { statementName, type SqlStatement } from '../src/postgres.js';
+import type { BlockedPartition } from './partitions.js';
 
 // The read and the mark of every pass are named prepared statements (statementName()): PostgreSQL
 // skips the parse and, once it settles on a generic plan, the planning (about 0.5 ms of the
@@ -120,29 +121,61 @@ export async function renewLanes(scope: RelayScope, held: readonly HeldLane[], l
 }
 
 /**
+ * Most blocked topic-partitions a relay writes into `relay_instances.blocked_partitions` at each
+ * heartbeat (those holding back the most keys first), so that a large outage (a broker with
+ * thousands of partitions) never makes every heartbeat write a large row. The relay's gauges
+ * (relay/metrics.ts) count them all.
+ */
+export const PUBLISHED_BLOCKED_PARTITIONS_MAX = 200;
+
+/**
  * Registers this relay (or renews its liveness lease) and returns how many relays are live,
  * itself included, so each can take a fair share of the lanes, even relays that hold none yet.
+ * It also writes the topic-partitions the relay finds unable to take writes
+ * (`blocked_partitions`: NULL when none, else at most {@link PUBLISHED_BLOCKED_PARTITIONS_MAX}
+ * of them), for `outboxkit status`.
  */
 export function heartbeatSql(
   schema: string,
-  p: { relayId: string; hostname: string; pid: number; leaseMs: number },
+  p: {
+    relayId: string;
+    hostname: string;
+    pid: number;
+    leaseMs: number;
+    blockedPartitions: readonly BlockedPartition[];
+  },
 ): SqlStatement {
   return {
     text: `WITH me AS (
-       INSERT INTO ${schema}.relay_instances (relay_id, hostname, pid, lease_expires_at)
-       VALUES ($1, $2, $3, now() + make_interval(secs => $4::double precision / 1000))
-       ON CONFLICT (relay_id) DO UPDATE SET lease_expires_at = EXCLUDED.lease_expires_at
+       INSERT INTO ${schema}.relay_instances (relay_id, hostname, pid, lease_expires_at, blocked_partitions)
+       VALUES ($1, $2, $3, now() + make_interval(secs => $4::double precision / 1000), $5::jsonb)
+       ON CONFLICT (relay_id) DO UPDATE
+         SET lease_expires_at = EXCLUDED.lease_expires_at, blocked_partitions = EXCLUDED.blocked_partitions
        RETURNING relay_id)
      SELECT 1 + count(*)::int AS n FROM ${schema}.relay_instances
       WHERE lease_expires_at > now() AND relay_id <> (SELECT relay_id FROM me)`,
-    values: [p.relayId, p.hostname, p.pid, p.leaseMs],
+    values: [p.relayId, p.hostname, p.pid, p.leaseMs, publishedBlockedPartitions(p.blockedPartitions)],
   };
 }
 
-/** Runs {@link heartbeatSql}: the number of live relays, this one included. */
+/** The JSON text of `blocked` as the heartbeat writes it (see {@link heartbeatSql}), or null when empty. */
+function publishedBlockedPartitions(blocked: readonly BlockedPartition[]): string | null {
+  if (blocked.length === 0) return null;
+  const listed = [...blocked]
+    .sort((a, b) => b.keys - a.keys || a.topic.localeCompare(b.topic) || a.partition - b.partition)
+    .slice(0, PUBLISHED_BLOCKED_PARTITIONS_MAX)
+    .map(({ topic, partition, reason, keys, since }) => ({ topic, partition, reason, keys, since }));
+  return JSON.stringify(listed);
+}
+
+/**
+ * Runs {@link heartbeatSql}: the number of live relays, this one included.
+ *
+ * @param p.blockedPartitions - the relay's `blockedPartitions()` now.
+ */
 export async function heartbeatInstance(
   scope: RelayScope,
-  p: { hostname: string; pid: number; leaseMs: number },
+  p: { hostname: string; pid: number; leaseMs: number; blockedPartitions: readonly BlockedPartition[] },
 ): Promise<number> {
   const { rows } = await run<{ n: number }>(
     scope.db,
@@ -184,6 +217,71 @@ export async function releaseOwner(db: Queryable, schema: string, relayId: strin
   const { rowCount } = await run(db, schema, releaseOwnerSql(schema, relayId));
   await deregisterInstance(db, schema, relayId);
   return rowCount;
+}
+
+/** A live relay (its liveness lease has not expired) and the topic-partitions it reported blocked. */
+export interface LiveRelay {
+  relayId: string;
+  hostname: string;
+  pid: number;
+  /**
+   * What the relay wrote at its last heartbeat (see {@link heartbeatSql}), at most
+   * {@link PUBLISHED_BLOCKED_PARTITIONS_MAX}, most keys first; empty when none. Entries that do
+   * not have the expected shape are left out.
+   */
+  blockedPartitions: BlockedPartition[];
+}
+
+/**
+ * The live relays (liveness lease not expired, database clock), by id, for `outboxkit status`: a
+ * relay that stopped, stood down or died is not live (its blocked partitions no longer hold any
+ * of its lanes' events back).
+ */
+export function liveRelaysSql(schema: string): SqlStatement {
+  return {
+    text: `SELECT relay_id, hostname, pid, blocked_partitions FROM ${schema}.relay_instances
+      WHERE lease_expires_at > now() ORDER BY relay_id`,
+    values: [],
+  };
+}
+
+/** Runs {@link liveRelaysSql}. */
+export async function liveRelays(db: Queryable, schema: string): Promise<LiveRelay[]> {
+  const { rows } = await run<{ relay_id: string; hostname: string; pid: number; blocked_partitions: unknown }>(
+    db,
+    schema,
+    liveRelaysSql(schema),
+  );
+  return rows.map((r) => ({
+    relayId: r.relay_id,
+    hostname: r.hostname,
+    pid: r.pid,
+    blockedPartitions: blockedPartitionsOf(r.blocked_partitions),
+  }));
+}
+
+/**
+ * The entries of a `blocked_partitions` value that have the shape the relay writes, at most
+ * {@link PUBLISHED_BLOCKED_PARTITIONS_MAX}: the column is only as trustworthy as whoever can
+ * write the table.
+ */
+function blockedPartitionsOf(value: unknown): BlockedPartition[] {
+  if (!Array.isArray(value)) return [];
+  const out: BlockedPartition[] = [];
+  for (const e of value.slice(0, PUBLISHED_BLOCKED_PARTITIONS_MAX) as unknown[]) {
+    if (typeof e !== 'object' || e === null) continue;
+    const { topic, partition, reason, keys, since } = e as Record<string, unknown>;
+    if (
+      typeof topic === 'string' &&
+      Number.isSafeInteger(partition) &&
+      typeof reason === 'string' &&
+      Number.isSafeInteger(keys) &&
+      Number.isSafeInteger(since)
+    ) {
+      out.push({ topic, partition: partition as number, reason, keys: keys as number, since: since as number });
+    }
+  }
+  return out;
 }
 
 /** Lane owners, for `outboxkit status`. */

@@ -29,6 +29,18 @@ import {
 
 import { DEFAULT_SCHEMA, OUTBOX_LANES } from './constants.js';
 
+/** An entry of `relay_instances.blocked_partitions`: a topic-partition a relay finds unable to take writes. */
+export interface RelayBlockedPartition {
+  topic: string;
+  partition: number;
+  /** Why: `no leader`, or `NOT_ENOUGH_REPLICAS (isr 1 < min.insync.replicas 2)`. */
+  reason: string;
+  /** Keys of the relay's lanes whose events wait for it. */
+  keys: number;
+  /** Since when it is blocked, in ms since the epoch (the relay's clock). */
+  since: number;
+}
+
 export { DEFAULT_SCHEMA, OUTBOX_LANES };
 
 /** PostgreSQL `bytea`, read and written as a Node.js Buffer (payloads stay byte for byte). */
@@ -115,6 +127,14 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     pid: integer('pid').notNull(),
     startedAt: timestamp('started_at', { withTimezone: true }).notNull().defaultNow(),
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull(),
+    /**
+     * The topic-partitions this relay found unable to take writes at its last heartbeat, as
+     * `Relay.blockedPartitions()` returns them (`keys`: keys of its lanes held back; `since`: ms
+     * since the epoch), at most 200, most keys first; NULL when none is blocked (and for relays
+     * older than this column). `outboxkit status` lists them: it reads the database, not the
+     * relays' memory.
+     */
+    blockedPartitions: jsonb('blocked_partitions').$type<RelayBlockedPartition[]>(),
   });
 
   /** Idempotency records, scoped by (tenant, operation, key). */

@@ -57,7 +57,13 @@ describe('migrate()', () => {
       'CREATE SCHEMA shared_app; CREATE TABLE shared_app.migrations (id serial PRIMARY KEY, name text)',
     );
     const { applied } = await migrate({ connectionString: db.url, schema: 'shared_app' });
-    expect(applied).toEqual(['0000_init', '0001_consumer_progress', '0002_operation_id', '0003_operation_id_backfill']);
+    expect(applied).toEqual([
+      '0000_init',
+      '0001_consumer_progress',
+      '0002_operation_id',
+      '0003_operation_id_backfill',
+      '0004_relay_blocked_partitions',
+    ]);
     expect((await tables('shared_app')).sort()).toContain('outboxkit_migrations');
   });
 

@@ -43,7 +43,13 @@ describe('embedded relay (examples/embedded-relay.ts)', () => {
     });
     let stopped = false;
     try {
-      expect(await embedded.ready()).toEqual({ ready: true, database: true, kafka: true });
+      expect(await embedded.ready()).toEqual({
+        ready: true,
+        database: true,
+        kafka: true,
+        lanes: true,
+        blockedPartitions: 0,
+      });
       const c = await db.pool.connect();
       try {
         await c.query('BEGIN');

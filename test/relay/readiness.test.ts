@@ -1,7 +1,9 @@
 /**
  * The relay daemon's /readyz: ready only with a PostgreSQL connection AND a connected Kafka
- * producer, checked against the real services (a broker and a database on closed ports for the
- * not-ready states). Also the metrics the ops dashboard relies on, after a real publish.
+ * producer AND the relay not standing down (it holds its share of the lanes or stands by),
+ * checked against the real services (a broker and a database on closed ports for the not-ready
+ * states). Also the metrics the ops dashboard relies on, after a real publish, and the stand-down
+ * counter.
  */
 import type { Server } from 'node:http';
 import { Kafka, logLevel } from 'kafkajs';
@@ -55,7 +57,7 @@ describe('/readyz', () => {
     try {
       await relay.start();
       const check = relayReadiness(relay, pool);
-      expect(await check()).toEqual({ ready: false, database: true, kafka: false });
+      expect(await check()).toEqual({ ready: false, database: true, kafka: false, lanes: true, blockedPartitions: 0 });
       // Still not ready after a pass of the loop failed and tried to reconnect.
       await new Promise((resolve) => relay.once('relay:error', resolve));
       expect(relay.producerConnected).toBe(false);
@@ -68,6 +70,65 @@ describe('/readyz', () => {
     }
   });
 
+  it('not ready while standing down (lanes false), at every probe over two leases; the stand-down counter counts', async () => {
+    const relay = new Relay({
+      connectionString: db.url,
+      kafka: new Kafka({
+        clientId: 'readyz-standing-down',
+        brokers: ['127.0.0.1:1'],
+        logLevel: logLevel.NOTHING,
+        retry: { retries: 0 },
+      }),
+      verifyTopics: false,
+      pollIntervalMs: 100,
+      leaseMs: 2_000,
+      brokerTimeoutMs: 1_500,
+      retryMaxMs: 500,
+    });
+    const pool = new pg.Pool({ connectionString: db.url, max: 2 });
+    const registry = new client.Registry();
+    // Registered before start: the stand-down comes a lease after the first connect failed.
+    relayMetrics(relay, pool, registry, { refreshMs: 0 });
+    const standingDown = new Promise<{ failingMs: number }>((resolve) => relay.once('relay:standing-down', resolve));
+    try {
+      await relay.start();
+      expect(relay.standingDown).toBe(false);
+      const { failingMs } = await standingDown;
+      expect(failingMs).toBeGreaterThan(2_000);
+      expect(relay.standingDown).toBe(true);
+      await waitFor(() => relay.heldLanes().length === 0);
+      const check = relayReadiness(relay, pool, { refreshMs: 0 });
+      expect(await check()).toEqual({ ready: false, database: true, kafka: false, lanes: false, blockedPartitions: 0 });
+      expect(await readyz(check)).toEqual({
+        status: 503,
+        body: 'not ready: no connected Kafka producer, standing down (lanes released)\n',
+      });
+      // Two leases of probes while the relay keeps trying its producer at each maintenance tick:
+      // every one answers 503 and names the stand-down.
+      const bodies = new Set<string>();
+      const until = performance.now() + 4_000;
+      while (performance.now() < until) {
+        const r = await readyz(check);
+        bodies.add(`${r.status} ${r.body}`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      expect([...bodies]).toEqual(['503 not ready: no connected Kafka producer, standing down (lanes released)\n']);
+      // It left the live relays (the others' fair share counts without it) and holds no lane.
+      const { rows } = await db.pool.query<{ n: number }>(
+        'SELECT count(*)::int AS n FROM outboxkit.relay_instances WHERE relay_id = $1',
+        [relay.relayId],
+      );
+      expect(rows[0]!.n).toBe(0);
+      const metrics = await registry.metrics();
+      expect(metrics).toMatch(/^outboxkit_relay_stand_downs_total 1$/m);
+      expect(metrics).toMatch(/^outboxkit_relay_lanes_held 0$/m);
+      expect(metrics).toMatch(/^outboxkit_relay_partitions_blocked 0$/m);
+    } finally {
+      await relay.stop({ timeoutMs: 5_000 });
+      await pool.end();
+    }
+  }, 30_000);
+
   it('ready with PostgreSQL and the real broker; not ready once the database is unreachable or the relay stops', async () => {
     const relay = await startRelay(db.url);
     const pool = new pg.Pool({ connectionString: db.url, max: 1 });
@@ -75,7 +136,7 @@ describe('/readyz', () => {
     closed.on('error', () => {});
     try {
       const check = relayReadiness(relay, pool);
-      expect(await check()).toEqual({ ready: true, database: true, kafka: true });
+      expect(await check()).toEqual({ ready: true, database: true, kafka: true, lanes: true, blockedPartitions: 0 });
       expect(await readyz(check)).toEqual({ status: 200, body: 'ready\n' });
 
       const noDb = await readyz(relayReadiness(relay, closed));

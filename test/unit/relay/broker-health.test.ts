@@ -206,6 +206,26 @@ describe('BrokerHealth', () => {
     expect(h.standDownDue()).toBeUndefined();
   });
 
+  it('a stand-down ends at the first maintenance that finds none due, also when a late connect ended the streak without rejoin()', async () => {
+    const { h, m } = health([false]);
+    await h.awaitProducer(); // refused: a streak of connects
+    m.advance(LEASE_MS + 1);
+    expect(h.standDownDue()).toBeGreaterThan(LEASE_MS);
+    expect(h.enterStandDown()).toBe(true);
+    // A connect that outlasted brokerTimeoutMs succeeds later (the relay's awaitProducer gave up
+    // on it): the broker answered, the streak is over, and nothing called rejoin().
+    await h.rebuild();
+    expect(h.producer).toBeDefined();
+    expect(h.standingDown).toBe(true); // until the relay's next maintenance...
+    expect(h.standDownDue()).toBeUndefined(); // ...which takes lanes again:
+    expect(h.standingDown).toBe(false); // so it no longer stands down (readiness must not stay 503)
+    // A new streak a lease long makes a new stand-down (a new `relay:standing-down`).
+    h.sendFailed(h.sendStarted());
+    m.advance(LEASE_MS + 1);
+    expect(h.standDownDue()).toBeGreaterThan(LEASE_MS);
+    expect(h.enterStandDown()).toBe(true);
+  });
+
   it('after stop() no producer is built and no stand-down timer fires', async () => {
     const { h, m, p, due } = health();
     await h.awaitProducer();

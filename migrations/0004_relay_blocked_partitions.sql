@@ -1,0 +1,1 @@
+ALTER TABLE "outboxkit"."relay_instances" ADD COLUMN "blocked_partitions" jsonb;
