@@ -9,6 +9,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { isOutboxkitError } from '../src/errors.js';
 import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
+import { applyKafkajsMetadataFix } from '../src/kafka/kafkajs/metadata-fix.js';
 import { CONNECTION_SETTING_SQLSTATES, SQLSTATE } from '../src/postgres.js';
 import { printableJson, printableLines, printError } from './printable.js';
 
@@ -123,6 +124,8 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   shownByCommander = false;
   // kafkajs 2.2.4 re-arms a 1 ms timer per broker connection forever (and Node 24 warns on each).
   applyKafkajsRequestQueueFix();
+  // kafkajs 2.2.4 fails every metadata request that covers a partition without a leader.
+  applyKafkajsMetadataFix();
   try {
     const program = await buildProgram((end === -1 ? argv : argv.slice(0, end)).slice(2));
     await program.parseAsync(argv);

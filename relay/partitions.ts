@@ -184,10 +184,13 @@ export class PartitionGate {
       const minInsync = this.minInsync.get(t.name) ?? 1;
       const blocked = new Map<number, { reason: string; since: number }>();
       for (const p of t.partitions) {
+        // A broker holds acks=all writes to fewer in-sync replicas than min.insync.replicas only
+        // when the partition has that many replicas: one of replication factor 1 takes them.
+        const needed = p.replicas && p.replicas.length > 0 ? Math.min(minInsync, p.replicas.length) : minInsync;
         const reason =
           p.leader === null
             ? 'no leader'
-            : p.isr !== undefined && p.isr.length < minInsync
+            : p.isr !== undefined && p.isr.length < needed
               ? `NOT_ENOUGH_REPLICAS (isr ${p.isr.length} < min.insync.replicas ${minInsync})`
               : undefined;
         if (reason) blocked.set(p.partition, { reason, since: before?.blocked.get(p.partition)?.since ?? now });

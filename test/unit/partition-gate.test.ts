@@ -86,6 +86,16 @@ describe('PartitionGate', () => {
     expect(await gate.refresh(['payments'])).toMatchObject([
       { topic: 'payments', partition: 0, reason: 'NOT_ENOUGH_REPLICAS (isr 1 < min.insync.replicas 2)' },
     ]);
+    // Replication factor 1 under min.insync.replicas 2: the broker takes acks=all writes (checked on one broker).
+    const single = new PartitionGate(
+      {
+        ...source,
+        describe: async (topics) =>
+          topics.map((name) => ({ name, partitions: [{ partition: 0, leader: 1, replicas: [1], isr: [1] }] })),
+      },
+      noopLogger,
+    );
+    expect(await single.refresh(['payments'])).toEqual([]);
     // Without a min.insync.replicas from the broker: Kafka's default 1, one in-sync replica is enough.
     const other = new PartitionGate(cluster({ payments: [{ leader: 2, isr: 1 }] }).source, noopLogger);
     expect(await other.refresh(['payments'])).toEqual([]);
