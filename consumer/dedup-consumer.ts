@@ -83,6 +83,7 @@ import { drizzleInboxTransaction } from './inbox-transaction-drizzle.js';
 import { pgPoolInboxTransaction } from './inbox-transaction-pg.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
 import { checkInbox, checkTopics } from './preflight.js';
+import pRetry from 'p-retry';
 import {
   beginBatch,
   isProvenHandled,
@@ -296,9 +297,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     const { topics, fromBeginning, partitionsConsumedConcurrently, autoCommitIntervalMs } = this.#o;
     await checkInbox(this.#o);
     this.#throwIfStopping();
-    await checkTopics(this.#client, this.#o, this.#events);
+    // A cluster that cannot answer yet (a broker down, a partition without a leader, a leader
+    // moving) is waited for with backoff, not thrown at the caller: a process that exits on it is
+    // only restarted into the same outage (a crash loop). A missing topic, rejected credentials or
+    // any other error the client does not retry still fails the start at once.
+    await this.#untilKafkaAnswers('start-up checks', () => checkTopics(this.#client, this.#o, this.#events));
     this.#throwIfStopping();
-    await this.#producer.connect();
+    await this.#untilKafkaAnswers('producer connect', () => this.#producer.connect());
     await this.#consumer.connect();
     await this.#consumer.subscribe(topics, { fromBeginning });
     this.#throwIfStopping();
@@ -320,6 +325,40 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       this.#stopController.signal.removeEventListener('abort', onAbort);
       this.#joined = undefined;
     }
+  }
+
+  /**
+   * `step`, retried while it fails with an error the Kafka client retries (broker unreachable, no
+   * leader, leader moving): backoff with full jitter from `retryInitialMs` to `retryMaxMs`, until
+   * it succeeds or the consumer stops (then a LifecycleError). Each failure is logged (warn).
+   */
+  async #untilKafkaAnswers(what: string, step: () => Promise<void>): Promise<void> {
+    const { retryInitialMs, retryMaxMs, logger } = this.#o;
+    await pRetry(
+      async () => {
+        this.#throwIfStopping();
+        await step();
+      },
+      {
+        retries: Number.POSITIVE_INFINITY,
+        minTimeout: retryInitialMs,
+        maxTimeout: retryMaxMs,
+        factor: 2,
+        randomize: true,
+        signal: this.#stopController.signal,
+        shouldRetry: ({ error }) => !this.#stopController.signal.aborted && this.#client.isRetriable(error),
+        onFailedAttempt: ({ error, attemptNumber }) => {
+          if (this.#stopController.signal.aborted || !this.#client.isRetriable(error)) return;
+          logger.warn(
+            { groupId: this.groupId, err: error, attempt: attemptNumber },
+            `Kafka did not answer the dedup consumer's ${what}; retrying with backoff.`,
+          );
+        },
+      },
+    ).catch((err: unknown) => {
+      this.#throwIfStopping();
+      throw err;
+    });
   }
 
   #throwIfStopping(): void {

@@ -93,9 +93,7 @@ export async function checkTopics(
   const admin = client.admin();
   await admin.connect();
   try {
-    // listTopics reads metadata for all topics: unlike a metadata request naming the topics, it
-    // can never auto-create one.
-    requireTopics(o, new Set(await admin.listTopics()));
+    await requireTopics(admin, o);
     await checkRetention(admin, o, events);
     await checkDeadLetterLimits(admin, o);
   } finally {
@@ -103,17 +101,35 @@ export async function checkTopics(
   }
 }
 
-function requireTopics(o: Options, existing: Set<string>): void {
-  const needed = [...o.topics, ...o.deadLetterTopics.values()];
-  const missing = needed.filter((topic) => !existing.has(topic));
-  if (missing.length > 0) {
-    const names = missing.map((t) => JSON.stringify(t)).join(', ');
-    throw new TopicMissingError(
-      `Kafka topic${missing.length > 1 ? 's' : ''} ${names} ${missing.length > 1 ? 'do' : 'does'} not exist. The dedup consumer ` +
-        'needs every consumed topic and its dead-letter topic, and never creates topics. Create them with ' +
-        '`outboxkit topics ensure` or, for each, `kafka-topics.sh --bootstrap-server <broker> --create --topic <name> --partitions <n>`.',
-    );
+/**
+ * Throws a {@link TopicMissingError} naming the consumed and dead-letter topics that do not exist.
+ * Asks the metadata of those topics only (a leaderless partition elsewhere in the cluster is none
+ * of the consumer's business; the admin client never asks the broker to auto-create them, Metadata
+ * v4+); only when one is missing, the list of every topic, to name which.
+ */
+async function requireTopics(admin: KafkaAdmin, o: Options): Promise<void> {
+  const needed = [...new Set([...o.topics, ...o.deadLetterTopics.values()])];
+  let failure: unknown;
+  try {
+    const described = await admin.describeTopics(needed);
+    if (needed.every((t) => described.some((d) => d.name === t && d.partitions.length > 0))) return;
+  } catch (err) {
+    // A missing topic fails the request (UNKNOWN_TOPIC_OR_PARTITION): the list below names it;
+    // when none is missing, this error is the answer.
+    failure = err;
   }
+  const existing = new Set(await admin.listTopics());
+  const missing = needed.filter((topic) => !existing.has(topic));
+  if (missing.length === 0) {
+    if (failure !== undefined) throw failure;
+    return;
+  }
+  const names = missing.map((t) => JSON.stringify(t)).join(', ');
+  throw new TopicMissingError(
+    `Kafka topic${missing.length > 1 ? 's' : ''} ${names} ${missing.length > 1 ? 'do' : 'does'} not exist. The dedup consumer ` +
+      'needs every consumed topic and its dead-letter topic, and never creates topics. Create them with ' +
+      '`outboxkit topics ensure` or, for each, `kafka-topics.sh --bootstrap-server <broker> --create --topic <name> --partitions <n>`.',
+  );
 }
 
 /**

@@ -509,5 +509,53 @@ describe.skipIf(!enabled)(
       for (const x of kills) expect(x.resumeMs, JSON.stringify(x)).toBeLessThan(6_000);
       await relay.stop();
     }, 420_000);
+
+    it('C27 (second part): two of three brokers down, the cluster takes no writes: nothing parked, lost or crashed; publishing resumes once it takes writes again', async () => {
+      const orders = randomName('orders');
+      await createTopic(orders, 6);
+      const keys = Array.from({ length: 30 }, (_, i) => `key-${i}`);
+      const relay = await startRelay();
+      const writers = startWriters(db.pool, {
+        ratePerSecond: 50,
+        topicOf: () => orders,
+        keyOf: () => keys[Math.floor(Math.random() * keys.length)]!,
+      });
+      await sleep(10_000);
+      const controller = activeController();
+      const down = [1, 2, 3].filter((id) => id !== controller).slice(0, 2);
+      log(`C27b: killing nodes ${down.join(' and ')} (the active controller ${controller} stays)`);
+      await Promise.all(down.map((id) => killClusterNode(id)));
+      await sleep(30_000);
+      for (const id of down) await restartClusterNode(id, log);
+      // Writes are taken again once every partition has a leader and two in-sync replicas.
+      await waitFor(
+        async () => (await partitionLeaders(orders)).every((p) => p.leader !== undefined && p.isr.length >= 2),
+        {
+          timeoutMs: 60_000,
+          intervalMs: 100,
+          message: `${orders} takes acks=all writes again`,
+        },
+      );
+      const acceptAt = Date.now();
+      const marked = async () => {
+        const { rows } = await db.pool.query<{ at: number | null }>(
+          `SELECT (extract(epoch FROM min(published_at)) * 1000)::float8 AS at
+             FROM outboxkit.outbox_events WHERE topic = $1 AND published_at >= to_timestamp($2 / 1000.0)`,
+          [orders, acceptAt],
+        );
+        return rows[0]?.at ?? undefined;
+      };
+      const resumedAt = await waitFor(marked, { timeoutMs: 30_000, intervalMs: 100, message: 'publishing resumes' });
+      log(`C27b: publishing resumed ${Math.round(resumedAt - acceptAt)} ms after the cluster took writes again`);
+      await sleep(3_000);
+      await writers.stop();
+      await checkPublished(writers.written, orders);
+      const state = await rowState();
+      expect(state.parked, 'rows parked').toBe(0);
+      expect(state.attempted, 'attempts counted').toBe(0);
+      // 5 s (issue 16, C27); a loaded 2-core machine gets twice that.
+      expect(resumedAt - acceptAt).toBeLessThan(10_000);
+      await relay.stop();
+    }, 300_000);
   },
 );

@@ -1,0 +1,115 @@
+/**
+ * The dedup consumer's start while Kafka cannot answer yet (issue 16, point 5; G7): its start-up
+ * checks retry with backoff instead of failing the start (a process that exits on it is restarted
+ * into the same outage: a crash loop), then it consumes once the broker is up; stop() ends a start
+ * that waits. A missing topic still fails the start at once. On a private broker started late, on
+ * a port of its own.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Kafka, logLevel } from 'kafkajs';
+import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
+import { LifecycleError, TopicMissingError } from '../../src/errors.js';
+import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { createTopicsOn, randomName } from '../helpers/kafka.js';
+import { waitFor } from '../helpers/wait-for.js';
+import { ConsumerRegistry, record, TestProducer } from './support.js';
+
+let db: TestDatabase;
+let broker: ScratchBroker | undefined;
+// A port per Kafka line and process, away from the other scratch brokers' ranges.
+const PORT = 19_492 + Number(process.pid % 50) * 2;
+const kafka = new Kafka({
+  clientId: 'consumer-start-retry',
+  brokers: [`127.0.0.1:${PORT}`],
+  logLevel: logLevel.NOTHING,
+  retry: { initialRetryTime: 100, retries: 1 },
+});
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+});
+afterAll(async () => {
+  await broker?.destroy();
+  await db?.drop();
+});
+
+describe('dedup consumer: start while Kafka cannot answer', () => {
+  const consumers = new ConsumerRegistry();
+  afterAll(() => consumers.stopAll());
+
+  it('stop() ends a start that waits for the broker, with a LifecycleError', async () => {
+    const consumer = consumers.create({ kafka, topics: ['never-checked'], database: db.pool, handler: async () => {} });
+    const starting = consumer.start();
+    const outcome = starting.then(
+      () => 'started',
+      (err: unknown) => err,
+    );
+    await new Promise((r) => setTimeout(r, 1_500));
+    await consumer.stop();
+    expect(await outcome).toBeInstanceOf(LifecycleError);
+  });
+
+  it('retries its start-up checks with backoff, logging each failure, and consumes once the broker is up', async () => {
+    const warnings: string[] = [];
+    const logger = {
+      debug() {},
+      info() {},
+      error() {},
+      warn(_obj: Record<string, unknown>, msg: string) {
+        warnings.push(msg);
+      },
+    };
+    const topic = randomName('start-retry');
+    const applied = new Set<string>();
+    const consumer = consumers.create({
+      kafka,
+      topics: [topic],
+      database: db.pool,
+      logger,
+      retryInitialMs: 100,
+      retryMaxMs: 1_000,
+      handler: async ({ event }) => {
+        applied.add(event.id);
+      },
+    });
+    const seen = record(consumer);
+    let settled: unknown = 'pending';
+    const starting = consumer.start().then(
+      () => (settled = 'started'),
+      (err: unknown) => (settled = err),
+    );
+    // The broker is not up: the start neither resolves nor fails, it retries.
+    await waitFor(() => warnings.filter((w) => w.includes('retrying with backoff')).length >= 2, {
+      timeoutMs: 20_000,
+      message: 'the consumer retries its start-up checks',
+    });
+    expect(settled).toBe('pending');
+
+    broker = await startScratchBroker(PORT);
+    await createTopicsOn(kafka, [
+      { topic, numPartitions: 2 },
+      { topic: `${topic}.dlq`, numPartitions: 1 },
+    ]);
+    await starting;
+    expect(settled).toBe('started');
+    const producer = new TestProducer(kafka);
+    const ids = await producer.send(
+      topic,
+      Array.from({ length: 5 }, (_, i) => ({ partition: i % 2, value: { i } })),
+    );
+    await waitFor(() => ids.every((id) => applied.has(id!)), { timeoutMs: 30_000, message: 'events applied' });
+    expect(seen.crashes).toEqual([]);
+    await producer.close();
+  }, 120_000);
+
+  it('a missing topic still fails the start at once (not retried)', async () => {
+    if (!broker) broker = await startScratchBroker(PORT);
+    const consumer = consumers.create({
+      kafka,
+      topics: [randomName('missing')],
+      database: db.pool,
+      handler: async () => {},
+    });
+    await expect(consumer.start()).rejects.toBeInstanceOf(TopicMissingError);
+  }, 120_000);
+});
