@@ -512,10 +512,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         this.logger.warn({ err: error, attempt: failures }, 'relay pass failed; backing off');
         this.emit('relay:error', { error, attempt: failures });
         await rebuilt;
-        await this.wake.sleep(
-          fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs),
-          false,
-        );
+        await this.wake.sleep(this.failureBackoffMs(failures), false);
         continue;
       }
       // A pass that read less than a full batch saw every visible row of its lanes: the next rows
@@ -523,6 +520,19 @@ export class Relay extends EventEmitter<RelayEvents> {
       // after a full batch is the table read again at once (no empty read per event at low rates).
       if (published === 0 || !this.morePending) await this.wake.sleep(this.options.pollIntervalMs);
     }
+  }
+
+  /**
+   * The sleep after the `failures`-th failed pass in a row, in ms: exponential with full jitter up
+   * to `retryMaxMs`; at most {@link PARTITION_RECHECK_MS} while the cluster answers metadata
+   * requests (it did within `brokerTimeoutMs`): its brokers are there and take writes again as soon
+   * as enough replicas are back, and a relay that slept `retryMaxMs` then would add up to that much
+   * to the outage.
+   */
+  private failureBackoffMs(failures: number): number {
+    const backoff = fullJitterBackoffMs(failures, this.options.retryInitialMs, this.options.retryMaxMs);
+    const clusterAnswers = performance.now() - this.metadataAnsweredAt < this.options.brokerTimeoutMs;
+    return clusterAnswers ? Math.min(backoff, PARTITION_RECHECK_MS) : backoff;
   }
 
   /**

@@ -73,6 +73,13 @@ describe('dedup consumer: start while Kafka cannot answer', () => {
       },
     });
     const seen = record(consumer);
+    // The topics exist; then the broker is killed (ECONNREFUSED from then on) before the start.
+    broker ??= await startScratchBroker(PORT);
+    await createTopicsOn(kafka, [
+      { topic, numPartitions: 2 },
+      { topic: `${topic}.dlq`, numPartitions: 1 },
+    ]);
+    await broker.kill('SIGKILL');
     let settled: unknown = 'pending';
     const starting = consumer.start().then(
       () => (settled = 'started'),
@@ -85,11 +92,7 @@ describe('dedup consumer: start while Kafka cannot answer', () => {
     });
     expect(settled).toBe('pending');
 
-    broker = await startScratchBroker(PORT);
-    await createTopicsOn(kafka, [
-      { topic, numPartitions: 2 },
-      { topic: `${topic}.dlq`, numPartitions: 1 },
-    ]);
+    await broker.restart();
     await starting;
     expect(settled).toBe('started');
     const producer = new TestProducer(kafka);
@@ -103,7 +106,7 @@ describe('dedup consumer: start while Kafka cannot answer', () => {
   }, 120_000);
 
   it('a missing topic still fails the start at once (not retried)', async () => {
-    if (!broker) broker = await startScratchBroker(PORT);
+    broker ??= await startScratchBroker(PORT);
     const consumer = consumers.create({
       kafka,
       topics: [randomName('missing')],
