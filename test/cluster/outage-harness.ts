@@ -4,41 +4,23 @@
  * outbox rows (no loss, nothing invented, per-key order of first occurrences) with each record's
  * publish time (its Kafka timestamp, set by the producer when it sends).
  */
-import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel } from 'kafkajs';
-import pg from 'pg';
+import type pg from 'pg';
 import { enqueue, withPgTransaction } from '../../src/index.js';
 import { migrate } from '../../src/migrate.js';
 import { createKafkajsClient } from '../../src/kafka/kafkajs/client.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
+import { createDatabaseOn, type TestDatabase } from '../helpers/db.js';
 import { randomName } from '../helpers/kafka.js';
 
 export const log = (msg: string) => console.log(`[outage] ${msg}`);
 
-/** A database of its own for one test file, migrated; `drop()` removes it. */
-export async function clusterTestDatabase(): Promise<{ url: string; pool: pg.Pool; drop(): Promise<void> }> {
+/** A database of its own for one test file, migrated (the cluster project has no global setup); `drop()` removes it. */
+export async function clusterTestDatabase(): Promise<TestDatabase> {
   const base = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
-  const name = `outboxkit_c_${randomBytes(5).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: base });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${name}`);
-  await admin.end();
-  const url = new URL(base);
-  url.pathname = `/${name}`;
-  await migrate({ connectionString: url.toString() });
-  const pool = new pg.Pool({ connectionString: url.toString(), max: 6 });
-  return {
-    url: url.toString(),
-    pool,
-    async drop() {
-      pool.on('error', () => {});
-      await pool.end();
-      const c = new pg.Client({ connectionString: base });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await c.end();
-    },
-  };
+  const db = await createDatabaseOn(base, { prefix: 'outboxkit_c', poolSize: 6 });
+  await migrate({ connectionString: db.url });
+  return db;
 }
 
 /** A kafkajs `Kafka` and outboxkit's client over it, on `brokers`, silent. */

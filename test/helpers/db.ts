@@ -22,13 +22,27 @@ function withDatabase(base: string, name: string): string {
 }
 
 /** Creates a fresh migrated database for one test file. Call `drop()` in afterAll. */
-export async function createTestDatabase(options: { poolSize?: number } = {}): Promise<TestDatabase> {
-  const base = inject('databaseUrl');
-  const name = `outboxkit_t_${randomBytes(6).toString('hex')}`;
+export function createTestDatabase(options: { poolSize?: number } = {}): Promise<TestDatabase> {
+  return createDatabaseOn(inject('databaseUrl'), {
+    prefix: 'outboxkit_t',
+    template: inject('templateDatabase'),
+    poolSize: options.poolSize,
+  });
+}
+
+/**
+ * Creates a database named `<prefix>_<random>` on the server of `base` (a connection string), from
+ * `template` if given (else empty: no outboxkit schema), with a pool on it. Call `drop()` after.
+ */
+export async function createDatabaseOn(
+  base: string,
+  options: { prefix: string; template?: string; poolSize?: number },
+): Promise<TestDatabase> {
+  const name = `${options.prefix}_${randomBytes(6).toString('hex')}`;
   const admin = new pg.Client({ connectionString: base });
   await admin.connect();
   try {
-    await admin.query(`CREATE DATABASE ${name} TEMPLATE ${inject('templateDatabase')}`);
+    await admin.query(`CREATE DATABASE ${name}${options.template ? ` TEMPLATE ${options.template}` : ''}`);
   } finally {
     await admin.end();
   }

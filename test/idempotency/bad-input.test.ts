@@ -5,12 +5,12 @@
  * migrate`) gets `SchemaMissingError` / a 500 `schema-missing` problem, in both modes, and the
  * handler never runs.
  */
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import express from 'express';
 import Fastify, { type FastifyRequest } from 'fastify';
-import pg from 'pg';
+import type pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { inject } from 'vitest';
@@ -26,33 +26,15 @@ import { idempotencyGauges } from '../../src/idempotency/metrics.js';
 import { reconcileUncertain, serveOperation } from '../../src/idempotency/reconcile.js';
 import type { HandlerResponse } from '../../src/idempotency/state-machine.js';
 import { idempotencyTable, listKeys } from '../../src/idempotency/store.js';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { createDatabaseOn, createTestDatabase, type TestDatabase } from '../helpers/db.js';
 
 let db: TestDatabase;
 /** A real database created without migrations: outboxkit's schema and tables do not exist. */
 let bare: { url: string; pool: pg.Pool; drop(): Promise<void> };
 const servers: { close(): Promise<void> }[] = [];
 
-async function createBareDatabase(): Promise<typeof bare> {
-  const base = inject('databaseUrl');
-  const name = `outboxkit_bare_${randomBytes(6).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: base });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${name}`).finally(() => admin.end());
-  const url = new URL(base);
-  url.pathname = `/${name}`;
-  const pool = new pg.Pool({ connectionString: url.toString(), max: 4 });
-  return {
-    url: url.toString(),
-    pool,
-    async drop() {
-      pool.on('error', () => {});
-      await pool.end();
-      const c = new pg.Client({ connectionString: base });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).finally(() => c.end());
-    },
-  };
+function createBareDatabase(): Promise<typeof bare> {
+  return createDatabaseOn(inject('databaseUrl'), { prefix: 'outboxkit_bare', poolSize: 4 });
 }
 
 beforeAll(async () => {

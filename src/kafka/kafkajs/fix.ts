@@ -56,7 +56,8 @@ let outcome: KafkajsFixOutcome | undefined;
 /** Marks the replacement, so that a second copy of outboxkit in the process recognises it. */
 const FIXED = Symbol.for('outboxkit.kafkajsRequestQueueFix');
 
-function normalised(fn: (...args: never[]) => unknown): string {
+/** A function's body without blanks and `//` comments: how a fix recognises the kafkajs code it replaces. */
+export function normalised(fn: (...args: never[]) => unknown): string {
   const text = fn.toString();
   const body = text.slice(text.indexOf('{') + 1, text.lastIndexOf('}'));
   return body.replace(/\/\/[^\n]*/g, '').replace(/\s+/g, '');

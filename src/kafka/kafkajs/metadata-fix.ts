@@ -31,7 +31,7 @@
  * outboxkit resolves, for every client of that copy.
  */
 import { createRequire } from 'node:module';
-import type { KafkajsFixOutcome } from './fix.js';
+import { normalised, type KafkajsFixOutcome } from './fix.js';
 
 /** kafkajs' `parse` of a Metadata response, as shipped in 2.2.4, without blanks and comments. */
 const ORIGINAL_SOURCE = [
@@ -68,12 +68,6 @@ const VERSIONS = [0, 1, 2, 3, 4, 5, 6];
 let outcome: KafkajsFixOutcome | undefined;
 /** Marks the replacement, so that a second copy of outboxkit in the process recognises it. */
 const FIXED = Symbol.for('outboxkit.kafkajsMetadataFix');
-
-function normalised(fn: (...args: never[]) => unknown): string {
-  const text = fn.toString();
-  const body = text.slice(text.indexOf('{') + 1, text.lastIndexOf('}'));
-  return body.replace(/\/\/[^\n]*/g, '').replace(/\s+/g, '');
-}
 
 /**
  * Makes kafkajs' Metadata responses keep partitions without a leader instead of failing (see the
