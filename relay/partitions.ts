@@ -62,11 +62,18 @@ export class PartitionGate {
   private readonly minInsync = new Map<string, number>();
   /** Waiting keys → the `topic\0partition` they wait for. */
   private readonly waitingKeys = new Map<string, string>();
+  /** Changes of the set of blocked partitions so far: a caller compares it to tell a change. */
+  private changeCount = 0;
 
   constructor(
     private readonly source: PartitionSource,
     private readonly logger: Logger,
   ) {}
+
+  /** How many times the set of blocked partitions changed (a partition blocked, or taking writes again). */
+  get changes(): number {
+    return this.changeCount;
+  }
 
   /** Whether some partition is blocked (the relay then rechecks it on a timer). */
   get anyBlocked(): boolean {
@@ -197,6 +204,7 @@ export class PartitionGate {
       }
       for (const [partition, b] of blocked) {
         if (!before?.blocked.has(partition)) {
+          this.changeCount++;
           this.logger.warn(
             { topic: t.name, partition, reason: b.reason },
             'partition cannot take writes: its events wait',
@@ -205,6 +213,7 @@ export class PartitionGate {
       }
       for (const partition of before?.blocked.keys() ?? []) {
         if (!blocked.has(partition)) {
+          this.changeCount++;
           this.logger.info({ topic: t.name, partition }, 'partition takes writes again: its waiting events go out');
         }
       }

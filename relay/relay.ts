@@ -691,7 +691,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     const since = this.health.failingSinceMs;
     if (!gate || since === undefined || this.metadataAnsweredAt < since) return false;
     try {
-      await gate.refresh([...new Set([...this.failedTopics, ...gate.blockedTopics()])]);
+      await this.refreshGate(gate, [...new Set([...this.failedTopics, ...gate.blockedTopics()])]);
       return true;
     } catch {
       return false;
@@ -734,20 +734,18 @@ export class Relay extends EventEmitter<RelayEvents> {
   private async partitionVerdict(rows: readonly sql.PendingRow[]): Promise<'blocked' | 'answered' | 'unreachable'> {
     const gate = this.gate;
     if (!gate || rows.length === 0 || this.stopping) return 'unreachable';
-    const before = gate.blocked().length;
     const topics = rows.map((r) => r.topic);
     this.failedTopics = [...new Set(topics)];
     let answered = false;
     for (let attempt = 0; attempt < 2 && !answered && !this.stopping; attempt++) {
       try {
-        await gate.refresh(topics);
+        await this.refreshGate(gate, topics);
         answered = true;
       } catch (err) {
         this.logger.warn({ err, attempt }, 'the cluster did not answer a metadata request after a failed send');
       }
     }
     if (!answered) return 'unreachable';
-    if (gate.blocked().length !== before) this.emit('relay:partitions', { blocked: gate.blocked() });
     return gate.split(rows).waiting.length > 0 ? 'blocked' : 'answered';
   }
 
@@ -770,17 +768,21 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (!gate?.anyBlocked || this.rechecking || this.stopping) return;
     this.rechecking = true;
     try {
-      const before = gate.blocked().length;
       const waitingBefore = gate.keys().length;
-      await gate.refresh(gate.blockedTopics());
-      const after = gate.blocked();
-      if (after.length !== before) this.emit('relay:partitions', { blocked: after });
-      if (after.length < before || gate.keys().length < waitingBefore) this.wake.wakeUp();
+      await this.refreshGate(gate, gate.blockedTopics());
+      if (gate.keys().length < waitingBefore) this.wake.wakeUp();
     } catch (err) {
       this.logger.debug({ err }, 'partition recheck failed');
     } finally {
       this.rechecking = false;
     }
+  }
+
+  /** Refreshes the gate's view of `topics`; emits `relay:partitions` when the blocked set changed. */
+  private async refreshGate(gate: PartitionGate, topics: readonly string[]): Promise<void> {
+    const changes = gate.changes;
+    await gate.refresh(topics);
+    if (gate.changes !== changes) this.emit('relay:partitions', { blocked: gate.blocked() });
   }
 
   /**
@@ -789,6 +791,8 @@ export class Relay extends EventEmitter<RelayEvents> {
    */
   private async withAdmin<T>(what: string, fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
     const timeoutMs = this.metadataTimeoutMs;
+    // stop() disconnects the admin client: no new one after it (a refresh in the background may still ask).
+    if (this.stopping) throw new LifecycleError('the relay is stopping');
     let conn = this.admin;
     if (!conn) {
       const client = this.client!.admin();

@@ -144,8 +144,12 @@ describe('PartitionGate', () => {
       { topic: 'audit', key: k1 },
     ]);
     expect(gate.keys().sort()).toEqual([k0, k1].sort());
+    const changes = gate.changes;
+    await gate.refresh(gate.blockedTopics()); // nothing changed
+    expect(gate.changes).toBe(changes);
     state.audit[0] = healthy;
     await gate.refresh(gate.blockedTopics());
+    expect(gate.changes).toBe(changes + 1);
     expect(asked.at(-1)).toEqual(['audit']);
     expect(gate.keys()).toEqual([k1]);
     expect(gate.split([{ topic: 'audit', key: k0 }]).send).toHaveLength(1);
