@@ -24,6 +24,34 @@ export async function pipelineBacklog(
   return { pending: Number(row.pending), unshipped: Number(row.orders) - Number(row.shipments) - deadLettered };
 }
 
+/**
+ * Kafka's side of the drain: the messages in the dead-letter topic, and the shipping group's lag on
+ * the topic (messages past its committed offsets, summed over partitions; a partition with no
+ * committed offset counts from its low watermark). A lag of 0 means every message, redeliveries
+ * included, was handled and its offset committed.
+ */
+export async function drainProgress(
+  kafka: Kafka,
+  o: { topic: string; deadLetterTopic: string; groupId: string },
+): Promise<{ deadLettered: number; lag: number }> {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    const deadLettered = (await admin.fetchTopicOffsets(o.deadLetterTopic)).reduce((n, p) => n + Number(p.high), 0);
+    const ends = await admin.fetchTopicOffsets(o.topic);
+    const [entry] = await admin.fetchOffsets({ groupId: o.groupId, topics: [o.topic] });
+    const committed = new Map((entry?.partitions ?? []).map((p) => [p.partition, Number(p.offset)]));
+    let lag = 0;
+    for (const p of ends) {
+      const at = committed.get(p.partition) ?? -1;
+      lag += Number(p.high) - (at < 0 ? Number(p.low) : at);
+    }
+    return { deadLettered, lag };
+  } finally {
+    await admin.disconnect();
+  }
+}
+
 export async function readDatabase(pool: pg.Pool): Promise<Omit<Observed, 'published' | 'deadLetters'>> {
   const orders = await pool.query<{ id: string; tenant: string; cart_id: string; customer_id: string | null }>(
     'SELECT id, tenant, cart_id, customer_id FROM orders_demo.orders',

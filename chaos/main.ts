@@ -22,7 +22,15 @@ import { createRunDatabase, waitUntil, type Child } from '../examples/orders/pro
 import { ensurePostgres, startScratchBroker, type ScratchBroker } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 import { checkRun } from './check.js';
-import { committedOffsets, pipelineBacklog, readDatabase, readTopic, toDeadLetters, toPublished } from './collect.js';
+import {
+  committedOffsets,
+  drainProgress,
+  pipelineBacklog,
+  readDatabase,
+  readTopic,
+  toDeadLetters,
+  toPublished,
+} from './collect.js';
 import { runFaultPhase } from './fault-phase.js';
 import {
   CRASH_POINTS,
@@ -352,39 +360,37 @@ async function main(): Promise<number> {
     const retriedAtEnd = await retryUnanswered(baseUrl, ledger, 180_000);
 
     log('draining: every event published, every order shipped or dead-lettered');
-    const dlqCount = async () => {
-      const a = kafka.admin();
-      await a.connect();
-      try {
-        return (await a.fetchTopicOffsets(dlq)).reduce((n, p) => n + Number(p.high), 0);
-      } finally {
-        await a.disconnect();
-      }
-    };
-    // Drained, or stalled: every event marked published, every service ready and nothing moved
-    // for drainStallMs (an event marked published that never reached Kafka is never shipped).
+    // Drained: every event published, every order shipped or dead-lettered, and the shipping group
+    // committed an offset at the end of every partition (so a redelivery after a consumer crash,
+    // the one that shows a broken dedup, has been handled before the check, however late the
+    // rebalance that brings it). Or stalled: every event marked published, the group's lag 0, every
+    // service ready and nothing moved for drainStallMs (an event marked published that never
+    // reached Kafka is never shipped).
     let last = '';
     let lastChange = Date.now();
     let lastReport = Date.now();
     await waitUntil(
       'the pipeline to drain',
       async () => {
-        const b = await pipelineBacklog(pool, await dlqCount());
-        if (b.pending === 0 && b.unshipped <= 0) return true;
+        const kafkaSide = await drainProgress(kafka, { topic, deadLetterTopic: dlq, groupId: shippingGroup });
+        const b = await pipelineBacklog(pool, kafkaSide.deadLettered);
+        if (b.pending === 0 && b.unshipped <= 0 && kafkaSide.lag === 0) return true;
         if (Date.now() - lastReport >= 15_000) {
           lastReport = Date.now();
           const down = [...sup.services.values()].filter((s) => s.wanted && !(sup.isUp(s) && s.readyAt !== undefined));
           log(
-            `draining: ${b.pending} unpublished, ${b.unshipped} unshipped${down.length ? `; not ready: ${down.map((s) => s.name).join(', ')}` : ''}`,
+            `draining: ${b.pending} unpublished, ${b.unshipped} unshipped, ${kafkaSide.lag} messages not committed by ${shippingGroup}${down.length ? `; not ready: ${down.map((s) => s.name).join(', ')}` : ''}`,
           );
         }
         // A stall counts only while every wanted service is up and ready (a restart or a
         // rebalance after a crash point that fired late is not a stall).
         const ready = [...sup.services.values()].every((s) => !s.wanted || (sup.isUp(s) && s.readyAt !== undefined));
-        const now = `${b.pending}/${b.unshipped}`;
+        const now = `${b.pending}/${b.unshipped}/${kafkaSide.lag}`;
         if (now !== last || !ready) [last, lastChange] = [now, Date.now()];
-        if (b.pending === 0 && Date.now() - lastChange >= o.drainStallMs) {
-          log(`no progress for ${o.drainStallMs / 1000} s with every event marked published: checking now`);
+        if (b.pending === 0 && kafkaSide.lag === 0 && Date.now() - lastChange >= o.drainStallMs) {
+          log(
+            `no progress for ${o.drainStallMs / 1000} s with every event marked published and consumed: checking now`,
+          );
           return true;
         }
         return false;
