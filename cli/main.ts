@@ -69,7 +69,21 @@ async function buildProgram(args: string[]): Promise<Command> {
   const named = args.find((a) => !a.startsWith('-'));
   const names = named !== undefined && Object.hasOwn(COMMANDS, named) ? [named] : Object.keys(COMMANDS);
   for (const register of await Promise.all(names.map((n) => COMMANDS[n]!()))) register(program);
+  shortUsageAfterErrors(program);
   return program;
+}
+
+/**
+ * After a usage error, each command prints its one-line usage and where the whole help is, instead
+ * of the whole help (the relay's runs to 60 lines, and the error itself scrolled out of sight).
+ */
+function shortUsageAfterErrors(command: Command, path: string[] = []): void {
+  for (const sub of command.commands) {
+    const names = [...path, sub.name()];
+    const full = ['outboxkit', ...names].join(' ');
+    sub.showHelpAfterError(`Usage: ${full} ${sub.usage()}\nRun '${full} --help' for the options.`);
+    shortUsageAfterErrors(sub, names);
+  }
 }
 
 /** Node.js socket error codes: a connection that could not be made. */

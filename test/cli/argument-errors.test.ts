@@ -96,11 +96,16 @@ describe('errors thrown inside a command are printed once', () => {
     expect(r.stdout).toBe(`${version}\n`);
   });
 
-  it("commander's own usage error stays printed once, with the usage", async () => {
+  it("commander's own usage error stays printed once, with the one-line usage and not the whole help", async () => {
     const r = await cli(['status', '--bogus']);
     expect(r.code).toBe(1);
     expect(count(r.stderr, "unknown option '--bogus'")).toBe(1);
     expect(count(r.stderr, 'Usage: outboxkit status')).toBe(1);
+    // The whole help (the relay's is 60 lines) would push the error out of sight.
+    expect(r.stderr).not.toContain('Options:');
+    expect(r.stderr).toContain("Run 'outboxkit status --help' for the options.");
+    const nested = await cli(['parked', 'list', '--bogus']);
+    expect(nested.stderr).toContain("Run 'outboxkit parked list --help' for the options.");
     expect(jsonError(await cli(['status', '--bogus', '--json'])).code).toBe('commander.unknownOption');
   });
 });
