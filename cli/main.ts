@@ -12,6 +12,7 @@ import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
 import { applyKafkajsMetadataFix } from '../src/kafka/kafkajs/metadata-fix.js';
 import { CONNECTION_SETTING_SQLSTATES, SQLSTATE } from '../src/postgres.js';
 import { printableJson, printableLines, printError } from './printable.js';
+import { lifetime } from './shared.js';
 
 /** Set by main() when the command line asks for JSON: errors are then printed as JSON too. */
 let jsonErrors = false;
@@ -165,7 +166,19 @@ export async function main(argv: string[] = process.argv): Promise<void> {
   }
 }
 
+/**
+ * The `outboxkit` process: {@link main}, then an exit within 2 s of the command's end. A command
+ * that gave up on an unreachable broker (`topics ensure --timeout-ms`) leaves kafkajs retrying the
+ * connection of an abandoned client on timers nothing can cancel, which would hold the process for
+ * up to its retry time (30 s); the unref'd watchdog never delays a process that is idle already.
+ * Not after `relay`, which returns once started and lives on until a signal.
+ */
+export async function runCli(argv: string[] = process.argv): Promise<void> {
+  await main(argv);
+  if (!lifetime.daemon) setTimeout(() => process.exit(), 2_000).unref();
+}
+
 // Run when executed directly (tsx cli/main.ts, or bin/outboxkit.js importing the build).
 if (process.argv[1] && import.meta.url === new URL(`file://${process.argv[1]}`).href) {
-  void main();
+  void runCli();
 }

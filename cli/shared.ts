@@ -15,6 +15,12 @@ import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { printError } from './printable.js';
 
+/**
+ * Whether the command that ran is a daemon (`relay`): it returns from its action once started and
+ * lives on, so the exit watchdog of `runCli` (cli/main.ts) must not end it.
+ */
+export const lifetime = { daemon: false };
+
 export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
 
 export function int(value: string): number {

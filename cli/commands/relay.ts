@@ -12,6 +12,7 @@ import {
   databaseOption,
   int,
   kafkaFromOptions,
+  lifetime,
   listenAddress,
   listenPort,
   schemaOption,
@@ -214,6 +215,7 @@ export function registerRelay(program: Command): void {
       };
       process.on('SIGTERM', onSignal);
       process.on('SIGINT', onSignal);
+      lifetime.daemon = true;
       await relay.start();
     });
 }

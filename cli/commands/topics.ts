@@ -4,6 +4,12 @@ import { addKafkaOptions, kafkaFromOptions, positiveInt, topicNameList } from '.
 import { printError, printJson, printLines } from '../printable.js';
 import { ensureTopics, weakAcksReason } from '../../src/kafka/topics.js';
 
+/**
+ * Default of `topics ensure --timeout-ms`, in ms: a cluster that starts or elects leaders is ready
+ * well within it, and an operator with a wrong broker address is told so in 15 s, not a minute.
+ */
+const ENSURE_TIMEOUT_MS = 15_000;
+
 /** `outboxkit topics ensure`. */
 export function registerTopics(program: Command): void {
   const topics = program.command('topics').description('Kafka topic operations');
@@ -19,45 +25,56 @@ export function registerTopics(program: Command): void {
         "replication factor of new topics (default: the brokers' default.replication.factor)",
       ).argParser(positiveInt),
     )
+    .addOption(
+      new Option('--timeout-ms <ms>', 'give up when the topics are not ready after this long, retries included')
+        .argParser(positiveInt)
+        .default(ENSURE_TIMEOUT_MS),
+    )
     .option('--json', 'print JSON')
-    .action(async (names: string[], opts: { partitions: number; replicationFactor?: number; json?: boolean }) => {
-      const { client } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
-      // Retries the errors a cluster answers while it starts or elects leaders (src/kafka/topics.ts).
-      const { created, existing } = await ensureTopics(
-        client,
-        names.map((topic) => ({
-          topic,
-          numPartitions: opts.partitions,
-          ...(opts.replicationFactor !== undefined ? { replicationFactor: opts.replicationFactor } : {}),
-        })),
-      );
-      const facts = await topicFacts(client, [...created, ...existing]);
-      const partitions = Object.fromEntries(Object.entries(facts).map(([t, f]) => [t, f.partitions]));
-      const replication = Object.fromEntries(
-        Object.entries(facts).map(([t, f]) => [
-          t,
-          { replicationFactor: f.replicationFactor ?? null, minInsyncReplicas: f.minInsyncReplicas ?? null },
-        ]),
-      );
-      // An existing topic is left as it is: say when its partition count is not the one asked for
-      // (per-key order and the consumers' parallelism depend on it; Kafka never shrinks a topic).
-      const differ = existing.filter((t) => partitions[t] !== undefined && partitions[t] !== opts.partitions);
-      if (opts.json) printJson({ created, existing, partitions, replication });
-      else printLines(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
-      for (const topic of differ) {
-        printError(
-          `outboxkit: ${topic} exists with ${partitions[topic]} partitions, not ${opts.partitions}: left as it is ` +
-            '(--partitions applies to new topics only).',
+    .action(
+      async (
+        names: string[],
+        opts: { partitions: number; replicationFactor?: number; timeoutMs: number; json?: boolean },
+      ) => {
+        const { client } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
+        // Retries the errors a cluster answers while it starts or elects leaders (src/kafka/topics.ts).
+        const { created, existing } = await ensureTopics(
+          client,
+          names.map((topic) => ({
+            topic,
+            numPartitions: opts.partitions,
+            ...(opts.replicationFactor !== undefined ? { replicationFactor: opts.replicationFactor } : {}),
+          })),
+          { timeoutMs: opts.timeoutMs },
         );
-      }
-      // In the order the topics were given.
-      for (const topic of new Set(names)) {
-        const f = facts[topic];
-        if (!f) continue;
-        const weak = f.replicationFactor && weakAcksReason(f.replicationFactor, f.minInsyncReplicas);
-        if (weak) printError(`outboxkit: warning: ${topic} has ${weak}.`);
-      }
-    });
+        const facts = await topicFacts(client, [...created, ...existing]);
+        const partitions = Object.fromEntries(Object.entries(facts).map(([t, f]) => [t, f.partitions]));
+        const replication = Object.fromEntries(
+          Object.entries(facts).map(([t, f]) => [
+            t,
+            { replicationFactor: f.replicationFactor ?? null, minInsyncReplicas: f.minInsyncReplicas ?? null },
+          ]),
+        );
+        // An existing topic is left as it is: say when its partition count is not the one asked for
+        // (per-key order and the consumers' parallelism depend on it; Kafka never shrinks a topic).
+        const differ = existing.filter((t) => partitions[t] !== undefined && partitions[t] !== opts.partitions);
+        if (opts.json) printJson({ created, existing, partitions, replication });
+        else printLines(created.length ? `created: ${created.join(', ')}` : 'all topics exist');
+        for (const topic of differ) {
+          printError(
+            `outboxkit: ${topic} exists with ${partitions[topic]} partitions, not ${opts.partitions}: left as it is ` +
+              '(--partitions applies to new topics only).',
+          );
+        }
+        // In the order the topics were given.
+        for (const topic of new Set(names)) {
+          const f = facts[topic];
+          if (!f) continue;
+          const weak = f.replicationFactor && weakAcksReason(f.replicationFactor, f.minInsyncReplicas);
+          if (weak) printError(`outboxkit: warning: ${topic} has ${weak}.`);
+        }
+      },
+    );
 }
 
 /** What `topics ensure` reports of a topic: partitions, replication factor, effective `min.insync.replicas`. */

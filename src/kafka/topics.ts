@@ -9,7 +9,10 @@
  * whole step (connect, create, wait for every partition's leader) with p-retry.
  */
 import pRetry from 'p-retry';
+import { z } from 'zod';
+import { withTimeout } from '../deadline.js';
 import { BrokerUnavailableError, InvalidOptionsError, isOutboxkitError } from '../errors.js';
+import { integer, parseOptions } from '../options.js';
 import { KAFKA_TOPIC_NAME } from '../outbox/event.js';
 import { kafkaClientOf, type Kafka } from './kafkajs/client.js';
 import type { KafkaClient, TopicSpec } from './types.js';
@@ -26,7 +29,19 @@ function topicsNotReady(message: string): BrokerUnavailableError {
 export interface EnsureTopicsOptions {
   /** Attempts after the first one; backoff 200 ms doubling to 2 s (about 6 s for 5). @defaultValue 5 */
   retries?: number;
+  /**
+   * Longest time the whole call may take, in ms, retries included: past it, the attempt in flight
+   * is abandoned and {@link BrokerUnavailableError} is thrown (its `cause` the last attempt's
+   * error). Without it, a broker that cannot be reached fails after kafkajs's own connection
+   * retries on each attempt: about a minute. @defaultValue none
+   */
+  timeoutMs?: number;
 }
+
+const ensureTopicsOptionsSchema = z.strictObject({
+  retries: integer(0).default(5),
+  timeoutMs: integer(1).optional(),
+} satisfies Record<keyof EnsureTopicsOptions, z.ZodType>);
 
 /**
  * What {@link ensureTopics} found: the topics this call created, and the others (they existed
@@ -55,22 +70,31 @@ export interface EnsureTopicsResult {
  * @throws the last error once the retries are spent, or at once a non-retriable kafkajs error
  *   (for example TOPIC_AUTHORIZATION_FAILED, INVALID_REPLICATION_FACTOR, POLICY_VIOLATION).
  *   A broker that cannot be reached fails after kafkajs's own connection retries (with its
- *   defaults, about 10 s per attempt) on each of these attempts: about a minute in all.
+ *   defaults, about 10 s per attempt) on each of these attempts: about a minute in all, unless
+ *   `timeoutMs` is given.
+ * @throws {@link BrokerUnavailableError} when `timeoutMs` passed first (`cause`: the last error).
+ * @throws {@link InvalidOptionsError} on an unknown or invalid option.
  */
 export async function ensureTopics(
   kafka: Kafka | KafkaClient,
   topics: TopicSpec[],
   options: EnsureTopicsOptions = {},
 ): Promise<EnsureTopicsResult> {
+  const o = parseOptions(ensureTopicsOptionsSchema, options, 'ensureTopics');
   topics = checkTopics(topics);
   const client = kafkaClientOf(kafka);
   const names = topics.map((t) => t.topic);
   let existing: Set<string> | undefined;
   // Topics this call created (across attempts: a retried attempt must not count them as found).
   const created = new Set<string>();
-  await pRetry(
+  // Stops p-retry's next attempt once timeoutMs passed (the one in flight is abandoned).
+  const deadline = o.timeoutMs === undefined ? undefined : new AbortController();
+  let lastError: unknown;
+  let inFlight: { disconnect(): Promise<void> } | undefined;
+  const attempts = pRetry(
     async () => {
       const admin = client.admin();
+      inFlight = admin;
       await admin.connect();
       try {
         // What existed before the first attempt that listed.
@@ -96,13 +120,29 @@ export async function ensureTopics(
       }
     },
     {
-      retries: options.retries ?? 5,
+      retries: o.retries,
       minTimeout: 200,
       maxTimeout: 2_000,
       factor: 2,
+      signal: deadline?.signal,
+      onFailedAttempt: ({ error }) => {
+        lastError = error;
+      },
       shouldRetry: ({ error }) => isOutboxkitError(error, 'OUTBOXKIT_BROKER_UNAVAILABLE') || client.isRetriable(error),
     },
   );
+  if (o.timeoutMs === undefined) await attempts;
+  else {
+    await withTimeout(attempts, o.timeoutMs, () => {
+      deadline!.abort();
+      // The abandoned attempt's admin stops its connection retries (they would hold the process).
+      void inFlight?.disconnect().catch(() => undefined);
+      return new BrokerUnavailableError(
+        `Kafka topics not ready within ${o.timeoutMs} ms (timeoutMs): ${lastError instanceof Error ? lastError.message : 'no answer from the brokers'}.`,
+        lastError === undefined ? {} : { cause: lastError },
+      );
+    });
+  }
   return { created: names.filter((n) => created.has(n)), existing: names.filter((n) => !created.has(n)) };
 }
 

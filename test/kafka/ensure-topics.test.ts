@@ -105,6 +105,38 @@ describe('ensureTopics', () => {
     expect(cli.output.join('')).toMatch(new RegExp(`Topic creation errors \\(${topic}: INVALID_REPLICATION_FACTOR`));
   });
 
+  it('timeoutMs bounds the whole call against a broker that refuses connections (BrokerUnavailableError with the cause)', async () => {
+    const { Kafka, logLevel } = await import('kafkajs');
+    // A port nothing listens on: every connection is refused, and kafkajs retries each connect.
+    const unreachable = new Kafka({ clientId: 'ensure-timeout', brokers: ['127.0.0.1:1'], logLevel: logLevel.NOTHING });
+    const started = Date.now();
+    const err = await ensureTopics(unreachable, [{ topic: randomName('ensure-timeout') }], { timeoutMs: 2_000 }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    const took = Date.now() - started;
+    expect(isOutboxkitError(err, 'OUTBOXKIT_BROKER_UNAVAILABLE'), String(err)).toBe(true);
+    expect((err as Error).message).toMatch(/not ready within 2000 ms \(timeoutMs\)/);
+    // Without the bound: kafkajs's connection retries on each of 6 attempts, about a minute.
+    expect(took).toBeGreaterThanOrEqual(1_900);
+    expect(took).toBeLessThan(8_000);
+    await expect(ensureTopics(unreachable, [{ topic: 'x' }], { timeout: 5 } as never)).rejects.toThrow(
+      /ensureTopics: unknown option "?timeout/,
+    );
+  });
+
+  it('the CLI gives up after --timeout-ms on an unreachable broker and its process ends soon after', async () => {
+    const started = Date.now();
+    const cli = spawnCli(['topics', 'ensure', randomName('ensure-cli-timeout'), '--timeout-ms', '2000'], {
+      KAFKA_BROKERS: '127.0.0.1:1',
+    });
+    const { code } = await cli.exited;
+    expect(code).toBe(1);
+    expect(cli.output.join('')).toMatch(/OUTBOXKIT_BROKER_UNAVAILABLE: Kafka topics not ready within 2000 ms/);
+    // 2 s, the CLI's start-up (tsx) and at most the 2 s exit watchdog; kafkajs alone held it 30 s more.
+    expect(Date.now() - started).toBeLessThan(20_000);
+  });
+
   it('a non-retriable error (a replication factor above the brokers) fails at once, without retries', async () => {
     const started = Date.now();
     const err = await ensureTopics(testKafka(), [{ topic: randomName('ensure-rf'), replicationFactor: 3 }]).then(
