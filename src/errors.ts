@@ -54,6 +54,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_CLIENT_REJECTED',
   /** The idempotent client stopped retrying (attempts or deadline exhausted); the outcome is unknown. */
   'OUTBOXKIT_CLIENT_GAVE_UP',
+  /** A replay's stored content coding, and identity too, are refused by the retry's Accept-Encoding. */
+  'OUTBOXKIT_REPLAY_NOT_ACCEPTABLE',
 ] as const;
 
 /** Union of every error code outboxkit uses. */

@@ -55,6 +55,11 @@ export type ExpressIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  *    `Idempotent-Replayed: true` on a replay; outboxkit's errors become RFC 9457 problems (409 and
  *    503 with `Retry-After`, 422 on a key reused with another body).
  *
+ * A replay carries the stored representation headers (`content-encoding`, `content-language`,
+ * `content-disposition`, `vary`, ...), so a body the handler compressed passes through a
+ * compression middleware unchanged; a retry whose `Accept-Encoding` refuses the stored coding gets
+ * it decoded, or 406 `replay-not-acceptable` (docs/http-contract.md, "Replayed representation").
+ *
  * The handler gets the request, the transaction and `ctx` (`return ctx.reject(422, problem)` ends
  * it with a stored business rejection, its writes rolled back to the claim's savepoint). This is
  * the one-transaction mode; see {@link leasedHandler} for lease mode.
@@ -143,7 +148,11 @@ export function operationHandler<D extends DatabaseHandle>(options: ExpressOpera
   const serve = operationRoute(options, 'operationHandler()');
   return async function operationResource(req: Request, res: Response, next: NextFunction): Promise<void> {
     const id = req.params.operationId;
-    send(res, next, await answerOperation(serve, req, typeof id === 'string' ? id : ''));
+    send(
+      res,
+      next,
+      await answerOperation(serve, req, typeof id === 'string' ? id : '', req.headers['accept-encoding']),
+    );
   };
 }
 

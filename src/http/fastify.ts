@@ -54,6 +54,11 @@ export type FastifyIdempotencyOptions<D extends DatabaseHandle> = RouteIdempoten
  *    `Idempotent-Replayed: true` on a replay; outboxkit's errors become RFC 9457 problems (409 and
  *    503 with `Retry-After`, 422 on a key reused with another body).
  *
+ * A replay carries the stored representation headers (`content-encoding`, `content-language`,
+ * `content-disposition`, `vary`, ...), so a body the handler compressed passes through a
+ * compression middleware unchanged; a retry whose `Accept-Encoding` refuses the stored coding gets
+ * it decoded, or 406 `replay-not-acceptable` (docs/http-contract.md, "Replayed representation").
+ *
  * The body must reach the handler as raw bytes: call {@link registerRawJsonBody} in the plugin
  * scope of the route. A body Fastify's default `text/plain` parser decoded (its invalid UTF-8
  * replaced) gets 400 `body-invalid`, and so does a `__proto__` or `constructor.prototype` member
@@ -126,7 +131,7 @@ export function operationHandler<D extends DatabaseHandle>(
 ): (req: FastifyRequest<{ Params: { operationId: string } }>, reply: FastifyReply) => Promise<FastifyReply> {
   const serve = operationRoute(options, 'operationHandler()');
   return async function operationResource(req, reply) {
-    return send(reply, await answerOperation(serve, req, req.params.operationId));
+    return send(reply, await answerOperation(serve, req, req.params.operationId, req.headers['accept-encoding']));
   };
 }
 

@@ -73,6 +73,7 @@ export const PROBLEM_KINDS: Readonly<Partial<Record<ErrorCode, ProblemKind>>> = 
   }),
   OUTBOXKIT_LEASE_LOST: problemKind(409, 'lease-lost', 'Request taken over', { retryAfter: true }),
   OUTBOXKIT_DEADLINE_INVALID: problemKind(400, 'deadline-invalid', 'Request deadline invalid'),
+  OUTBOXKIT_REPLAY_NOT_ACCEPTABLE: problemKind(406, 'replay-not-acceptable', 'Stored response not acceptable'),
   // An operator error (no `outboxkit migrate` yet): 500, not retriable (no Retry-After), with a
   // stable type so that clients and monitors can tell it from a bug; the handler never ran.
   OUTBOXKIT_SCHEMA_MISSING: problemKind(500, 'schema-missing', 'Idempotency store not set up', {
@@ -83,7 +84,7 @@ export const PROBLEM_KINDS: Readonly<Partial<Record<ErrorCode, ProblemKind>>> = 
 
 /**
  * Whether `err` is an outboxkit error with an HTTP mapping in {@link PROBLEM_KINDS}: those a
- * client causes or may retry (400/409/413/422/503), and the operator error `schema-missing` (500).
+ * client causes or may retry (400/406/409/413/422/503), and the operator error `schema-missing` (500).
  */
 export function isProblemError(err: unknown): boolean {
   return isOutboxkitError(err) && PROBLEM_KINDS[err.code] !== undefined;
@@ -104,6 +105,7 @@ export function isProblemError(err: unknown): boolean {
  * | OUTBOXKIT_STORE_UNAVAILABLE | 503 + Retry-After | store-unavailable |
  * | OUTBOXKIT_LEASE_LOST | 409 + Retry-After | lease-lost |
  * | OUTBOXKIT_DEADLINE_INVALID | 400 | deadline-invalid |
+ * | OUTBOXKIT_REPLAY_NOT_ACCEPTABLE | 406 | replay-not-acceptable |
  * | OUTBOXKIT_SCHEMA_MISSING | 500, no Retry-After | schema-missing (fixed detail; the message naming the schema is for logs) |
  * | anything else | 500 | internal (the message is not disclosed) |
  *

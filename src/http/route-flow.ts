@@ -11,9 +11,15 @@ import { executeIdempotent, executeWithoutKey, type ExecutionContext } from '../
 import { fingerprintAndParse, parseJsonBody, type Fingerprint } from '../idempotency/fingerprint.js';
 import { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from '../idempotency/key.js';
 import { executeLeased, type LeaseContext, type LeasedResult } from '../idempotency/lease.js';
-import type { HandlerResponse, IdempotentResponse, IdempotentResult } from '../idempotency/state-machine.js';
+import {
+  REPLAYED_HEADER,
+  type HandlerResponse,
+  type IdempotentResponse,
+  type IdempotentResult,
+} from '../idempotency/state-machine.js';
 import { assertValidTenant } from '../idempotency/text.js';
 import { isProblemError, toProblem, type ProblemResponse } from './problem.js';
+import { negotiateReplayEncoding } from './replay-encoding.js';
 import type {
   ResolvedLeaseRoute,
   ResolvedOperationRoute,
@@ -144,19 +150,46 @@ export async function answerLeaseRoute<D extends DatabaseHandle, Req>(
   }
 }
 
-/** One `GET` of an operation resource, as the adapter answers it (see {@link RouteAnswer}). */
+/**
+ * One `GET` of an operation resource, as the adapter answers it (see {@link RouteAnswer}): a
+ * stored result is sent for the request's `Accept-Encoding` as a retry's replay is
+ * ({@link replayFor}).
+ */
 export function answerOperation<Req>(
   serve: ResolvedOperationRoute<Req>,
   req: Req,
   operationId: string,
+  acceptEncoding: string | string[] | undefined,
 ): Promise<RouteAnswer<{ response: IdempotentResponse }>> {
-  return answerRoute(serve.failures, async () => ({ response: await serve(req, operationId) }));
+  return answerRoute(serve.failures, async () => {
+    const response = await serve(req, operationId);
+    return {
+      response:
+        response.headers[REPLAYED_HEADER] === 'true'
+          ? await negotiateReplayEncoding(response, acceptEncoding)
+          : response,
+    };
+  });
+}
+
+/**
+ * `result` as sent to the request of `parts`: a replay's stored response for the request's
+ * `Accept-Encoding` (as stored, decoded, or {@link ReplayNotAcceptableError}: see
+ * ./replay-encoding.ts); anything else unchanged.
+ */
+async function replayFor<R extends { replayed: boolean; response: IdempotentResponse }>(
+  parts: RouteRequest,
+  result: R,
+): Promise<R> {
+  if (!result.replayed) return result;
+  return { ...result, response: await negotiateReplayEncoding(result.response, parts.headers['accept-encoding']) };
 }
 
 /**
  * The one-transaction flow of both adapters: parse the key, resolve the tenant, fingerprint the raw
  * body, then run `handler` through `executeIdempotent()` (or without protection when the key is
- * optional and absent). Throws outboxkit's problem errors for the adapter to answer.
+ * optional and absent); a replay is sent for the request's `Accept-Encoding` ({@link replayFor}).
+ * Throws outboxkit's problem errors for the adapter to answer.
  */
 async function runIdempotentRoute<D extends DatabaseHandle, Req>(
   route: ResolvedRoute<D, Req>,
@@ -170,14 +203,18 @@ async function runIdempotentRoute<D extends DatabaseHandle, Req>(
     parts.setBody(parsed.present ? parsed.value : undefined);
     return executeWithoutKey(route.db, handler, route.opts);
   }
-  return executeIdempotent(route.db, await identify(route, req, parts, key), handler, route.opts);
+  return replayFor(
+    parts,
+    await executeIdempotent(route.db, await identify(route, req, parts, key), handler, route.opts),
+  );
 }
 
 /**
  * The lease-mode flow of both adapters: parse the key (always required), resolve the tenant,
  * fingerprint the raw body, then run `handler` through `executeLeased()`, with the route's
- * `deadline(req)` and the request's `signal` (a wait ends when the client goes away). Throws
- * outboxkit's problem errors for the adapter to answer.
+ * `deadline(req)` and the request's `signal` (a wait ends when the client goes away); a replay is
+ * sent for the request's `Accept-Encoding` ({@link replayFor}). Throws outboxkit's problem errors
+ * for the adapter to answer.
  */
 async function runLeaseRoute<D extends DatabaseHandle, Req>(
   route: ResolvedLeaseRoute<D, Req>,
@@ -188,7 +225,7 @@ async function runLeaseRoute<D extends DatabaseHandle, Req>(
   const key = parseIdempotencyKey(parts.headers[IDEMPOTENCY_KEY_HEADER], { required: true });
   const request = await identify(route, req, parts, key);
   const deadline = route.deadline?.(req);
-  return executeLeased(
+  const result = await executeLeased(
     route.db,
     {
       ...request,
@@ -198,6 +235,7 @@ async function runLeaseRoute<D extends DatabaseHandle, Req>(
     handler,
     route.opts,
   );
+  return replayFor(parts, result);
 }
 
 /**

@@ -136,3 +136,27 @@ export class LeaseLostError extends OutboxkitError {
     super('OUTBOXKIT_LEASE_LOST', message, options);
   }
 }
+
+/**
+ * A retry of a completed or failed key cannot be answered with its stored response for its
+ * `Accept-Encoding`: the field refuses the stored content coding and refuses identity too
+ * (`identity;q=0`, or `*;q=0` without an `identity` member), or refuses the stored coding while
+ * outboxkit cannot decode it (a coding other than gzip, x-gzip, deflate and br, or a stored 206,
+ * whose range counts coded bytes). HTTP 406 `replay-not-acceptable` (RFC 9110 §12.5.3,
+ * §15.5.7). Nothing changes: the stored response stays, and a retry whose `Accept-Encoding`
+ * accepts its coding (or identity, for a coding outboxkit decodes) replays it.
+ */
+export class ReplayNotAcceptableError extends OutboxkitError {
+  /** The stored response's content codings, in the order they were applied (`['gzip']`). */
+  readonly storedCodings: readonly string[];
+
+  constructor(storedCodings: readonly string[], message?: string, options?: OutboxkitErrorOptions) {
+    super(
+      'OUTBOXKIT_REPLAY_NOT_ACCEPTABLE',
+      message ??
+        `The stored response of this idempotency key is encoded with ${storedCodings.join(', ')}, which this request's Accept-Encoding refuses; retry with an Accept-Encoding that accepts it.`,
+      options,
+    );
+    this.storedCodings = Object.freeze([...storedCodings]);
+  }
+}

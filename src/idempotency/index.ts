@@ -12,6 +12,7 @@ export {
   KeyMismatchError,
   KeyMissingError,
   LeaseLostError,
+  ReplayNotAcceptableError,
   StoreUnavailableError,
   TenantUnresolvedError,
   type RetryAfterErrorOptions,
@@ -27,6 +28,7 @@ export {
 } from './fingerprint.js';
 export {
   IDEMPOTENCY_DEFAULTS,
+  REPRESENTATION_HEADERS,
   resolveIdempotencyOptions,
   type ConcurrencyPolicy,
   type IdempotencyOptions,
@@ -89,3 +91,4 @@ export {
   type ProblemDetails,
   type ProblemResponse,
 } from '../http/problem.js';
+export { DECODABLE_CODINGS, negotiateReplayEncoding, type ReplayEncodingDecision } from '../http/replay-encoding.js';

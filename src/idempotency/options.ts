@@ -48,10 +48,13 @@ export interface IdempotencyOptions {
    */
   retentionMs?: number;
   /**
-   * Response headers stored with the result and replayed (case-insensitive). `content-type` is
-   * always kept. Refused: `set-cookie` and credentials, hop-by-hop headers, `content-length`
-   * (recomputed on replay). The first response carries every header the handler set.
-   * @defaultValue ['content-type', 'content-language', 'content-location', 'location', 'etag', 'last-modified', 'cache-control', 'expires', 'vary', 'link']
+   * Response headers stored with the result and replayed (case-insensitive), besides
+   * {@link REPRESENTATION_HEADERS} (`content-type`, `content-encoding`, `content-language`,
+   * `content-location`, `content-disposition`, `content-range`, `vary`), which are always kept: a
+   * replay needs them to be read as the first response was. Refused: `set-cookie` and
+   * credentials, hop-by-hop headers, `content-length` (recomputed on replay). The first response
+   * carries every header the handler set.
+   * @defaultValue the representation headers plus ['location', 'etag', 'last-modified', 'cache-control', 'expires', 'link']
    */
   replayHeaders?: readonly string[];
   /**
@@ -109,11 +112,31 @@ export interface ResolvedIdempotencyOptions extends OutcomeSinks {
   readonly waitTimeoutMs: number;
   readonly retentionMs: number;
   readonly readFirst: boolean;
-  /** Lower-cased, `content-type` included. */
+  /** Lower-cased, {@link REPRESENTATION_HEADERS} included. */
   readonly replayHeaders: ReadonlySet<string>;
   readonly retryAfterSeconds: number;
   readonly logger: Logger;
 }
+
+/**
+ * Response headers always stored and replayed, whatever `replayHeaders` says: those a client needs
+ * to read the stored body as it read the first response. The representation metadata of RFC 9110
+ * §8 (`content-type`, `content-encoding`, `content-language`, `content-location`; the body of a
+ * stored 206 needs its `content-range`, §14.4), `content-disposition` (RFC 6266: how to present
+ * the body, its file name) and `vary` (RFC 9110 §12.5.5: which request headers selected this
+ * representation, so that caches keep telling them apart). `content-length` is not stored: the
+ * adapters compute it for the bytes they send. What a replay whose request refuses the stored
+ * `content-encoding` gets: docs/http-contract.md, "Replayed representation".
+ */
+export const REPRESENTATION_HEADERS: readonly string[] = Object.freeze([
+  'content-type',
+  'content-encoding',
+  'content-language',
+  'content-location',
+  'content-disposition',
+  'content-range',
+  'vary',
+]);
 
 /** Default idempotency options. */
 export const IDEMPOTENCY_DEFAULTS = Object.freeze({
@@ -124,15 +147,12 @@ export const IDEMPOTENCY_DEFAULTS = Object.freeze({
   retentionMs: 86_400_000,
   readFirst: true,
   replayHeaders: Object.freeze([
-    'content-type',
-    'content-language',
-    'content-location',
+    ...REPRESENTATION_HEADERS,
     'location',
     'etag',
     'last-modified',
     'cache-control',
     'expires',
-    'vary',
     'link',
   ]) as readonly string[],
   retryAfterSeconds: 1,
@@ -257,7 +277,7 @@ function validateIdempotencyOptions(o: IdempotencyOptions): ResolvedIdempotencyO
   if (policy !== 'reject' && policy !== 'wait') {
     throw new InvalidOptionsError(`policy must be 'reject' or 'wait', got ${JSON.stringify(policy)}.`);
   }
-  const replay = new Set<string>(['content-type']);
+  const replay = new Set<string>(REPRESENTATION_HEADERS);
   for (const name of o.replayHeaders ?? IDEMPOTENCY_DEFAULTS.replayHeaders) {
     if (typeof name !== 'string' || !/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(name)) {
       throw new InvalidOptionsError(`replayHeaders holds an invalid header name: ${JSON.stringify(name)}.`);

@@ -31,7 +31,11 @@ import type { Fingerprint } from './fingerprint.js';
 export interface HandlerResponse {
   /** HTTP status, an integer from 200 to 599. Which statuses are stored: {@link outcomeOfStatus}. */
   status: number;
-  /** Response headers (string values). Only the `replayHeaders` allow-list is stored and replayed. */
+  /**
+   * Response headers (string values). Stored and replayed: the representation headers
+   * (`REPRESENTATION_HEADERS`: content-type, content-encoding, content-language, content-location,
+   * content-disposition, content-range, vary) and the `replayHeaders` allow-list.
+   */
   headers?: Readonly<Record<string, string>>;
   /**
    * The body. Stored as bytes and replayed byte for byte: a `Buffer`/`Uint8Array` as is, a string
@@ -55,8 +59,10 @@ export interface IdempotentResult {
   /** True when the response is a stored one (the handler did not run for this request). */
   replayed: boolean;
   /**
-   * The response to send. On a replay: the stored status, allow-listed headers and body bytes,
-   * plus `idempotent-replayed: true`. Otherwise: what the handler returned, every header included.
+   * The response to send. On a replay: the stored status, stored headers and body bytes, plus
+   * `idempotent-replayed: true`, as stored (the HTTP adapters then apply the request's
+   * `Accept-Encoding`: `negotiateReplayEncoding()`). Otherwise: what the handler returned, every
+   * header included.
    */
   response: IdempotentResponse;
 }

@@ -1,6 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { isOutboxkitError } from '../../../src/errors.js';
-import { IDEMPOTENCY_DEFAULTS, resolveIdempotencyOptions } from '../../../src/idempotency/options.js';
+import {
+  IDEMPOTENCY_DEFAULTS,
+  REPRESENTATION_HEADERS,
+  resolveIdempotencyOptions,
+} from '../../../src/idempotency/options.js';
 
 function codeOf(fn: () => unknown): string | undefined {
   try {
@@ -36,9 +40,25 @@ describe('resolveIdempotencyOptions', () => {
     expect(resolveIdempotencyOptions(o)).toBe(o);
   });
 
-  it('always keeps content-type and lower-cases the allow-list', () => {
+  it('C32 always keeps the representation headers (a replay is read with them) and lower-cases the allow-list', () => {
     const o = resolveIdempotencyOptions({ replayHeaders: ['ETag'] });
-    expect([...o.replayHeaders].sort()).toEqual(['content-type', 'etag']);
+    expect([...o.replayHeaders].sort()).toEqual([
+      'content-disposition',
+      'content-encoding',
+      'content-language',
+      'content-location',
+      'content-range',
+      'content-type',
+      'etag',
+      'vary',
+    ]);
+    expect([...resolveIdempotencyOptions({ replayHeaders: [] }).replayHeaders].sort()).toEqual(
+      [...REPRESENTATION_HEADERS].sort(),
+    );
+    // The defaults add the validators, location and caching headers.
+    expect([...resolveIdempotencyOptions().replayHeaders]).toEqual(
+      expect.arrayContaining([...REPRESENTATION_HEADERS, 'location', 'etag', 'last-modified']),
+    );
   });
 
   it.each([

@@ -8,6 +8,7 @@ import {
   KeyInvalidError,
   KeyMismatchError,
   KeyMissingError,
+  ReplayNotAcceptableError,
   StoreUnavailableError,
   TenantUnresolvedError,
 } from '../../../src/idempotency/errors.js';
@@ -24,6 +25,7 @@ describe('toProblem (RFC 9457)', () => {
     [new KeyInProgressError(undefined, { retryAfterSeconds: 2 }), 409, 'key-in-progress', '2'],
     [new StoreUnavailableError(), 503, 'store-unavailable', '1'],
     [new DeadlineInvalidError(), 400, 'deadline-invalid', undefined],
+    [new ReplayNotAcceptableError(['br']), 406, 'replay-not-acceptable', undefined],
   ])('%s → %i %s', (err, status, slug, retryAfter) => {
     const p = toProblem(err);
     expect(p.status).toBe(status);
