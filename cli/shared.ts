@@ -195,6 +195,11 @@ export function addKafkaOptions(cmd: Command, options: { producer?: boolean; cli
       'KAFKA_PRODUCER_REQUEST_TIMEOUT_MS',
     );
     opt('--producer-retries <n>', `retries inside one send (default: ${d.producerRetries})`, 'KAFKA_PRODUCER_RETRIES');
+    opt(
+      '--producer-metadata-max-age-ms <ms>',
+      `refresh of the topics' partitions, so new ones get events (default: ${d.producerMetadataMaxAgeMs})`,
+      'KAFKA_PRODUCER_METADATA_MAX_AGE_MS',
+    );
   }
   return cmd;
 }

@@ -32,8 +32,13 @@ export interface RelayOptions {
    * broker's, by its error type).
    */
   producer?: RelayProducer;
-  /** Tunable settings of the producer (compression, timeouts, retries); never its safety settings. */
-  producerOptions?: Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression'>;
+  /**
+   * Tunable settings of the producer (compression, timeouts, retries, metadata age); never its
+   * safety settings. `metadataMaxAgeMs` (default {@link RELAY_PRODUCER_DEFAULTS}: 30_000) bounds
+   * how long after a topic grows the relay starts writing to its new partitions (docs/runbooks.md,
+   * "Growing a topic").
+   */
+  producerOptions?: Pick<ProducerSettings, 'requestTimeoutMs' | 'retries' | 'compression' | 'metadataMaxAgeMs'>;
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
   /** This instance's id, shown in `outboxkit status`. @defaultValue `<hostname>-<pid>-<random>` */
@@ -119,6 +124,16 @@ export const RELAY_DEFAULTS = Object.freeze({
   cleanupBatchSize: 1_000,
 });
 
+/**
+ * Defaults of the relay's `producerOptions` that differ from the client's: kafkajs (like Kafka's
+ * Java producer) refreshes its metadata every 5 min, and until then writes nothing to partitions
+ * added to a topic.
+ */
+export const RELAY_PRODUCER_DEFAULTS = Object.freeze({
+  /** ms. */
+  metadataMaxAgeMs: 30_000,
+});
+
 /** The relay's options, declared once: types, ranges, defaults and the rules between them. */
 const relayOptionsSchema = z
   .strictObject({
@@ -139,6 +154,7 @@ const relayOptionsSchema = z
         requestTimeoutMs: z.number().optional(),
         retries: z.number().optional(),
         compression: z.union([z.string(), z.number()]).optional(),
+        metadataMaxAgeMs: option.integer(100, 86_400_000).optional(),
       } satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, z.ZodType>)
       .optional(),
     schema: option.SHARED_OPTIONS.schema,

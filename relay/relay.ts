@@ -36,7 +36,12 @@ import { BrokerHealth, noProducer, withDeadline } from './broker-health.js';
 import { Lanes, type LaneLease } from './lanes.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
 import { PartitionGate, type BlockedPartition } from './partitions.js';
-import { resolveRelayOptions, type RelayOptions, type ResolvedRelayOptions } from './options.js';
+import {
+  RELAY_PRODUCER_DEFAULTS,
+  resolveRelayOptions,
+  type RelayOptions,
+  type ResolvedRelayOptions,
+} from './options.js';
 import * as sql from './sql.js';
 import { Wake } from './wake.js';
 
@@ -177,6 +182,7 @@ export class Relay extends EventEmitter<RelayEvents> {
         ? () => fromRelayProducer(producer, client)
         : () =>
             client!.producer({
+              ...RELAY_PRODUCER_DEFAULTS,
               ...options.producerOptions,
               ...RELAY_PRODUCER_RETRY,
               onSend: (sent) => this.emit('relay:sent', sent),

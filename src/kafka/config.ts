@@ -53,6 +53,8 @@ export const KAFKA_CONFIG_DEFAULTS = Object.freeze({
   producerRequestTimeoutMs: 30_000,
   /** kafkajs retries inside one relay send before it fails (the relay then backs off). */
   producerRetries: 5,
+  /** Longest age of the relay producer's metadata, in ms: how soon it writes to partitions added to a topic. */
+  producerMetadataMaxAgeMs: 30_000,
 });
 
 /**
@@ -216,6 +218,13 @@ const FIELDS: readonly FieldSpec[] = [
     schema: count(100),
   },
   {
+    path: 'producer.metadataMaxAgeMs',
+    flag: 'producerMetadataMaxAgeMs',
+    env: ['KAFKA_PRODUCER_METADATA_MAX_AGE_MS'],
+    type: 'int',
+    schema: z.number().int().min(100).max(86_400_000),
+  },
+  {
     path: 'consumer.sessionTimeoutMs',
     env: ['KAFKA_CONSUMER_SESSION_TIMEOUT_MS'],
     type: 'int',
@@ -239,6 +248,12 @@ const FIELDS: readonly FieldSpec[] = [
     env: ['KAFKA_CONSUMER_PARTITIONS_CONSUMED_CONCURRENTLY'],
     type: 'int',
     schema: z.number().int().min(1).max(1_000),
+  },
+  {
+    path: 'consumer.metadataMaxAgeMs',
+    env: ['KAFKA_CONSUMER_METADATA_MAX_AGE_MS'],
+    type: 'int',
+    schema: z.number().int().min(100).max(86_400_000),
   },
 ];
 
@@ -307,6 +322,11 @@ export interface KafkaProducerSettings {
   requestTimeoutMs: number;
   /** kafkajs retries inside one send before it fails. @defaultValue 5 */
   retries: number;
+  /**
+   * Longest age of the producer's metadata, in ms: how soon after a topic grows the relay writes to
+   * its new partitions. @defaultValue 30_000
+   */
+  metadataMaxAgeMs: number;
 }
 
 /** Consumer settings given in the environment or file: spread into `createDedupConsumer()` options. */
@@ -316,6 +336,7 @@ export interface KafkaConsumerSettings {
   fetchMaxWaitMs?: number;
   autoCommitIntervalMs?: number;
   partitionsConsumedConcurrently?: number;
+  metadataMaxAgeMs?: number;
 }
 
 /** What may be logged about a Kafka configuration: never a password, key or passphrase. */
@@ -328,7 +349,7 @@ export interface RedactedKafkaConfig {
   sasl?: { mechanism: KafkaSaslMechanism; username: string };
   connectionTimeoutMs: number;
   requestTimeoutMs: number;
-  producer: { compression: KafkaCompression; requestTimeoutMs: number; retries: number };
+  producer: { compression: KafkaCompression; requestTimeoutMs: number; retries: number; metadataMaxAgeMs: number };
   /** The JSON file that was read, if any. */
   configFile?: string;
 }
@@ -651,6 +672,7 @@ export function resolveKafkaConfig(options: ResolveKafkaConfigOptions = {}): Res
     compression: compressionName,
     requestTimeoutMs: get<number>('producer.requestTimeoutMs') ?? KAFKA_CONFIG_DEFAULTS.producerRequestTimeoutMs,
     retries: get<number>('producer.retries') ?? KAFKA_CONFIG_DEFAULTS.producerRetries,
+    metadataMaxAgeMs: get<number>('producer.metadataMaxAgeMs') ?? KAFKA_CONFIG_DEFAULTS.producerMetadataMaxAgeMs,
   };
   const consumer: KafkaConsumerSettings = {};
   for (const key of [
@@ -659,6 +681,7 @@ export function resolveKafkaConfig(options: ResolveKafkaConfigOptions = {}): Res
     'fetchMaxWaitMs',
     'autoCommitIntervalMs',
     'partitionsConsumedConcurrently',
+    'metadataMaxAgeMs',
   ] as const) {
     const v = get<number>(`consumer.${key}`);
     if (v !== undefined) consumer[key] = v;
@@ -679,7 +702,12 @@ export function resolveKafkaConfig(options: ResolveKafkaConfigOptions = {}): Res
     ...(saslShown ? { sasl: saslShown } : {}),
     connectionTimeoutMs,
     requestTimeoutMs,
-    producer: { compression: compressionName, requestTimeoutMs: producer.requestTimeoutMs, retries: producer.retries },
+    producer: {
+      compression: compressionName,
+      requestTimeoutMs: producer.requestTimeoutMs,
+      retries: producer.retries,
+      metadataMaxAgeMs: producer.metadataMaxAgeMs,
+    },
     ...(configFile ? { configFile: configFile.path } : {}),
   };
   const kafkaConfig: KafkaConfig = {

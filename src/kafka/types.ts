@@ -96,6 +96,13 @@ export interface ProducerSettings {
    * 4 zstd; the values of kafkajs's `CompressionTypes`, accepted as before). @defaultValue 'none'
    */
   compression?: CompressionCodec | number;
+  /**
+   * Longest age of the producer's cluster metadata, in ms: at its first send after this long it
+   * asks the cluster again, and from then on writes to partitions added to a topic meanwhile (keys
+   * then move: docs/runbooks.md, "Growing a topic"). Kafka's `metadata.max.age.ms`.
+   * @defaultValue the client's (kafkajs and Kafka's Java client: 300_000)
+   */
+  metadataMaxAgeMs?: number;
   /** Called after every send with its record count, duration in ms and whether all went through (metrics). A throw is ignored. */
   onSend?: (sent: { records: number; durationMs: number; ok: boolean }) => void;
 }
@@ -107,6 +114,7 @@ export const PRODUCER_SETTING_NAMES = optionNames<ProducerSettings>({
   retryInitialMs: true,
   retryMaxMs: true,
   compression: true,
+  metadataMaxAgeMs: true,
   onSend: true,
 });
 
@@ -211,6 +219,25 @@ export interface KafkaAdmin {
   partitionOffsets(topic: string): Promise<PartitionOffsets[]>;
   /** Deletes a consumer group (it must have no members). */
   deleteGroup(groupId: string): Promise<void>;
+  /**
+   * The offsets group `groupId` committed for each partition of `topic` (OffsetFetch), decimal
+   * strings; null for a partition without one. Every partition of the topic is listed.
+   */
+  groupOffsets(groupId: string, topic: string): Promise<{ partition: number; offset: string | null }[]>;
+  /**
+   * Commits `offsets` of `topic` for group `groupId` from outside the group, all in one request
+   * (OffsetCommit without a member id and with generation -1, as Kafka's AdminClient
+   * `alterConsumerGroupOffsets`). Kafka accepts such a commit only while the group has no
+   * members: `'group-active'` when it has some (UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS,
+   * ILLEGAL_GENERATION), and nothing is committed. kafkajs has no public call for it: its adapter
+   * sends the request through a kafkajs cluster of its own (src/kafka/kafkajs/group-offsets.ts);
+   * @platformatic/kafka's `alterConsumerGroupOffsets` is that request.
+   */
+  commitGroupOffsets(
+    groupId: string,
+    topic: string,
+    offsets: readonly { partition: number; offset: string }[],
+  ): Promise<'committed' | 'group-active'>;
 }
 
 /** A consumed record. kafkajs's `KafkaMessage` fits. */
@@ -288,6 +315,12 @@ export interface GroupConsumerSettings {
   heartbeatIntervalMs?: number;
   /** Longest time a fetch waits for new records, in ms. @defaultValue the client's (kafkajs: 5_000) */
   fetchMaxWaitMs?: number;
+  /**
+   * Longest age of the member's cluster metadata, in ms: how soon it sees partitions added to a
+   * subscribed topic, and rejoins its group so that they are assigned (Kafka's
+   * `metadata.max.age.ms`). @defaultValue the client's (kafkajs and Kafka's Java client: 300_000)
+   */
+  metadataMaxAgeMs?: number;
 }
 
 /** How {@link GroupConsumer.run} consumes. */
@@ -327,7 +360,12 @@ export interface GroupConsumerEvents {
  */
 export interface GroupConsumer {
   connect(): Promise<void>;
-  /** Subscribes to `topics`; `fromBeginning`: a group without committed offsets starts at the earliest record, else at new ones. */
+  /**
+   * Subscribes to `topics`. `fromBeginning`: where a partition of theirs without a committed offset
+   * of the group starts (also one added to the topic later, or one whose committed offset fell out
+   * of the topic's retention): at its earliest record, else at its end. May be called more than
+   * once before `run`, each call with its own `fromBeginning` for its topics.
+   */
   subscribe(topics: readonly string[], options: { fromBeginning: boolean }): Promise<void>;
   /** Starts consuming in the background; resolves once started (not when the group is joined: see the `join` event). */
   run(options: GroupConsumerRun): Promise<void>;

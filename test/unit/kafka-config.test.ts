@@ -41,7 +41,7 @@ describe('resolveKafkaConfig: defaults and precedence', () => {
     expect(r.kafkaConfig.ssl).toBe(false);
     expect(r.kafkaConfig.sasl).toBeUndefined();
     expect(r.kafkaConfig.connectionTimeout).toBe(3_000);
-    expect(r.producer).toEqual({ compression: 'none', requestTimeoutMs: 30_000, retries: 5 });
+    expect(r.producer).toEqual({ compression: 'none', requestTimeoutMs: 30_000, retries: 5, metadataMaxAgeMs: 30_000 });
     expect(r.consumer).toEqual({});
     expect(r.warnings).toEqual([]);
   });
@@ -66,6 +66,24 @@ describe('resolveKafkaConfig: defaults and precedence', () => {
     expect(r.description.configFile).toBe(cfg);
     // Without the env layer the file wins over the default.
     expect(resolve({ env: { KAFKA_CONFIG_FILE: cfg } }).kafkaConfig.brokers).toEqual(['file:1']);
+  });
+
+  it('metadata ages: the relay producer from a flag, variable or file (30 s by default); the consumer from a variable or file', () => {
+    expect(resolve({}).producer.metadataMaxAgeMs).toBe(30_000);
+    const env = { KAFKA_PRODUCER_METADATA_MAX_AGE_MS: '2000', KAFKA_CONSUMER_METADATA_MAX_AGE_MS: '3000' };
+    const r = resolve({ env });
+    expect(r.producer.metadataMaxAgeMs).toBe(2_000);
+    expect(r.consumer).toEqual({ metadataMaxAgeMs: 3_000 });
+    expect(resolve({ env, flags: { producerMetadataMaxAgeMs: '1000' } }).producer.metadataMaxAgeMs).toBe(1_000);
+    const cfg = json('metadata-age.json', {
+      producer: { metadataMaxAgeMs: 4_000 },
+      consumer: { metadataMaxAgeMs: 5_000 },
+    });
+    const f = resolve({ flags: { kafkaConfig: cfg } });
+    expect([f.producer.metadataMaxAgeMs, f.consumer.metadataMaxAgeMs]).toEqual([4_000, 5_000]);
+    expect(() => resolve({ env: { KAFKA_PRODUCER_METADATA_MAX_AGE_MS: '50' } })).toThrow(
+      /KAFKA_PRODUCER_METADATA_MAX_AGE_MS/,
+    );
   });
 
   it('--kafka-config beats KAFKA_CONFIG_FILE, which beats the library configFile', () => {
@@ -249,7 +267,7 @@ describe('resolveKafkaConfig: redaction and warnings', () => {
       sasl: { mechanism: 'scram-sha-256', username: 'alice' },
       connectionTimeoutMs: 3_000,
       requestTimeoutMs: 30_000,
-      producer: { compression: 'none', requestTimeoutMs: 30_000, retries: 5 },
+      producer: { compression: 'none', requestTimeoutMs: 30_000, retries: 5, metadataMaxAgeMs: 30_000 },
     });
     for (const shown of [
       JSON.stringify(r),

@@ -4,6 +4,7 @@
  */
 import type { Admin, ConfigResourceTypes, Kafka } from 'kafkajs';
 import type { KafkaAdmin } from '../types.js';
+import { commitGroupOffsetsOutsideGroup, groupOffsetsOf } from './group-offsets.js';
 
 /**
  * Kafka's ConfigResource type of a topic (DescribeConfigs). kafkajs's `ConfigResourceTypes.TOPIC`,
@@ -91,5 +92,8 @@ export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
     async deleteGroup(groupId) {
       await admin.deleteGroups([groupId]);
     },
+    groupOffsets: (groupId, topic) => groupOffsetsOf(admin, groupId, topic),
+    commitGroupOffsets: (groupId, topic, offsets) =>
+      commitGroupOffsetsOutsideGroup(kafka, admin, groupId, topic, offsets),
   };
 }

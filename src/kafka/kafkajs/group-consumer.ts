@@ -9,12 +9,15 @@ import { losesPartitions } from './errors.js';
 
 /** A kafkajs-backed {@link GroupConsumer} (see `KafkaClient.groupConsumer`). */
 export function kafkajsGroupConsumer(kafka: Kafka, settings: GroupConsumerSettings): GroupConsumer {
-  const { groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = settings;
+  const { groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs, metadataMaxAgeMs } = settings;
   const consumer: Consumer = kafka.consumer({
     groupId,
     ...(sessionTimeoutMs === undefined ? {} : { sessionTimeout: sessionTimeoutMs }),
     ...(heartbeatIntervalMs === undefined ? {} : { heartbeatInterval: heartbeatIntervalMs }),
     ...(fetchMaxWaitMs === undefined ? {} : { maxWaitTimeInMs: fetchMaxWaitMs }),
+    // kafkajs refreshes it at a fetch once older than this; a subscribed topic with more partitions
+    // than the assignment knows then makes the member rejoin (KafkaJSStaleTopicMetadataAssignment).
+    ...(metadataMaxAgeMs === undefined ? {} : { metadataMaxAge: metadataMaxAgeMs }),
     // A typo in a topic name must fail, not create an empty topic.
     allowAutoTopicCreation: false,
   });

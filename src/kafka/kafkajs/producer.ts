@@ -75,11 +75,22 @@ const CODECS: Record<CompressionCodec, CompressionTypes> = {
  */
 export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): KafkaProducer {
   refuseUnknownOptions(settings ?? {}, PRODUCER_SETTING_NAMES, 'producer');
-  const { retries = 5, retryInitialMs, retryMaxMs, requestTimeoutMs = 30_000, compression = 'none', onSend } = settings;
+  const {
+    retries = 5,
+    retryInitialMs,
+    retryMaxMs,
+    requestTimeoutMs = 30_000,
+    compression = 'none',
+    metadataMaxAgeMs,
+    onSend,
+  } = settings;
   // The partition kafkajs chose for each message of a send (its last choice, retries included).
   const assigned = new WeakMap<object, number>();
   const producer: Producer = kafka.producer({
     ...SAFE_PRODUCER_CONFIG,
+    // kafkajs refreshes it before a send once older than this: the partitioner then sees partitions
+    // added to a topic.
+    ...(metadataMaxAgeMs === undefined ? {} : { metadataMaxAge: metadataMaxAgeMs }),
     // Java-compatible murmur2 of the key: the same partition a Java producer would choose. Naming it
     // also spares every start kafkajs's "v2.0.0 switched default partitioner" warning. Each choice
     // is remembered, so that a send's answer can be checked against it (unacknowledgedPartitions).

@@ -81,3 +81,15 @@ describe('retryInitialMs and retryMaxMs', () => {
     expect(resolveRelayOptions({ ...base(), retryInitialMs: 500, retryMaxMs: 500 }).retryMaxMs).toBe(500);
   });
 });
+
+describe('producerOptions.metadataMaxAgeMs', () => {
+  it('takes 100 ms to a day and refuses what is outside, naming the option', () => {
+    const o = resolveRelayOptions({ ...base(), producerOptions: { metadataMaxAgeMs: 500 } });
+    expect(o).toBeDefined();
+    for (const metadataMaxAgeMs of [99, 86_400_001, 1.5]) {
+      expect(refusal(() => resolveRelayOptions({ ...base(), producerOptions: { metadataMaxAgeMs } }))).toMatch(
+        /producerOptions\.metadataMaxAgeMs.*from 100 to 86400000/,
+      );
+    }
+  });
+});
