@@ -14,9 +14,10 @@
  *
  * Where the parts live: the transaction of each driver (claim, savepoints, handler, commit) in
  * inbox-transaction.ts, with inbox-transaction-pg.ts and inbox-transaction-drizzle.ts; the
- * statements in inbox-sql.ts and progress-sql.ts; the start-up checks in preflight.ts; attempt
- * counting, backoff and paused partitions in retry.ts. This file keeps start and stop, the batch
- * loop and the wiring.
+ * statements in inbox-sql.ts and progress-sql.ts; the start-up checks in preflight.ts; where the
+ * group begins on each topic (a topic's first start, partitions added later) in group-start.ts;
+ * attempt counting, backoff and paused partitions in retry.ts. This file keeps start and stop, the
+ * batch loop and the wiring.
  *
  * **The offset rule.** An offset is resolved only after its message was applied (transaction
  * committed), skipped as a duplicate (committed inbox row), or dead-lettered (broker acknowledged
@@ -83,6 +84,7 @@ import { drizzleInboxTransaction } from './inbox-transaction-drizzle.js';
 import { pgPoolInboxTransaction } from './inbox-transaction-pg.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
 import { checkInbox, checkTopics } from './preflight.js';
+import { planGroupStart, subscribePlan } from './group-start.js';
 import pRetry from 'p-retry';
 import {
   beginBatch,
@@ -112,8 +114,9 @@ export interface DedupConsumer {
   /**
    * Checks the inbox table and that every topic and dead-letter topic exists, warns (log and
    * `consumer:retention-warning`) about topics that keep messages at least as long as the inbox
-   * keeps rows, connects, subscribes and resolves once this member has joined its group and
-   * consumes. Call once.
+   * keeps rows, commits the end offsets of a topic the group consumes for the first time (with
+   * `fromBeginning: false`: group-start.ts), connects, subscribes and resolves once this member has
+   * joined its group and consumes. Call once.
    *
    * @param signal - stops the consumer when aborted (like calling `stop()`).
    * @throws {@link TopicMissingError} naming the missing topics (nothing is created).
@@ -229,11 +232,17 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
           '(PGPROC_MAX_CACHED_SUBXIDS) slows down every session’s snapshots while it is open. Keep it at most 64.',
       );
     }
-    const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs } = this.#o;
+    const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs, metadataMaxAgeMs } = this.#o;
     // kafkajs's request-queue fix comes with the client (createKafkajsClient), not from here.
     this.#client = createKafkajsClient(kafka);
     // Topics are never auto-created: a typo in a topic name must fail start(), not create an empty topic.
-    this.#consumer = this.#client.groupConsumer({ groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs });
+    this.#consumer = this.#client.groupConsumer({
+      groupId,
+      sessionTimeoutMs,
+      heartbeatIntervalMs,
+      fetchMaxWaitMs,
+      metadataMaxAgeMs,
+    });
     // Idempotent, acks=all, one request in flight, Java-compatible murmur2 partitioner (as the
     // relay's): a retried DLQ send is never duplicated or reordered by the broker. The producer
     // also serialises sends (kafkajs sequence numbers break under concurrent sends on one
@@ -294,7 +303,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   // ------------------------------------------------------------------------------------------
 
   async #start(): Promise<void> {
-    const { topics, fromBeginning, partitionsConsumedConcurrently, autoCommitIntervalMs } = this.#o;
+    const { partitionsConsumedConcurrently, autoCommitIntervalMs } = this.#o;
     await checkInbox(this.#o);
     this.#throwIfStopping();
     // A cluster that cannot answer yet (a broker down, a partition without a leader, a leader
@@ -304,8 +313,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     await this.#untilKafkaAnswers('start-up checks', () => checkTopics(this.#client, this.#o, this.#events));
     this.#throwIfStopping();
     await this.#untilKafkaAnswers('producer connect', () => this.#producer.connect());
+    // Where the group begins on each topic; a topic's first start commits its end offsets (group-start.ts).
+    const plan = await this.#untilKafkaAnswers('start-up offsets', () => planGroupStart(this.#client, this.#o));
+    this.#throwIfStopping();
     await this.#consumer.connect();
-    await this.#consumer.subscribe(topics, { fromBeginning });
+    await subscribePlan(this.#consumer, plan);
     this.#throwIfStopping();
     const joined = new Promise<void>((resolve, reject) => {
       this.#joined = { resolve, reject };
@@ -332,12 +344,12 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    * leader, leader moving): backoff with full jitter from `retryInitialMs` to `retryMaxMs`, until
    * it succeeds or the consumer stops (then a LifecycleError). Each failure is logged (warn).
    */
-  async #untilKafkaAnswers(what: string, step: () => Promise<void>): Promise<void> {
+  async #untilKafkaAnswers<T>(what: string, step: () => Promise<T>): Promise<T> {
     const { retryInitialMs, retryMaxMs, logger } = this.#o;
-    await pRetry(
+    return pRetry(
       async () => {
         this.#throwIfStopping();
-        await step();
+        return step();
       },
       {
         retries: Number.POSITIVE_INFINITY,

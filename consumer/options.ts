@@ -153,12 +153,33 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    */
   fetchMaxWaitMs?: number;
   /**
+   * Longest age of the consumer's Kafka metadata, in ms (kafkajs `metadataMaxAge`, Kafka's
+   * `metadata.max.age.ms`). Partitions added to a consumed topic are assigned within about this
+   * long: the member that sees them first rejoins, the group rebalances, and they are read from
+   * their beginning. Their events wait until then (they are not lost). One small metadata request
+   * per member per interval. @defaultValue 30_000
+   */
+  metadataMaxAgeMs?: number;
+  /**
    * Interval of offset commits while a batch is processed, in ms (kafkajs `autoCommitInterval`);
    * offsets are also committed at the end of every batch. A crash redelivers at most this much
    * (as duplicates, which the inbox skips). @defaultValue 5_000
    */
   autoCommitIntervalMs?: number;
-  /** Where a group without committed offsets starts: the earliest message (true) or new ones only. @defaultValue false */
+  /**
+   * Where the group begins on a topic it consumes for the first time: at the earliest message of
+   * each partition (true), or at the end of each (false: only events published from then on).
+   * With false, the first member to start commits the end offset of every partition of the topic
+   * for the group, before it joins (consumer/group-start.ts).
+   *
+   * Either way, a partition without a committed offset of the group after that (one added to the
+   * topic while the group runs or is stopped) is read from its beginning, so every event of every
+   * partition is applied once: the inbox skips what was applied before. Exception: a topic the
+   * group first consumes while other members of it run (a rolling deploy that adds the topic)
+   * cannot get those commits; its partitions then begin at their end when assigned (a warning
+   * says so). See docs/runbooks.md, "Growing a topic".
+   * @defaultValue false
+   */
   fromBeginning?: boolean;
   /**
    * How long the inbox keeps an applied event's row, in ms: the dedup window of G4 (docs/guarantees.md). It must
@@ -217,6 +238,7 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   sessionTimeoutMs: 30_000,
   heartbeatIntervalMs: 3_000,
   fetchMaxWaitMs: 500,
+  metadataMaxAgeMs: 30_000,
   autoCommitIntervalMs: 5_000,
   fromBeginning: false,
   inboxRetentionMs: DEFAULT_INBOX_RETENTION_MS,
@@ -301,6 +323,7 @@ const dedupConsumerSchema = z
     sessionTimeoutMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.sessionTimeoutMs),
     heartbeatIntervalMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.heartbeatIntervalMs),
     fetchMaxWaitMs: integer(0).default(DEDUP_CONSUMER_DEFAULTS.fetchMaxWaitMs),
+    metadataMaxAgeMs: integer(100, 86_400_000).default(DEDUP_CONSUMER_DEFAULTS.metadataMaxAgeMs),
     autoCommitIntervalMs: integer(0).default(DEDUP_CONSUMER_DEFAULTS.autoCommitIntervalMs),
     fromBeginning: boolean().default(DEDUP_CONSUMER_DEFAULTS.fromBeginning),
     inboxRetentionMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.inboxRetentionMs),

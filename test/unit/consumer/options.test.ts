@@ -112,6 +112,7 @@ describe('resolveDedupConsumerOptions: known options', () => {
       sessionTimeoutMs: 10_000,
       heartbeatIntervalMs: 1_000,
       fetchMaxWaitMs: 100,
+      metadataMaxAgeMs: 5_000,
       autoCommitIntervalMs: 200,
       fromBeginning: true,
       inboxRetentionMs: 1_000_000_000,
@@ -189,5 +190,16 @@ describe('rules between options', () => {
     });
     expect(o).toMatchObject({ heartbeatIntervalMs: 5_999, fetchMaxWaitMs: 5_999, retryMaxMs: 500 });
     expect(resolveDedupConsumerOptions({ ...base(), fetchMaxWaitMs: 0 }).fetchMaxWaitMs).toBe(0);
+  });
+});
+
+describe('metadataMaxAgeMs', () => {
+  it('defaults to 30 s, takes 100 ms to a day, refuses what is outside', () => {
+    expect(resolveDedupConsumerOptions(base()).metadataMaxAgeMs).toBe(30_000);
+    expect(resolveDedupConsumerOptions({ ...base(), metadataMaxAgeMs: 100 }).metadataMaxAgeMs).toBe(100);
+    for (const metadataMaxAgeMs of [99, 86_400_001]) {
+      const err = thrown(() => resolveDedupConsumerOptions({ ...base(), metadataMaxAgeMs }));
+      expect(err?.message).toMatch(/metadataMaxAgeMs.*from 100 to 86400000/);
+    }
   });
 });
