@@ -54,6 +54,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_CLIENT_REJECTED',
   /** The idempotent client stopped retrying (attempts or deadline exhausted); the outcome is unknown. */
   'OUTBOXKIT_CLIENT_GAVE_UP',
+  /** A consumer's handler asks for its message to run again later, without counting an attempt. */
+  'OUTBOXKIT_RETRY_LATER',
 ] as const;
 
 /** Union of every error code outboxkit uses. */
