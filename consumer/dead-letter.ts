@@ -63,11 +63,16 @@ function cut(text: string, max = MAX_DLQ_REASON_LENGTH): string {
 const WITHHELD = '…';
 
 /**
- * The `dlq-reason` for an error a handler threw: `Name: message`, cut to 1,000 characters, and
- * never carrying bytes of the message value (a dead letter's payload is never shown, and anyone
- * who may read the dead-letter topic, or run `outboxkit dlq list`, reads its reason):
- * - a `SyntaxError`'s message is replaced by a fixed text and the position it names
- *   (`JSON.parse` quotes the text it failed on);
+ * The `dlq-reason` for an error a handler threw: `Name: message`, followed by the error's
+ * `code` in brackets when it has one its message does not show (outboxkit's own `OUTBOXKIT_*`
+ * codes left out), then `; cause: Name: message [code]` for each error of its `cause` chain (at
+ * most {@link MAX_REASON_CAUSES}): so `Error: socket hang up [ECONNRESET]`, or undici's
+ * `TypeError: fetch failed; cause: ConnectTimeoutError: Connect Timeout Error (...)
+ * [UND_ERR_CONNECT_TIMEOUT]`. Cut to 1,000 characters, and never carrying bytes of the message
+ * value (a dead letter's payload is never shown, and anyone who may read the dead-letter topic,
+ * or run `outboxkit dlq list`, reads its reason):
+ * - a `SyntaxError`'s message (also in the cause chain) is replaced by a fixed text and the
+ *   position it names (`JSON.parse` quotes the text it failed on);
  * - every word of the message (3 or more characters, quotes and punctuation around it left out)
  *   that occurs in the value is replaced by `…`: for a JSON value, a word found in one of its
  *   strings or numbers, or holding one of 3 or more characters; otherwise a word found in the
@@ -75,22 +80,42 @@ const WITHHELD = '…';
  *   declined` when the card number is in the payload. Shorter words, and values a handler derived
  *   from the payload (sums, decoded Avro numbers), are not recognised: keep payload contents out
  *   of error messages. The full error is in the consumer's log. The errors of `event.json()` and
- *   `event.decoded()` name no byte of the value and are kept whole.
+ *   `event.decoded()` name no byte of the value and are kept whole (without their causes).
  *
  * @param value - the message value, or null (then only the SyntaxError rule applies).
  */
 export function reasonOf(err: unknown, value: Buffer | null = null): string {
-  let text: string;
-  if (err instanceof Error && err.name === 'SyntaxError') {
-    text = `SyntaxError: message withheld (it may quote the message value)${syntaxErrorPosition(err)}`;
-  } else {
-    text = err instanceof Error ? `${err.name}: ${err.message}` : `non-error thrown: ${String(err)}`;
-    const valueFree = err instanceof Error && VALUE_FREE_ERRORS.has(err);
-    // Cut first: the words withheld are then those of the reason written, a bounded number.
-    text = cut(text);
-    if (value !== null && value.length > 0 && !valueFree) text = withholdValueWords(text, value);
+  if (err instanceof Error && err.name === 'SyntaxError') return cut(describeError(err));
+  const valueFree = err instanceof Error && VALUE_FREE_ERRORS.has(err);
+  const links = [describeError(err)];
+  if (!valueFree) {
+    let e = causeOf(err);
+    for (let n = 0; e !== undefined && n < MAX_REASON_CAUSES; n++, e = causeOf(e)) links.push(describeError(e));
   }
+  // Cut first: the words withheld are then those of the reason written, a bounded number.
+  let text = cut(links.join('; cause: '));
+  if (value !== null && value.length > 0 && !valueFree) text = withholdValueWords(text, value);
   return cut(text);
+}
+
+/** Most errors of a `cause` chain a reason names, after the error itself. */
+export const MAX_REASON_CAUSES = 3;
+
+function causeOf(err: unknown): unknown {
+  return typeof err === 'object' && err !== null ? (err as { cause?: unknown }).cause : undefined;
+}
+
+/** One error of a reason: `Name: message [code]` (see {@link reasonOf}). */
+function describeError(err: unknown): string {
+  if (err instanceof Error && err.name === 'SyntaxError') {
+    return `SyntaxError: message withheld (it may quote the message value)${syntaxErrorPosition(err)}`;
+  }
+  let text = err instanceof Error ? `${err.name}: ${err.message}` : `non-error thrown: ${String(err)}`;
+  const code = typeof err === 'object' && err !== null ? (err as { code?: unknown }).code : undefined;
+  if (typeof code === 'string' && code !== '' && !code.startsWith('OUTBOXKIT_') && !text.includes(code)) {
+    text += ` [${code}]`;
+  }
+  return text;
 }
 
 /** A JSON string (its text between the quotes) or number, and whether the string is a key. */

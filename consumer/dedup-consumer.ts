@@ -715,12 +715,13 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   /**
    * What follows a failed run of a message (rolled back), as retry.ts decides: interrupted (stop
-   * or rebalance: not an attempt), retried later (partition paused for a backoff delay), or
-   * dead-lettered (an `InvalidMessageError`, or `maxAttempts` handler failures). Failures outside
-   * the handler (database, connection) are retried, never dead-lettered.
+   * or rebalance: not an attempt), retried later (partition paused for a backoff delay), deferred
+   * (a `RetryLaterError` within `maxRetryLaterMs`: not an attempt) or dead-lettered (an
+   * `InvalidMessageError`, or `maxAttempts` handler failures). Failures of the consumer's own
+   * database connection and statements are retried, never dead-lettered.
    */
   async #failed(prepared: EventPrepared, err: unknown, signal: AbortSignal): Promise<Step> {
-    const { logger } = this.#o;
+    const { logger, maxRetryLaterMs } = this.#o;
     const { message, position, event, pending, attempt } = prepared;
     const fields = { groupId: this.groupId, ...position, eventId: event.id, attempt };
     const decision = this.#retries.afterFailure(position, pending, {
@@ -729,6 +730,22 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       aborted: signal.aborted,
       value: message.value,
     });
+    if ((decision.kind === 'retry' || decision.kind === 'dead-letter') && decision.retryLater) {
+      const { deferrals, deferredMs } = decision.retryLater;
+      logger.warn(
+        { ...fields, err: decision.error, deferrals, deferredMs, maxRetryLaterMs },
+        'RetryLaterError after maxRetryLaterMs of deferrals: it counts as an attempt now (dead-lettered after maxAttempts).',
+      );
+      this.#events.emit('consumer:retry-later', {
+        event,
+        attempt,
+        delayMs: 0,
+        deferrals,
+        deferredMs,
+        counted: true,
+        error: decision.error,
+      });
+    }
     switch (decision.kind) {
       case 'interrupted':
         // Stopping or losing the partition: rolled back, not an attempt; it runs again later.
@@ -750,6 +767,24 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
         const { delayMs, error } = decision;
         logger.warn({ ...fields, err: error, delayMs }, 'Handler failed; rolled back, retrying later.');
         this.#events.emit('consumer:retry', { event, attempt, delayMs, error });
+        return { kind: 'retry-later', delayMs };
+      }
+      case 'deferred': {
+        const { delayMs, error } = decision;
+        const { deferrals, deferredMs } = decision.retryLater;
+        logger.warn(
+          { ...fields, err: error, delayMs, deferrals, deferredMs, maxRetryLaterMs },
+          'Handler asked to retry later (RetryLaterError); rolled back, not counted as an attempt.',
+        );
+        this.#events.emit('consumer:retry-later', {
+          event,
+          attempt,
+          delayMs,
+          deferrals,
+          deferredMs,
+          counted: false,
+          error,
+        });
         return { kind: 'retry-later', delayMs };
       }
       case 'error':

@@ -35,9 +35,29 @@ export interface DedupConsumerEvents {
   'consumer:progress-skipped': MessagePosition & { eventId: string | null };
   /**
    * The handler failed; its transaction rolled back and the message will run again after
-   * `delayMs` (its partition is paused meanwhile; other partitions go on).
+   * `delayMs` (its partition is paused meanwhile; other partitions go on). Every error the
+   * handler throws counts (network errors of the services it calls included), except a
+   * `RetryLaterError` within `maxRetryLaterMs` (`consumer:retry-later`).
    */
   'consumer:retry': { event: ConsumedEvent; attempt: number; delayMs: number; error: unknown };
+  /**
+   * The handler threw a `RetryLaterError`; its transaction rolled back.
+   * - `counted: false`: deferred without counting an attempt; the message runs again after
+   *   `delayMs` (its partition paused meanwhile). `deferrals` is its count of deferrals so far
+   *   (this one included) and `deferredMs` the time since its first, in ms.
+   * - `counted: true`: `maxRetryLaterMs` had passed since its first deferral, so this run counts
+   *   as attempt `attempt` like any other failure (`delayMs` is 0 here): a `consumer:retry` or
+   *   `consumer:dead-lettered` follows.
+   */
+  'consumer:retry-later': {
+    event: ConsumedEvent;
+    attempt: number;
+    delayMs: number;
+    deferrals: number;
+    deferredMs: number;
+    counted: boolean;
+    error: unknown;
+  };
   /** The message went to the dead-letter topic and its offset may now be committed. */
   'consumer:dead-lettered': MessagePosition & {
     eventId: string | null;
@@ -47,10 +67,11 @@ export interface DedupConsumerEvents {
     error?: unknown;
   };
   /**
-   * A failure outside the handler's control (database unreachable, lock timeout on the inbox row,
-   * commit failed), or a dead-letter send that failed (dead-letter topic missing or forbidden,
-   * broker unreachable). It never counts as an attempt; the message runs again (or its dead letter
-   * is sent again, without running the handler) after `delayMs`.
+   * A failure of the consumer's own work, not the handler's: its database connection or
+   * statements (database unreachable, its connection lost during the handler's transaction, lock
+   * timeout on the inbox row, commit failed), or a dead-letter send that failed (dead-letter topic
+   * missing or forbidden, broker unreachable). It never counts as an attempt; the message runs
+   * again (or its dead letter is sent again, without running the handler) after `delayMs`.
    */
   'consumer:error': MessagePosition & { error: unknown; delayMs: number };
   /**

@@ -8,6 +8,10 @@
  * A handler that swallowed a failed statement: drizzle answers the COMMIT of an aborted
  * transaction (or the release of an aborted savepoint) without an error, so a `SELECT 1` after
  * each handler proves the transaction still works (SQLSTATE 25P02 otherwise).
+ *
+ * A handler failure whose rollback fails: drizzle then throws the rollback's error instead of the
+ * failure (both drivers, transaction and savepoint alike); it comes out as a
+ * `ConnectionLostError`: the consumer's own connection is gone, an outage (classify-error.ts).
  */
 import {
   joinTransaction,
@@ -16,7 +20,7 @@ import {
   type Queryable,
   type TransactionHandle,
 } from '../src/database.js';
-import { swallowedFailure } from './classify-error.js';
+import { afterFailedRollback, ConnectionLostError, HandlerFailure, swallowedFailure } from './classify-error.js';
 import { assertTransactionUsable, bindParameters, isClaimed, lockTimeoutSql, readInboxEntry } from './inbox-sql.js';
 import { claimSql } from './inbox-transaction.js';
 import type * as inbox from './inbox-transaction.js';
@@ -35,11 +39,16 @@ export function drizzleInboxTransaction(
 ): inbox.InboxTransaction<TransactionHandle> {
   const { schemaSql, lockTimeoutMs, savepoints } = options;
 
-  /** Claims `claim` in `tx` and runs its handler there (see inbox.InboxTransactionScope.message). */
+  /**
+   * Claims `claim` in `tx` and runs its handler there (see inbox.InboxTransactionScope.message).
+   *
+   * @param failed - called with the handler's failure before it is thrown (to be rolled back).
+   */
   async function claimAndRun(
     tx: TransactionHandle,
     claim: inbox.InboxClaim,
     handler: (tx: TransactionHandle) => Promise<void>,
+    failed: (failure: HandlerFailure) => void,
   ): Promise<inbox.MessageResult> {
     const q = joinTransaction(tx, WHAT);
     const { text, values } = claimSql(schemaSql, claim, bindParameters());
@@ -47,23 +56,44 @@ export function drizzleInboxTransaction(
       const { groupId, eventId } = claim.row;
       return { outcome: 'duplicate', firstApplied: await readInboxEntry(q, { schemaSql, groupId, eventId }) };
     }
-    await handler(tx);
     try {
-      await assertTransactionUsable(q);
+      await handler(tx);
+      try {
+        await assertTransactionUsable(q);
+      } catch (err) {
+        throw swallowedFailure(err);
+      }
     } catch (err) {
-      throw swallowedFailure(err);
+      if (err instanceof HandlerFailure) failed(err);
+      throw err;
     }
     return { outcome: 'applied' };
   }
 
-  function scopeOf(tx: TransactionHandle, q: Queryable): inbox.InboxTransactionScope<TransactionHandle> {
+  /**
+   * The messages of one transaction. `failure` holds the handler failure being rolled back: if
+   * anything else comes out of the rollback, the rollback failed (drizzle throws its error instead).
+   */
+  function scopeOf(
+    tx: TransactionHandle,
+    q: Queryable,
+    failure: { current?: HandlerFailure },
+  ): inbox.InboxTransactionScope<TransactionHandle> {
+    const failed = (f: HandlerFailure) => (failure.current = f);
     return {
       async message(claim, handler) {
         // Without savepoints, a failure rolls back the whole transaction (its one message).
-        if (!savepoints) return claimAndRun(tx, claim, handler);
+        if (!savepoints) return claimAndRun(tx, claim, handler, failed);
         try {
-          return await (tx as unknown as NestingTransaction).transaction((sp) => claimAndRun(sp, claim, handler));
+          return await (tx as unknown as NestingTransaction).transaction((sp) =>
+            claimAndRun(sp, claim, handler, failed),
+          );
         } catch (error) {
+          // The ROLLBACK TO of a handler's failure failed: drizzle threw its error instead.
+          if (failure.current !== undefined && error !== failure.current) {
+            throw afterFailedRollback(failure.current, error, error);
+          }
+          failure.current = undefined;
           // drizzle answers the COMMIT of an aborted transaction without an error: prove the
           // ROLLBACK TO worked before the messages run so far are committed.
           await assertTransactionUsable(q);
@@ -77,12 +107,22 @@ export function drizzleInboxTransaction(
 
   return {
     savepoints,
-    run: (_first, body) =>
-      runTransaction(db, async (tx) => {
-        const q = joinTransaction(tx as TransactionHandle, WHAT);
-        const { text, values } = lockTimeoutSql(lockTimeoutMs);
-        await q.query(text, values);
-        return body(scopeOf(tx as TransactionHandle, q));
-      }),
+    async run(_first, body) {
+      const failure: { current?: HandlerFailure } = {};
+      try {
+        return await runTransaction(db, async (tx) => {
+          const q = joinTransaction(tx as TransactionHandle, WHAT);
+          const { text, values } = lockTimeoutSql(lockTimeoutMs);
+          await q.query(text, values);
+          return body(scopeOf(tx as TransactionHandle, q, failure));
+        });
+      } catch (err) {
+        // Without savepoints: the ROLLBACK of a handler's failure failed (drizzle threw its error instead).
+        if (failure.current !== undefined && err !== failure.current && !(err instanceof ConnectionLostError)) {
+          throw afterFailedRollback(failure.current, err, err);
+        }
+        throw err;
+      }
+    },
   };
 }

@@ -22,12 +22,16 @@
  * next statement, which fails with SQLSTATE 25P02 (the RELEASE of the message's savepoint), or by
  * the COMMIT, which PostgreSQL answers with ROLLBACK (`withPgTransaction()` turns that into an
  * error). Either way it is the handler's failure, not a database error.
+ *
+ * **A handler failure whose rollback fails** (the ROLLBACK, or the ROLLBACK TO of its savepoint)
+ * comes out as a `ConnectionLostError`: the consumer's own connection is gone, an outage, whatever
+ * the handler threw (classify-error.ts).
  */
 import type pg from 'pg';
 import { joinTransaction, withPgTransaction } from '../src/database.js';
 import { isOutboxkitError } from '../src/errors.js';
 import { SQLSTATE, sqlStateOf } from '../src/postgres.js';
-import { swallowedFailure, type HandlerFailure } from './classify-error.js';
+import { afterFailedRollback, swallowedFailure, type HandlerFailure } from './classify-error.js';
 import { claimedByLast, inlineLiterals, lockTimeoutSql, readInboxEntry } from './inbox-sql.js';
 import {
   claimSql,
@@ -56,7 +60,10 @@ export function pgPoolInboxTransaction(
         return await withPgTransaction(
           pool,
           (client, begun) => body((scope = new PgScope(client, begun, claimText, schemaSql, savepoints))),
-          { beginSql: begin + claimText(first) },
+          {
+            beginSql: begin + claimText(first),
+            onRollbackFailed: (err, rollbackErr) => afterFailedRollback(err, rollbackErr, err),
+          },
         );
       } catch (err) {
         // Without savepoints nothing after the handler proved the transaction sound but the
@@ -142,7 +149,11 @@ class PgScope implements InboxTransactionScope<pg.PoolClient> {
   /** Message `n` failed: rolled back to its savepoint, or, without savepoints, the whole transaction. */
   async #failed(n: number, error: unknown): Promise<MessageResult> {
     if (!this.savepoints) throw error;
-    await this.client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
+    try {
+      await this.client.query(`ROLLBACK TO SAVEPOINT outboxkit_${n}`);
+    } catch (rollbackErr) {
+      throw afterFailedRollback(error, rollbackErr, rollbackErr);
+    }
     return { outcome: 'failed', error };
   }
 

@@ -70,7 +70,9 @@ export interface InboxTransaction<Tx> {
    *
    * @throws what `body` threw, or the driver's error (BEGIN, COMMIT, the connection). A
    *   `HandlerFailure` (classify-error.ts) when the COMMIT showed that the handler of the one
-   *   message of a transaction without savepoints swallowed a failed statement.
+   *   message of a transaction without savepoints swallowed a failed statement. A
+   *   `HandlerFailure` only ever comes out after its rollback succeeded (the connection lives);
+   *   when that rollback failed, a `ConnectionLostError` comes out instead.
    */
   run<T>(first: InboxClaim, body: (scope: InboxTransactionScope<Tx>) => Promise<T>): Promise<T>;
 }
@@ -87,7 +89,8 @@ export interface InboxTransactionScope<Tx> {
    *   back to its savepoint; the messages before it are intact), `previous-failed` when the
    *   statement that began it showed the previous message failed (this one did not begin).
    * @throws when the transaction as a whole failed (a ROLLBACK TO, the connection), and without
-   *   savepoints on any failure: then only the whole transaction can roll back.
+   *   savepoints on any failure: then only the whole transaction can roll back. A
+   *   `ConnectionLostError` when the ROLLBACK TO of a handler's failure failed.
    */
   message(claim: InboxClaim, handler: (tx: Tx) => Promise<void>): Promise<MessageResult>;
   /**

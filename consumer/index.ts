@@ -40,5 +40,5 @@ export {
   type CleanupInboxOptions,
 } from './inbox-cleanup.js';
 export { resetConsumerProgress, type ResetConsumerProgressOptions } from './progress.js';
-export { InboxUnavailableError, InvalidMessageError } from './errors.js';
+export { InboxUnavailableError, InvalidMessageError, RetryLaterError, type RetryLaterErrorOptions } from './errors.js';
 export { consumerMetrics, HANDLER_DURATION_BUCKETS } from './metrics.js';

@@ -32,10 +32,16 @@ function counter(registry: client.Registry, name: string, help: string): client.
  *   event reusing the id, which the group never applies (see `consumer:duplicate`). Alert on it.
  * - `outboxkit_consumer_progress_skipped_total`: redelivered records skipped without a
  *   transaction because the partition's progress proves them handled (`recordProgress`).
- * - `outboxkit_consumer_retries_total`: failed handler runs that will run again.
+ * - `outboxkit_consumer_retries_total`: failed handler runs that will run again (each an
+ *   attempt: whatever the handler threw, network errors included).
+ * - `outboxkit_consumer_retry_later_total`: handler runs deferred by a `RetryLaterError`, not
+ *   counted as attempts. A rise that does not stop means a downstream stays down.
+ * - `outboxkit_consumer_retry_later_exhausted_total`: `RetryLaterError`s counted as attempts
+ *   because their message had been deferred for `maxRetryLaterMs`.
  * - `outboxkit_consumer_dead_lettered_total`: messages sent to the dead-letter topic.
- * - `outboxkit_consumer_errors_total`: failures outside the handler (database down, lock
- *   timeout on the inbox row), retried without counting as attempts.
+ * - `outboxkit_consumer_errors_total`: failures outside the handler (database down, the
+ *   consumer's connection lost during a transaction, lock timeout on the inbox row, a failed
+ *   dead-letter send), retried without counting as attempts.
  * - `outboxkit_consumer_handler_duration_seconds`: time to apply one event (inbox claim,
  *   handler and commit), for applied events. With `transactionScope: 'batch'`, the event's part
  *   of the shared transaction (its claim and handler), the COMMIT counted with the last event.
@@ -71,6 +77,16 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
     'outboxkit_consumer_retries_total',
     'Failed handler runs that were rolled back and will run again after a backoff.',
   );
+  const retryLater = counter(
+    registry,
+    'outboxkit_consumer_retry_later_total',
+    'Handler runs deferred by a RetryLaterError (rolled back, not counted as attempts).',
+  );
+  const retryLaterExhausted = counter(
+    registry,
+    'outboxkit_consumer_retry_later_exhausted_total',
+    'RetryLaterErrors counted as attempts because their message had been deferred for maxRetryLaterMs.',
+  );
   const deadLettered = counter(
     registry,
     'outboxkit_consumer_dead_lettered_total',
@@ -79,7 +95,7 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
   const errors = counter(
     registry,
     'outboxkit_consumer_errors_total',
-    'Failures outside the handler (database unreachable, lock timeout on the inbox row, commit); retried.',
+    "Failures outside the handler (the consumer's database connection or statements, dead-letter sends); retried.",
   );
   const durationName = 'outboxkit_consumer_handler_duration_seconds';
   const duration =
@@ -94,7 +110,17 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
 
   const group = consumer.groupId;
   for (const topic of consumer.topics) {
-    for (const c of [applied, duplicates, duplicatesElsewhere, progressSkipped, retries, deadLettered, errors]) {
+    for (const c of [
+      applied,
+      duplicates,
+      duplicatesElsewhere,
+      progressSkipped,
+      retries,
+      retryLater,
+      retryLaterExhausted,
+      deadLettered,
+      errors,
+    ]) {
       c.inc({ group, topic }, 0);
     }
     duration.zero({ group, topic });
@@ -110,6 +136,9 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
     }),
     consumer.on('consumer:progress-skipped', ({ topic }) => progressSkipped.inc({ group, topic })),
     consumer.on('consumer:retry', ({ event }) => retries.inc({ group, topic: event.topic })),
+    consumer.on('consumer:retry-later', ({ event, counted }) =>
+      (counted ? retryLaterExhausted : retryLater).inc({ group, topic: event.topic }),
+    ),
     consumer.on('consumer:dead-lettered', ({ topic }) => deadLettered.inc({ group, topic })),
     consumer.on('consumer:error', ({ topic }) => errors.inc({ group, topic })),
   ];

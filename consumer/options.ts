@@ -45,7 +45,11 @@ export interface HandlerContext<D extends DatabaseHandle> {
    * the partition's new owner); the interrupted run does not count as an attempt.
    */
   signal: AbortSignal;
-  /** Which run of this message this is on this member, from 1. */
+  /**
+   * Which attempt this run is on this member, from 1: the runs that counted before it, plus one.
+   * Runs that ended in a database outage or were deferred by a `RetryLaterError` (within
+   * `maxRetryLaterMs`) did not count.
+   */
   attempt: number;
 }
 
@@ -77,7 +81,13 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   topics: string[];
   /** Where the handler transactions run: a `pg.Pool` or a drizzle database (node-postgres or postgres-js driver). */
   database: D;
-  /** Applies one event; see {@link HandlerContext}. Throwing rolls back and retries, then dead-letters. */
+  /**
+   * Applies one event; see {@link HandlerContext}. Whatever it throws (network errors of the
+   * services it calls included) rolls back and counts as an attempt: retried, then dead-lettered
+   * after `maxAttempts`. `InvalidMessageError` dead-letters at once; `RetryLaterError` defers
+   * without counting (bounded by `maxRetryLaterMs`). Only a failure of the consumer's own database
+   * connection is an outage, never counted.
+   */
   handler: DedupHandler<D>;
   /** The PostgreSQL schema holding the `inbox` table. @defaultValue 'outboxkit' */
   schema?: string;
@@ -88,8 +98,11 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    */
   deadLetterTopic?: (topic: string) => string;
   /**
-   * Runs of the handler on one message (on one member) before it is dead-lettered. A handler that
-   * throws an `InvalidMessageError` (code `OUTBOXKIT_INVALID_MESSAGE`) is dead-lettered after one.
+   * Failed runs of the handler on one message (on one member) before it is dead-lettered. Whatever
+   * the handler throws counts (network errors of the services it calls included); a
+   * `RetryLaterError` within `maxRetryLaterMs` and a failure of the consumer's own database
+   * connection do not. A handler that throws an `InvalidMessageError` (code
+   * `OUTBOXKIT_INVALID_MESSAGE`) is dead-lettered after one.
    * @defaultValue 5
    */
   maxAttempts?: number;
@@ -101,6 +114,17 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
   retryInitialMs?: number;
   /** Largest retry delay ceiling, in ms. @defaultValue 5_000 */
   retryMaxMs?: number;
+  /**
+   * Longest time one message may be deferred by its handler's `RetryLaterError` without counting
+   * an attempt, in ms, from its first deferral on this member (like attempt counts, it lives in
+   * memory: a rebalance or restart starts it again). Each deferral waits the `delayMs` the error
+   * asks for (else the backoff), cut to what is left of this time. After it, a `RetryLaterError`
+   * counts as an attempt like any other error: the message is dead-lettered after `maxAttempts`
+   * and its partition moves on. 0: a `RetryLaterError` always counts. Every deferral is logged
+   * (warn) and counted (`consumer:retry-later`, `outboxkit_consumer_retry_later_total`).
+   * @defaultValue 900_000 (15 minutes)
+   */
+  maxRetryLaterMs?: number;
   /**
    * PostgreSQL `lock_timeout` of each handler transaction, in ms (0: none). Bounds the wait on the
    * inbox row of a concurrent delivery of the same event, and every lock wait of the handler.
@@ -229,6 +253,7 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   maxAttempts: 5,
   retryInitialMs: 100,
   retryMaxMs: 5_000,
+  maxRetryLaterMs: 900_000,
   lockTimeoutMs: 5_000,
   transactionScope: 'message' as 'message' | 'batch',
   batchMaxMessages: 50,
@@ -309,6 +334,7 @@ const dedupConsumerSchema = z
     ),
     maxAttempts: integer(1, 1_000).default(DEDUP_CONSUMER_DEFAULTS.maxAttempts),
     ...retryDelays({ initialMs: DEDUP_CONSUMER_DEFAULTS.retryInitialMs, maxMs: DEDUP_CONSUMER_DEFAULTS.retryMaxMs }),
+    maxRetryLaterMs: integer(0, 2_147_483_647).default(DEDUP_CONSUMER_DEFAULTS.maxRetryLaterMs),
     lockTimeoutMs: integer(0, 2_147_483_647).default(DEDUP_CONSUMER_DEFAULTS.lockTimeoutMs),
     transactionScope: z
       .enum(['message', 'batch'], { error: "must be 'message' or 'batch'" })

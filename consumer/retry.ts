@@ -9,9 +9,13 @@
  *
  * Why a retry pauses its partition instead of sleeping: see dedup-consumer.ts. The partition is
  * resumed by a timer after the backoff delay, and the client fetches the message again.
+ *
+ * Which failures count: see classify-error.ts (by where a failure comes from, never by its code).
+ * A handler's `RetryLaterError` defers its message without counting, for at most
+ * `maxRetryLaterMs` from the message's first deferral; after that it counts like any error.
  */
 import { fullJitterBackoffMs } from '../src/backoff.js';
-import { HandlerFailure, isConnectionError, isInvalidMessage } from './classify-error.js';
+import { HandlerFailure, isInvalidMessage, retryLaterOf } from './classify-error.js';
 import { reasonOf } from './dead-letter.js';
 import type { MessagePosition } from './events.js';
 
@@ -22,6 +26,8 @@ export interface PendingMessage {
   attempts: number;
   /** Failures outside the handler (never dead-lettered; only pace the backoff). */
   infraFailures: number;
+  /** The handler's `RetryLaterError`s that deferred it: how many, and when the first one came (the clock's ms). */
+  deferred?: { count: number; since: number };
   /** Set once the consumer gave up, so a failed DLQ send retries the send, not the handler. */
   deadLetter?: { reason: string; error: unknown };
 }
@@ -34,6 +40,18 @@ export interface RetryPolicy {
   retryInitialMs: number;
   /** Largest retry delay ceiling, in ms. */
   retryMaxMs: number;
+  /** Longest time a message is deferred by `RetryLaterError`s without counting, from its first, in ms. */
+  maxRetryLaterMs: number;
+}
+
+/** A `RetryLaterError` the message's run ended with, as the decision reports it. */
+export interface RetryLater {
+  /** Its deferrals so far, this one included when it deferred. */
+  deferrals: number;
+  /** Time since its first deferral, in ms (0 for the first). */
+  deferredMs: number;
+  /** False: deferred, not an attempt. True: `maxRetryLaterMs` passed, so it counts as an attempt. */
+  counted: boolean;
 }
 
 /** What follows a failed run of a message (rolled back). */
@@ -41,9 +59,11 @@ export type RetryDecision =
   /** Stopping or losing the partition: not an attempt; the message runs again later. */
   | { kind: 'interrupted' }
   /** The handler failed: an attempt; the partition pauses `delayMs`, then the message runs again. */
-  | { kind: 'retry'; delayMs: number; error: unknown }
+  | { kind: 'retry'; delayMs: number; error: unknown; retryLater?: RetryLater }
   /** Given up (an `InvalidMessageError`, or `maxAttempts` handler failures): dead-letter it. */
-  | { kind: 'dead-letter'; reason: string; error: unknown }
+  | { kind: 'dead-letter'; reason: string; error: unknown; retryLater?: RetryLater }
+  /** The handler threw a `RetryLaterError` within `maxRetryLaterMs`: not an attempt; pause `delayMs`. */
+  | { kind: 'deferred'; delayMs: number; error: unknown; retryLater: RetryLater }
   /** A failure that is not the message's (database, connection): not an attempt; pause `delayMs`. */
   | { kind: 'error'; delayMs: number; error: unknown };
 
@@ -75,15 +95,18 @@ export class Retries {
   readonly #policy: RetryPolicy;
   readonly #random: () => number;
   readonly #timers: Timers;
+  readonly #now: () => number;
 
   /**
    * @param options.random - a source of [0, 1) numbers for the backoff's jitter. @defaultValue Math.random
    * @param options.timers - @defaultValue the system's `setTimeout` and `clearTimeout`
+   * @param options.now - a monotonic clock in ms, for `maxRetryLaterMs`. @defaultValue performance.now
    */
-  constructor(policy: RetryPolicy, options: { random?: () => number; timers?: Timers } = {}) {
+  constructor(policy: RetryPolicy, options: { random?: () => number; timers?: Timers; now?: () => number } = {}) {
     this.#policy = policy;
     this.#random = options.random ?? Math.random;
     this.#timers = options.timers ?? SYSTEM_TIMERS;
+    this.#now = options.now ?? (() => performance.now());
   }
 
   /** The retry state of the partition's unresolved message (fresh when the message changed). */
@@ -123,10 +146,17 @@ export class Retries {
 
   /**
    * Decides what follows a failed run of the message at `position` (see {@link RetryDecision}),
-   * and records it: a handler failure counts as attempt `attempt`; a failure outside the handler
-   * (not a `HandlerFailure`, or one whose error is a lost connection) only paces the backoff;
-   * giving up sets `pending.deadLetter`. Retry `n` waits a uniformly random time below
-   * `min(retryMaxMs, retryInitialMs * 2^(n-1))` (full jitter).
+   * and records it:
+   * - a handler failure (a `HandlerFailure`, whatever its error's code) counts as attempt
+   *   `attempt`; retry `n` waits a uniformly random time below
+   *   `min(retryMaxMs, retryInitialMs * 2^(n-1))` (full jitter); giving up sets
+   *   `pending.deadLetter`;
+   * - a handler's `RetryLaterError` defers the message without counting while less than
+   *   `maxRetryLaterMs` passed since its first deferral: it waits the `delayMs` the error asked
+   *   for (else the backoff of its `n`th deferral), cut to what is left of `maxRetryLaterMs`.
+   *   After that it counts as an attempt (`retryLater.counted`);
+   * - any other failure (the consumer's own statements and connection: classify-error.ts) only
+   *   paces the backoff.
    *
    * @param failure.aborted - the handler's signal was aborted (stop or rebalance).
    * @param failure.value - the message value, which the dead-letter reason never quotes.
@@ -140,20 +170,35 @@ export class Retries {
     // In batch mode later messages were prepared meanwhile: this one is the partition's unresolved one.
     this.#pending.set(partitionKey(position.topic, position.partition), pending);
     if (aborted) return { kind: 'interrupted' };
-    if (error instanceof HandlerFailure && !isConnectionError(error.error)) {
-      pending.attempts = attempt;
-      if (isInvalidMessage(error.error) || attempt >= this.#policy.maxAttempts) {
-        pending.deadLetter = { reason: reasonOf(error.error, failure.value), error: error.error };
-        return { kind: 'dead-letter', ...pending.deadLetter };
+    if (!(error instanceof HandlerFailure)) return { kind: 'error', delayMs: this.afterError(pending), error };
+    const { maxAttempts, retryInitialMs, retryMaxMs, maxRetryLaterMs } = this.#policy;
+    let retryLater: RetryLater | undefined;
+    const later = retryLaterOf(error.error);
+    if (later) {
+      const now = this.#now();
+      const since = pending.deferred?.since ?? now;
+      const deferredMs = Math.max(0, now - since);
+      const left = maxRetryLaterMs - deferredMs;
+      if (left > 0) {
+        const deferrals = (pending.deferred?.count ?? 0) + 1;
+        pending.deferred = { count: deferrals, since };
+        const wanted = later.delayMs ?? fullJitterBackoffMs(deferrals, retryInitialMs, retryMaxMs, this.#random);
+        return {
+          kind: 'deferred',
+          delayMs: Math.ceil(Math.min(wanted, left)),
+          error: error.error,
+          retryLater: { deferrals, deferredMs, counted: false },
+        };
       }
-      const delayMs = fullJitterBackoffMs(attempt, this.#policy.retryInitialMs, this.#policy.retryMaxMs, this.#random);
-      return { kind: 'retry', delayMs, error: error.error };
+      retryLater = { deferrals: pending.deferred?.count ?? 0, deferredMs, counted: true };
     }
-    return {
-      kind: 'error',
-      delayMs: this.afterError(pending),
-      error: error instanceof HandlerFailure ? error.error : error,
-    };
+    pending.attempts = attempt;
+    if (isInvalidMessage(error.error) || attempt >= maxAttempts) {
+      pending.deadLetter = { reason: reasonOf(error.error, failure.value), error: error.error };
+      return { kind: 'dead-letter', ...pending.deadLetter, ...(retryLater && { retryLater }) };
+    }
+    const delayMs = fullJitterBackoffMs(attempt, retryInitialMs, retryMaxMs, this.#random);
+    return { kind: 'retry', delayMs, error: error.error, ...(retryLater && { retryLater }) };
   }
 
   /**

@@ -654,7 +654,9 @@ export class Relay extends EventEmitter<RelayEvents> {
       this.marks.add(markBatch(sendable.slice(0, acked), leases, lanes));
       // The cluster answered that a partition cannot take writes (no leader, too few in-sync
       // replicas): the relay asks which one; its rows wait from the next pass on, the others go
-      // out in batches. The client recovers by itself: no new producer, no failure streak.
+      // out in batches. The client recovers by itself: no new producer, no failure streak (the
+      // kafkajs producer takes a new producer id before its next send after any failed one:
+      // src/kafka/kafkajs/producer.ts).
       if (await this.explained(failure, sendable.slice(acked))) {
         this.health.sendAnswered();
         this.morePending = true;

@@ -250,11 +250,14 @@ export function joinTransaction(
  * @param options.beginSql - the statement that opens the transaction; it may go on with more
  *   statements of the transaction (one round trip). If it fails, the transaction is rolled back.
  *   @defaultValue 'BEGIN'
+ * @param options.onRollbackFailed - when the ROLLBACK after a failure fails too (the connection
+ *   is gone), called with the failure and the ROLLBACK's error; what it returns is thrown instead
+ *   of the failure. @defaultValue the failure is thrown
  */
 export async function withPgTransaction<T>(
   pool: pg.Pool,
   fn: (client: pg.PoolClient, begun: pg.QueryResult | pg.QueryResult[]) => Promise<T>,
-  options: { beginSql?: string } = {},
+  options: { beginSql?: string; onRollbackFailed?: (error: unknown, rollbackError: Error) => unknown } = {},
 ): Promise<T> {
   guardPool(pool);
   const client = await pool.connect();
@@ -282,6 +285,7 @@ export async function withPgTransaction<T>(
         await client.query('ROLLBACK');
       } catch (rollbackErr) {
         destroy = rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
+        if (options.onRollbackFailed) throw options.onRollbackFailed(err, destroy);
       }
       throw err;
     }
@@ -329,10 +333,46 @@ function guardPool(pool: pg.Pool): void {
   pool.on('error', () => {});
 }
 
+const guardedCheckouts = new WeakSet<pg.Pool>();
+const guardedClients = new WeakSet<object>();
+
+/**
+ * drizzle over node-postgres checks a client out of its `pg.Pool` for each transaction, and a
+ * checked-out client has no 'error' listener of the pool's: a backend terminated during the
+ * transaction (a failover, `pg_terminate_backend`, a restart) makes it emit an unhandled 'error',
+ * which crashes the process. So outboxkit gives each client of the drizzle database's pool (its
+ * `$client`, once per pool, on the pool's 'acquire' event) one 'error' listener that keeps the
+ * process alive: the client's queries still fail, and the pool discards it when it is released
+ * (pg-pool drops a client that is no longer queryable). An application's own listeners still run.
+ * A drizzle database over one `pg.Client` gets the same listener on that client.
+ */
+function guardDrizzleClient(db: AnyDrizzleDb): void {
+  const client = (db as { $client?: unknown }).$client;
+  if (isPgPool(client)) {
+    if (guardedCheckouts.has(client)) return;
+    guardedCheckouts.add(client);
+    guardPool(client);
+    client.on('acquire', (checkedOut) => guardClient(checkedOut));
+  } else if (isEmitter(client) && typeof (client as { query?: unknown }).query === 'function') {
+    guardClient(client);
+  }
+}
+
+function guardClient(client: { on(event: 'error', listener: (err: Error) => void): unknown }): void {
+  if (guardedClients.has(client)) return;
+  guardedClients.add(client);
+  client.on('error', () => {});
+}
+
+function isEmitter(value: unknown): value is { on(event: 'error', listener: (err: Error) => void): unknown } {
+  return typeof value === 'object' && value !== null && typeof (value as { on?: unknown }).on === 'function';
+}
+
 /**
  * Runs `fn` in a new transaction of `db` (a `pg.Pool` through {@link withPgTransaction}, or a
  * drizzle database through `db.transaction()`), committing when it resolves and rolling back when
- * it throws.
+ * it throws. A connection lost during the transaction fails it, never the process (see
+ * `guardDrizzleClient` for drizzle over node-postgres).
  */
 export async function runTransaction<D extends DatabaseHandle, T>(
   db: D,
@@ -340,6 +380,7 @@ export async function runTransaction<D extends DatabaseHandle, T>(
 ): Promise<T> {
   if (isPgPool(db)) return withPgTransaction(db, fn as (c: pg.PoolClient) => Promise<T>);
   if (typeof (db as AnyDrizzleDb).transaction === 'function') {
+    guardDrizzleClient(db as AnyDrizzleDb);
     return (db as AnyDrizzleDb).transaction(fn) as Promise<T>;
   }
   throw new NotInTransactionError('Expected a pg.Pool or a drizzle database to open transactions on.');

@@ -56,6 +56,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_CLIENT_GAVE_UP',
   /** A replay's stored content coding, and identity too, are refused by the retry's Accept-Encoding. */
   'OUTBOXKIT_REPLAY_NOT_ACCEPTABLE',
+  /** A consumer's handler asks for its message to run again later, without counting an attempt. */
+  'OUTBOXKIT_RETRY_LATER',
 ] as const;
 
 /** Union of every error code outboxkit uses. */

@@ -1,6 +1,10 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { inject } from 'vitest';
+import { sql, type SQL } from 'drizzle-orm';
+import { PgDialect } from 'drizzle-orm/pg-core';
+import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
+import type { DrizzleTransaction } from '../../src/database.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { waitFor } from '../helpers/wait-for.js';
 import {
@@ -12,7 +16,7 @@ import {
   TestProducer,
 } from './support.js';
 
-describe('PostgreSQL outage (G5: a database failure is not the message’s fault)', () => {
+describe('PostgreSQL outage (G5: a failure of the consumer’s own database connection is not the message’s fault)', () => {
   let db: TestDatabase;
   let admin: pg.Client;
   const consumers = new ConsumerRegistry();
@@ -69,4 +73,54 @@ describe('PostgreSQL outage (G5: a database failure is not the message’s fault
       if (!outageOver) await admin.query(`ALTER DATABASE ${name} ALLOW_CONNECTIONS true`);
     }
   });
+
+  it.each([
+    ['pg.Pool', 'message'],
+    ['pg.Pool', 'batch'],
+    ['drizzle', 'message'],
+    ['drizzle', 'batch'],
+  ] as const)(
+    'C31 %s, %s scope: the consumer’s own connection ending under the handler’s statement on tx is an outage (not counted), then applied once',
+    async (driver, transactionScope) => {
+      const [topic] = await createTopicsWithDlq(['db-own-connection'], 1);
+      const ended = new Set<string>();
+      const consumer = consumers.create({
+        topics: [topic!],
+        database: driver === 'pg.Pool' ? db.pool : drizzle(db.pool),
+        transactionScope,
+        // One counted failure would dead-letter it.
+        maxAttempts: 1,
+        handler: async ({ tx, event }) => {
+          const q = async (statement: SQL) => {
+            if (driver === 'drizzle') return (tx as DrizzleTransaction).execute(statement);
+            const { sql: text, params } = new PgDialect().sqlToQuery(statement);
+            return (tx as pg.PoolClient).query(text, params);
+          };
+          await q(sql`INSERT INTO effects (event_id) VALUES (${event.id})`);
+          // Two messages: the second ends its session the first time it runs (SQLSTATE 57P01, as in a failover).
+          if (event.offset === '1' && !ended.has(event.id)) {
+            ended.add(event.id);
+            await q(sql`SELECT pg_terminate_backend(pg_backend_pid())`);
+          }
+        },
+      });
+      const seen = record(consumer);
+      await consumer.start();
+      const ids = await producer.send(topic!, [
+        { partition: 0, value: {} },
+        { partition: 0, value: {} },
+      ]);
+      await waitFor(() => seen.applied.length === 2, { message: 'both applied after the lost connection' });
+      await waitFor(() => committedAtLogEnd(consumers.kafka, consumer.groupId, topic!));
+      expect(seen.deadLettered).toHaveLength(0);
+      expect(seen.retries).toHaveLength(0);
+      expect(seen.errors.length).toBeGreaterThanOrEqual(1);
+      expect(seen.errors[0]!.error).toMatchObject({ code: 'OUTBOXKIT_STORE_UNAVAILABLE', retriable: true });
+      const { rows } = await db.pool.query<{ event_id: string; n: number }>(
+        'SELECT event_id::text, count(*)::int AS n FROM effects WHERE event_id = ANY($1::uuid[]) GROUP BY 1',
+        [ids],
+      );
+      expect(rows.map((r) => r.n)).toEqual([1, 1]);
+    },
+  );
 });

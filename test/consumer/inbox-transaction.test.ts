@@ -8,9 +8,9 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
-import type pg from 'pg';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { HandlerFailure } from '../../consumer/classify-error.js';
+import { ConnectionLostError, HandlerFailure } from '../../consumer/classify-error.js';
 import {
   runInboxTransaction,
   type InboxClaim,
@@ -29,8 +29,13 @@ const TOPIC = 'orders';
 interface TestMessage {
   claim: InboxClaim;
   name: string;
-  /** `ok`: writes its effect; `throw`: writes, then throws; `swallow`: writes, then a failed statement it catches. */
-  does: 'ok' | 'throw' | 'swallow';
+  /**
+   * `ok`: writes its effect; `throw`: writes, then throws; `swallow`: writes, then a failed
+   * statement it catches; `end-own`: writes, then its statement on `tx` ends the consumer's own
+   * session (SQLSTATE 57P01); `end-other`: writes, then throws the 57P01 of another connection
+   * that ended itself.
+   */
+  does: 'ok' | 'throw' | 'swallow' | 'end-own' | 'end-other';
 }
 
 let offset = 0;
@@ -83,6 +88,13 @@ describe.each([
         await exec(tx, `INSERT INTO effects VALUES ('${m.claim.row.eventId}', '${m.name}')`);
         if (m.does === 'throw') throw new HandlerFailure(new Error(`${m.name} fails`));
         if (m.does === 'swallow') await exec(tx, 'SELECT 1/0').catch(() => {});
+        // As the consumer runs a handler: what it throws comes out wrapped in a HandlerFailure.
+        if (m.does === 'end-own') {
+          await exec(tx, 'SELECT pg_terminate_backend(pg_backend_pid())').catch((err: unknown) => {
+            throw new HandlerFailure(err);
+          });
+        }
+        if (m.does === 'end-other') throw new HandlerFailure(await otherSessionEnded());
       },
     );
     return {
@@ -93,6 +105,21 @@ describe.each([
       firstApplied: result.done.map((d) => d.firstApplied),
       failure: result.failure && { name: result.failure.message.name, error: result.failure.error },
     };
+  }
+
+  /** The error of a statement of another connection (not the transaction's) that ended its own session. */
+  async function otherSessionEnded(): Promise<unknown> {
+    const other = new pg.Client({ connectionString: db.url });
+    other.on('error', () => {});
+    await other.connect();
+    try {
+      await other.query('SELECT pg_terminate_backend(pg_backend_pid())');
+    } catch (err) {
+      return err;
+    } finally {
+      await other.end().catch(() => {});
+    }
+    throw new Error('the other session did not end');
   }
 
   /** Committed inbox rows and effects of the messages, by name. */
@@ -168,6 +195,29 @@ describe.each([
     },
   );
 
+  it.each([false, true])(
+    'C31 (savepoints: %s): a handler failure whose rollback fails is the consumer’s lost connection (ConnectionLostError), whatever its error; one of another connection stays the handler’s',
+    async (savepoints) => {
+      const own = [message('a'), message('own', 'end-own'), message('c')].slice(savepoints ? 0 : 1);
+      const lost = await run(savepoints, own);
+      expect(lost.failure?.name).toBe(savepoints ? 'a' : 'own'); // the transaction as a whole failed
+      expect(lost.failure?.error).toBeInstanceOf(ConnectionLostError);
+      expect(lost.failure?.error).not.toBeInstanceOf(HandlerFailure);
+      expect(JSON.stringify(codes((lost.failure?.error as ConnectionLostError).handlerError))).toContain('57P01');
+      expect(lost.done).toEqual([]);
+      expect(await committed(own)).toEqual(own.map((m) => `${m.name} 0/0`));
+
+      const other = [message('a'), message('other', 'end-other'), message('c')].slice(savepoints ? 0 : 1);
+      const failed = await run(savepoints, other);
+      expect(failed.failure?.name).toBe('other');
+      expect(failed.failure?.error).toBeInstanceOf(HandlerFailure);
+      expect(codes((failed.failure?.error as HandlerFailure).error)).toContain('57P01');
+      expect(await committed(other)).toEqual(other.map((m) => `${m.name} ${m.name === 'a' ? '1/1' : '0/0'}`));
+      // The pool gave up the dead connection: its connections are all usable.
+      for (let i = 0; i < 3; i++) expect((await db.pool.query('SELECT 1 AS ok')).rows).toEqual([{ ok: 1 }]);
+    },
+  );
+
   it('with savepoints: the durations of the messages add up to the transaction', async () => {
     const startedAt = performance.now();
     const result = await run(true, [message('a'), message('b'), message('c')]);
@@ -180,3 +230,13 @@ describe.each([
     expect(sum).toBeGreaterThan(elapsed * 0.5);
   });
 });
+
+/** The `code` of each error along a `cause` chain. */
+function codes(err: unknown): unknown[] {
+  const found: unknown[] = [];
+  for (let e = err, depth = 0; typeof e === 'object' && e !== null && depth < 8; depth++) {
+    found.push((e as { code?: unknown }).code);
+    e = (e as { cause?: unknown }).cause;
+  }
+  return found;
+}

@@ -71,6 +71,20 @@ const CODECS: Record<CompressionCodec, CompressionTypes> = {
  * murmur2 partitioner (a key lands where a Java producer would put it). A failed send fails every
  * one of its records with the same {@link KafkaFailure}: kafkajs fails a request as a whole.
  *
+ * After a failed send, the next send first replaces the kafkajs producer by a new one (a new
+ * producer id from the cluster, sequence numbers from 0; a failed replacement fails that send,
+ * and the next one tries again). kafkajs 2.2.4 takes back the sequence numbers of every
+ * partition of a Produce request that failed as a whole (eosManager.updateSequence with a
+ * negative increment in producer/sendMessages.js), also of partitions the broker wrote: one
+ * partition's error in a request that covers several, or a response lost with its broker (a
+ * leader killed after its followers had the batch). Its next batch to such a partition reuses
+ * sequence numbers the broker already holds; when its first sequence number and its record count
+ * equal a batch among the last five the broker keeps per producer and partition, the broker
+ * answers it as a duplicate, with that batch's offset, and writes nothing: the send succeeds and
+ * its records are not in the topic (found on the 3-node cluster across a leader kill: 38 records
+ * of one send, test/cluster/local-cluster.test.ts). Other counts meet OUT_OF_ORDER_SEQUENCE_NUMBER
+ * until one matches. A new producer id has no batches at the broker to be mistaken for.
+ *
  * @throws {@link InvalidOptionsError} naming an unknown setting (before creating the producer).
  */
 export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): KafkaProducer {
@@ -86,36 +100,60 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
   } = settings;
   // The partition kafkajs chose for each message of a send (its last choice, retries included).
   const assigned = new WeakMap<object, number>();
-  const producer: Producer = kafka.producer({
-    ...SAFE_PRODUCER_CONFIG,
-    // kafkajs refreshes it before a send once older than this: the partitioner then sees partitions
-    // added to a topic.
-    ...(metadataMaxAgeMs === undefined ? {} : { metadataMaxAge: metadataMaxAgeMs }),
-    // Java-compatible murmur2 of the key: the same partition a Java producer would choose. Naming it
-    // also spares every start kafkajs's "v2.0.0 switched default partitioner" warning. Each choice
-    // is remembered, so that a send's answer can be checked against it (unacknowledgedPartitions).
-    createPartitioner: () => {
-      const choose = Partitioners.DefaultPartitioner();
-      return (args) => {
-        const partition = choose(args);
-        assigned.set(args.message, partition);
-        return partition;
-      };
-    },
-    // The client's own retry timing unless the caller sets it (kafkajs merges the two).
-    retry: {
-      retries,
-      ...(retryInitialMs === undefined ? {} : { initialRetryTime: retryInitialMs }),
-      ...(retryMaxMs === undefined ? {} : { maxRetryTime: retryMaxMs }),
-    },
-  });
+  const makeProducer = (): Producer =>
+    kafka.producer({
+      ...SAFE_PRODUCER_CONFIG,
+      // kafkajs refreshes it before a send once older than this: the partitioner then sees
+      // partitions added to a topic.
+      ...(metadataMaxAgeMs === undefined ? {} : { metadataMaxAge: metadataMaxAgeMs }),
+      // Java-compatible murmur2 of the key: the same partition a Java producer would choose. Naming
+      // it also spares every start kafkajs's "v2.0.0 switched default partitioner" warning. Each
+      // choice is remembered, so that a send's answer can be checked against it
+      // (unacknowledgedPartitions).
+      createPartitioner: () => {
+        const choose = Partitioners.DefaultPartitioner();
+        return (args) => {
+          const partition = choose(args);
+          assigned.set(args.message, partition);
+          return partition;
+        };
+      },
+      // The client's own retry timing unless the caller sets it (kafkajs merges the two).
+      retry: {
+        retries,
+        ...(retryInitialMs === undefined ? {} : { initialRetryTime: retryInitialMs }),
+        ...(retryMaxMs === undefined ? {} : { maxRetryTime: retryMaxMs }),
+      },
+    });
+  let producer = makeProducer();
+  /**
+   * Set by a failed send: the kafkajs producer is replaced (a new producer id) before the next
+   * send. See {@link kafkajsProducer}'s doc: its sequence numbers may be behind the broker's.
+   */
+  let suspect = false;
+  /** disconnect() was called: a replacement made meanwhile is disconnected, not kept. */
+  let closed = false;
   const codec = typeof compression === 'number' ? compression : CODECS[compression];
+  /** A new kafkajs producer (a new producer id, sequence numbers from 0) in place of a suspect one. */
+  const replaceProducer = async (): Promise<void> => {
+    const old = producer;
+    producer = makeProducer();
+    await old.disconnect().catch(() => undefined);
+    await producer.connect();
+    suspect = false;
+    // disconnect() came while this one connected: it disconnected the old one only.
+    if (closed) await producer.disconnect().catch(() => undefined);
+  };
   const probes = prober(() => kafkajsAdmin(kafka));
   let tail: Promise<unknown> = Promise.resolve();
 
   return {
-    connect: () => producer.connect(),
+    connect: () => {
+      closed = false;
+      return producer.connect();
+    },
     async disconnect() {
+      closed = true;
       const closing = probes.close();
       try {
         await producer.disconnect();
@@ -140,6 +178,7 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
         const began = performance.now();
         let failure: KafkaFailure | undefined;
         try {
+          if (suspect && !closed) await replaceProducer();
           const answers = await producer.sendBatch({
             acks: -1,
             timeout: requestTimeoutMs,
@@ -151,6 +190,7 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
         } catch (err) {
           failure = failureOf(err);
         }
+        if (failure) suspect = true;
         try {
           onSend?.({ records: records.length, durationMs: performance.now() - began, ok: failure === undefined });
         } catch {

@@ -9,6 +9,7 @@ import {
   reducedDeadLetter,
   HEADER_DLQ_OMITTED,
 } from '../../../consumer/dead-letter.js';
+import { InvalidMessageError } from '../../../consumer/errors.js';
 
 describe('deadLetterMessage', () => {
   const original: KafkaMessage = {
@@ -85,6 +86,40 @@ describe('reasonOf', () => {
     const long = reasonOf(new Error('x'.repeat(5_000)));
     expect(long).toHaveLength(MAX_DLQ_REASON_LENGTH);
     expect(long.endsWith('…')).toBe(true);
+  });
+
+  it('C31 names the code and the cause chain of a network error, and withholds value words and JSON text there too', () => {
+    const reset = Object.assign(new Error('socket hang up'), { code: 'ECONNRESET' });
+    expect(reasonOf(reset)).toBe('Error: socket hang up [ECONNRESET]');
+    const timeout = Object.assign(
+      new Error('Connect Timeout Error (attempted address: 10.0.0.1:443, timeout: 10000ms)'),
+      {
+        name: 'ConnectTimeoutError',
+        code: 'UND_ERR_CONNECT_TIMEOUT',
+      },
+    );
+    expect(reasonOf(new TypeError('fetch failed', { cause: timeout }))).toBe(
+      'TypeError: fetch failed; cause: ConnectTimeoutError: Connect Timeout Error (attempted address: 10.0.0.1:443, ' +
+        'timeout: 10000ms) [UND_ERR_CONNECT_TIMEOUT]',
+    );
+    // A code the message already shows is not repeated; outboxkit's own codes are left out.
+    const refused = Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:1'), { code: 'ECONNREFUSED' });
+    expect(reasonOf(refused)).toBe('Error: connect ECONNREFUSED 127.0.0.1:1');
+    expect(reasonOf(new InvalidMessageError('bad'))).toBe('InvalidMessageError: bad');
+    // At most three causes.
+    let chain: Error = new Error('e4');
+    for (const n of [3, 2, 1, 0]) chain = new Error(`e${n}`, { cause: chain });
+    expect(reasonOf(chain)).toBe('Error: e0; cause: Error: e1; cause: Error: e2; cause: Error: e3');
+    let syntaxError: unknown;
+    try {
+      JSON.parse('{"card": 4111111111111111');
+    } catch (err) {
+      syntaxError = err;
+    }
+    const wrapped = new Error('parse of card 4111111111111111 failed', { cause: syntaxError });
+    const reason = reasonOf(wrapped, Buffer.from(JSON.stringify({ card: '4111111111111111' })));
+    expect(reason).toMatch(/^Error: parse of card … failed; cause: SyntaxError: message withheld/);
+    expect(reason).not.toContain('41111');
   });
 });
 

@@ -102,6 +102,7 @@ describe('resolveDedupConsumerOptions: known options', () => {
       maxAttempts: 7,
       retryInitialMs: 20,
       retryMaxMs: 200,
+      maxRetryLaterMs: 60_000,
       lockTimeoutMs: 1_000,
       transactionScope: 'batch',
       recordProgress: true,
@@ -190,6 +191,18 @@ describe('rules between options', () => {
     });
     expect(o).toMatchObject({ heartbeatIntervalMs: 5_999, fetchMaxWaitMs: 5_999, retryMaxMs: 500 });
     expect(resolveDedupConsumerOptions({ ...base(), fetchMaxWaitMs: 0 }).fetchMaxWaitMs).toBe(0);
+  });
+});
+
+describe('resolveDedupConsumerOptions: maxRetryLaterMs', () => {
+  it('defaults to 15 minutes, takes 0 (a RetryLaterError always counts), and refuses a negative or fractional value', () => {
+    expect(resolveDedupConsumerOptions(base()).maxRetryLaterMs).toBe(900_000);
+    expect(resolveDedupConsumerOptions({ ...base(), maxRetryLaterMs: 0 }).maxRetryLaterMs).toBe(0);
+    for (const bad of [-1, 1.5, Number.POSITIVE_INFINITY, '1000']) {
+      const err = thrown(() => resolveDedupConsumerOptions({ ...base(), maxRetryLaterMs: bad as number }));
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+      expect(err!.message).toContain('maxRetryLaterMs');
+    }
   });
 });
 

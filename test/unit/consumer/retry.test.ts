@@ -4,11 +4,11 @@
  * source, and partitions paused and resumed by injected timers.
  */
 import { describe, expect, it } from 'vitest';
-import { HandlerFailure, swallowedFailure } from '../../../consumer/classify-error.js';
-import { InvalidMessageError } from '../../../consumer/errors.js';
+import { ConnectionLostError, HandlerFailure, swallowedFailure } from '../../../consumer/classify-error.js';
+import { InvalidMessageError, RetryLaterError } from '../../../consumer/errors.js';
 import { Retries, type Timers } from '../../../consumer/retry.js';
 
-const POLICY = { maxAttempts: 3, retryInitialMs: 100, retryMaxMs: 1_000 };
+const POLICY = { maxAttempts: 3, retryInitialMs: 100, retryMaxMs: 1_000, maxRetryLaterMs: 10_000 };
 const at = (offset: string, partition = 0) => ({ topic: 'orders', partition, offset });
 const withCode = (code: string) => Object.assign(new Error(code), { code });
 
@@ -97,15 +97,26 @@ describe('Retries: attempts', () => {
     expect(retries.pendingOf(at('1'))).toEqual({ offset: '1', attempts: 0, infraFailures: 0 });
   });
 
-  it('never counts failures outside the handler, nor a lost connection inside it: they only pace the backoff', () => {
+  it('never counts failures outside the handler, nor the consumer’s lost connection: they only pace the backoff', () => {
     const retries = new Retries({ ...POLICY, maxAttempts: 1 }, { random: () => 0.999 });
     const lockTimeout = withCode('55P03');
     expect(fail(retries, '1', lockTimeout)).toEqual({ kind: 'error', delayMs: 99, error: lockTimeout });
-    const lost = withCode('57P01');
-    expect(fail(retries, '1', new HandlerFailure(lost))).toEqual({ kind: 'error', delayMs: 199, error: lost });
+    const lost = new ConnectionLostError(withCode('57P01'), new Error('Connection terminated'));
+    expect(fail(retries, '1', lost)).toEqual({ kind: 'error', delayMs: 199, error: lost });
     expect(fail(retries, '1', withCode('ECONNREFUSED'))).toMatchObject({ kind: 'error', delayMs: 399 });
     expect(retries.pendingOf(at('1'))).toEqual({ offset: '1', attempts: 0, infraFailures: 3 });
   });
+
+  it.each(['ECONNRESET', 'ETIMEDOUT', 'ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', '57P01', '08006', '53300'])(
+    'C31 counts what the handler threw with code %s as an attempt: its code says nothing of the consumer’s connection',
+    (code) => {
+      const retries = new Retries({ ...POLICY, maxAttempts: 2 }, { random: () => 0.5 });
+      const err = new TypeError('fetch failed', { cause: withCode(code) });
+      expect(fail(retries, '1', new HandlerFailure(withCode(code)))).toMatchObject({ kind: 'retry' });
+      expect(fail(retries, '1', new HandlerFailure(err))).toMatchObject({ kind: 'dead-letter', error: err });
+      expect(retries.pendingOf(at('1'))).toMatchObject({ attempts: 2, infraFailures: 0 });
+    },
+  );
 
   it('keeps the state of the failed message when a later one of its batch was read meanwhile', () => {
     const retries = new Retries(POLICY);
@@ -213,5 +224,75 @@ describe('Retries: paused partitions', () => {
     expect(timers.pending()).toBe(0);
     timers.tick(100);
     expect(resumed).toBe(0);
+  });
+});
+
+describe('Retries: RetryLaterError', () => {
+  /** A clock moved by hand. */
+  function clock() {
+    let t = 1_000;
+    return { now: () => t, advance: (ms: number) => (t += ms) };
+  }
+
+  it('defers without counting an attempt, waiting the delay asked for (or the backoff of the nth deferral)', () => {
+    const c = clock();
+    const retries = new Retries({ ...POLICY, maxAttempts: 1 }, { random: () => 0.999, now: c.now });
+    const later = new RetryLaterError('downstream down', { delayMs: 250 });
+    expect(fail(retries, '1', new HandlerFailure(later))).toEqual({
+      kind: 'deferred',
+      delayMs: 250,
+      error: later,
+      retryLater: { deferrals: 1, deferredMs: 0, counted: false },
+    });
+    c.advance(300);
+    // No delay asked for: full jitter below min(retryMaxMs, retryInitialMs * 2^(n-1)) for deferral n = 2.
+    expect(fail(retries, '1', new HandlerFailure(new RetryLaterError('again')))).toMatchObject({
+      kind: 'deferred',
+      delayMs: 199,
+      retryLater: { deferrals: 2, deferredMs: 300, counted: false },
+    });
+    expect(retries.pendingOf(at('1'))).toMatchObject({ attempts: 0, infraFailures: 0 });
+  });
+
+  it('holds maxRetryLaterMs: the last wait is cut to what is left, and then a RetryLaterError counts as an attempt', () => {
+    const c = clock();
+    const retries = new Retries({ ...POLICY, maxAttempts: 2, maxRetryLaterMs: 10_000 }, { now: c.now });
+    const later = (delayMs: number) => new HandlerFailure(new RetryLaterError('downstream down', { delayMs }));
+    expect(fail(retries, '1', later(4_000))).toMatchObject({ kind: 'deferred', delayMs: 4_000 });
+    c.advance(4_000);
+    expect(fail(retries, '1', later(4_000))).toMatchObject({ kind: 'deferred', delayMs: 4_000 });
+    c.advance(4_000);
+    // 8 s deferred: 2 s left, so a wait of an hour is cut to 2 s.
+    expect(fail(retries, '1', later(3_600_000))).toMatchObject({
+      kind: 'deferred',
+      delayMs: 2_000,
+      retryLater: { deferrals: 3, deferredMs: 8_000, counted: false },
+    });
+    c.advance(2_000);
+    const counted = fail(retries, '1', later(1_000));
+    expect(counted).toMatchObject({ kind: 'retry', retryLater: { deferrals: 3, deferredMs: 10_000, counted: true } });
+    expect(retries.pendingOf(at('1')).attempts).toBe(1);
+    const last = fail(retries, '1', later(1_000));
+    expect(last).toMatchObject({
+      kind: 'dead-letter',
+      reason: 'RetryLaterError: downstream down',
+      retryLater: { counted: true },
+    });
+  });
+
+  it('counts every RetryLaterError with maxRetryLaterMs 0, and starts the bound again for the next message', () => {
+    const c = clock();
+    const off = new Retries({ ...POLICY, maxRetryLaterMs: 0 }, { now: c.now });
+    expect(fail(off, '1', new HandlerFailure(new RetryLaterError('x', { delayMs: 5 })))).toMatchObject({
+      kind: 'retry',
+      retryLater: { deferrals: 0, deferredMs: 0, counted: true },
+    });
+    const retries = new Retries({ ...POLICY, maxRetryLaterMs: 1_000 }, { now: c.now });
+    fail(retries, '1', new HandlerFailure(new RetryLaterError('x', { delayMs: 5 })));
+    c.advance(5_000);
+    expect(fail(retries, '2', new HandlerFailure(new RetryLaterError('x', { delayMs: 5 })))).toMatchObject({
+      kind: 'deferred',
+      retryLater: { deferrals: 1, deferredMs: 0 },
+    });
   });
 });

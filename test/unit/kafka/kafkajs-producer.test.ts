@@ -35,15 +35,20 @@ type Partitioner = (args: { topic: string; partitionMetadata: unknown[]; message
 function fakeKafka(answer: (call: SendBatchCall) => Promise<unknown> = async (call) => call.answers) {
   const producerConfigs: Record<string, unknown>[] = [];
   const calls: SendBatchCall[] = [];
+  /** What happened to each kafkajs producer made, in order: 'connect', 'send', 'disconnect'. */
+  const lives: string[][] = [];
   const partitionMetadata = [0, 1, 2].map((partitionId) => ({ partitionId, leader: 1 }));
   const kafka = {
     producer(config: Record<string, unknown>) {
       producerConfigs.push(config);
       const partitioner = (config.createPartitioner as () => Partitioner)();
+      const life: string[] = [];
+      lives.push(life);
       return {
-        connect: async () => {},
-        disconnect: async () => {},
+        connect: async () => void life.push('connect'),
+        disconnect: async () => void life.push('disconnect'),
         sendBatch: (batch: Omit<SendBatchCall, 'answers'>) => {
+          life.push('send');
           const chosen = new Set<string>();
           const answers: SendBatchCall['answers'] = [];
           for (const { topic, messages } of batch.topicMessages) {
@@ -62,7 +67,7 @@ function fakeKafka(answer: (call: SendBatchCall) => Promise<unknown> = async (ca
     admin: () => ({ connect: async () => {}, disconnect: async () => {}, describeCluster: async () => ({}) }),
     consumer: () => ({}),
   } as unknown as Kafka;
-  return { kafka, producerConfigs, calls };
+  return { kafka, producerConfigs, calls, lives };
 }
 
 const record = (topic: string, key: string | null = 'k'): OutboundRecord => ({
@@ -216,6 +221,63 @@ describe('the kafkajs producer', () => {
     ]);
     fail = false;
     expect((await wrapped.send([record('a')])).outcomes).toEqual([{ ok: true }]);
+  });
+});
+
+describe('the kafkajs producer after a failed send (C09: its sequence numbers may be behind the broker)', () => {
+  it('sends the next records through a new kafkajs producer (a new producer id), the old one disconnected; not after a success', async () => {
+    let fail = 1;
+    const { kafka, lives, producerConfigs } = fakeKafka(async (call) => {
+      if (fail-- > 0) throw new Error('Connection error: read ECONNRESET');
+      return call.answers;
+    });
+    const producer = kafkajsProducer(kafka, { retries: 2 });
+    await producer.connect();
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(false);
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(true);
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(true);
+    // The same settings for the replacement (idempotent, acks=all, one request in flight).
+    expect(producerConfigs[1]).toMatchObject({ idempotent: true, maxInFlightRequests: 1, retry: { retries: 2 } });
+    await producer.disconnect();
+    expect(lives).toEqual([
+      ['connect', 'send', 'disconnect'],
+      ['connect', 'send', 'send', 'disconnect'],
+    ]);
+  });
+
+  it('replaces it also after a send kafkajs resolved without an answer for a partition', async () => {
+    const { kafka, lives } = fakeKafka(async (call) => (lives.length === 1 ? [] : call.answers));
+    const producer = kafkajsProducer(kafka);
+    await producer.connect();
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(false);
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(true);
+    expect(lives.map((l) => l.join(','))).toEqual(['connect,send,disconnect', 'connect,send']);
+  });
+
+  it('fails the send whose replacement cannot connect, and tries again at the next one', async () => {
+    let fail = 1;
+    let connects = 0;
+    const { kafka, lives } = fakeKafka(async (call) => {
+      if (fail-- > 0) throw new Error('Connection error: read ECONNRESET');
+      return call.answers;
+    });
+    const make = kafka.producer.bind(kafka);
+    (kafka as { producer: unknown }).producer = (config: never) => {
+      const p = make(config);
+      const connect = p.connect;
+      p.connect = async () => {
+        if (++connects === 2) throw new Error('Connection error: connect ECONNREFUSED');
+        return connect();
+      };
+      return p;
+    };
+    const producer = kafkajsProducer(kafka);
+    await producer.connect();
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(false);
+    const refused = (await producer.send([record('a')])).outcomes[0]!;
+    expect(refused).toMatchObject({ ok: false, failure: { kind: 'broker' } });
+    expect((await producer.send([record('a')])).outcomes[0]!.ok).toBe(true);
+    expect(lives.map((l) => l.join(','))).toEqual(['connect,send,disconnect', 'disconnect', 'connect,send']);
   });
 });
 
