@@ -91,11 +91,15 @@ export function failureOf(err: unknown): KafkaFailure {
  * Whether a kafkajs error may pass on a later attempt: its `retriable` flag (kafkajs sets it from
  * the Kafka protocol's error table, and on connection errors), the cause of a
  * KafkaJSNumberOfRetriesExceeded (the client's own retries spent on a retriable error), or every
- * error of a KafkaJSAggregateError being retriable (CreateTopics answers per topic).
+ * error of a KafkaJSAggregateError being retriable (CreateTopics answers per topic), and
+ * KafkaJSGroupCoordinatorNotFound: kafkajs marks it non-retriable once its own lookups are spent,
+ * but it is what a broker answers for seconds after a restart, while it loads `__consumer_offsets`
+ * (a consumer started then failed its start instead of retrying, test/consumer/start-retry.test.ts).
  */
 export function isRetriableKafkaError(err: unknown): boolean {
   const e = err as { retriable?: unknown; name?: unknown; errors?: unknown; cause?: unknown } | null;
   if (e?.retriable === true) return true;
+  if (e?.name === 'KafkaJSGroupCoordinatorNotFound') return true;
   if (e?.name === 'KafkaJSNumberOfRetriesExceeded') return isRetriableKafkaError(e.cause);
   return e?.name === 'KafkaJSAggregateError' && Array.isArray(e.errors) && e.errors.every(isRetriableKafkaError);
 }
