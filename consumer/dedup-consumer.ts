@@ -83,6 +83,7 @@ import {
 import { drizzleInboxTransaction } from './inbox-transaction-drizzle.js';
 import { pgPoolInboxTransaction } from './inbox-transaction-pg.js';
 import { startKeepAlive, type KeepAlive } from './keep-alive.js';
+import { trackPartitionHealth, type PartitionHealth, type PartitionHealthTracker } from './partition-health.js';
 import { checkInbox, checkTopics } from './preflight.js';
 import { planGroupStart, subscribePlan } from './group-start.js';
 import pRetry from 'p-retry';
@@ -147,6 +148,13 @@ export interface DedupConsumer {
    * never lead here: kafkajs restarts the consumer itself.
    */
   readonly state: DedupConsumerState;
+  /**
+   * The health of each topic-partition this member owns (see {@link DedupConsumerHealth}):
+   * the last offset handled and when, why its next message waits, and whether it is stuck (it has
+   * messages to handle and made no progress for `stuckAfterMs`). Partitions a rebalance took away
+   * are not listed; after `stop()` none are. Cheap: no I/O, reads what the consumer keeps.
+   */
+  health(): DedupConsumerHealth;
   /** Listens to an event (see {@link DedupConsumerEvents}); returns the function that removes the listener. */
   on<K extends keyof DedupConsumerEvents>(name: K, listener: DedupConsumerListener<K>): () => void;
 }
@@ -194,6 +202,18 @@ type Step = { kind: 'done' } | { kind: 'interrupted' } | { kind: 'retry-later'; 
 const DONE: Step = { kind: 'done' };
 const INTERRUPTED: Step = { kind: 'interrupted' };
 
+/** What {@link DedupConsumer.health} returns. Times are ms since the epoch. */
+export interface DedupConsumerHealth {
+  /** {@link DedupConsumer.state} */
+  state: DedupConsumerState;
+  /** When it was read. */
+  at: number;
+  /** The `stuckAfterMs` option, in ms. */
+  stuckAfterMs: number;
+  /** The partitions this member owns, by topic then partition (see consumer/partition-health.ts). */
+  partitions: PartitionHealth[];
+}
+
 /** See {@link DedupConsumer.state}. */
 export type DedupConsumerState = 'new' | 'starting' | 'running' | 'crashed' | 'stopping' | 'stopped';
 type State = DedupConsumerState;
@@ -213,6 +233,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
   readonly #retries: Retries;
   /** `recordProgress`: what this process knows of each partition it consumes (see progress.ts). */
   readonly #progress = new Map<string, PartitionProgress>();
+  /** Per-partition health (partition-health.ts), fed by this consumer's events and batches. */
+  readonly #health: PartitionHealthTracker;
   #state: State = 'new';
   #startPromise: Promise<void> | undefined;
   #stopPromise: Promise<void> | undefined;
@@ -225,6 +247,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#events = new TypedEmitter(this.#o.logger);
     this.#inbox = inboxTransactionOf(this.#o);
     this.#retries = new Retries(this.#o);
+    const { stuckAfterMs, logger } = this.#o;
+    this.#health = trackPartitionHealth({ groupId: this.groupId, stuckAfterMs, logger, events: this.#events });
     if (this.#o.transactionScope === 'batch' && this.#o.batchMaxMessages > PG_CACHED_SUBXIDS) {
       this.#o.logger.warn(
         { groupId: this.groupId, batchMaxMessages: this.#o.batchMaxMessages },
@@ -258,6 +282,11 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
 
   get state(): DedupConsumerState {
     return this.#state;
+  }
+
+  health(): DedupConsumerHealth {
+    const { at, partitions } = this.#health.snapshot();
+    return { state: this.#state, at, stuckAfterMs: this.#o.stuckAfterMs, partitions };
   }
 
   async start(signal?: AbortSignal): Promise<void> {
@@ -407,6 +436,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       this.#state = 'stopped';
       this.#retries.clear();
       this.#progress.clear();
+      this.#health.clear();
     }
     this.#o.logger.info({ groupId: this.groupId }, 'Dedup consumer stopped.');
   }
@@ -430,6 +460,8 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#progress.clear();
     // Forget the retry state of partitions this member no longer owns.
     this.#retries.keepOnly(assignment);
+    // Partitions it no longer owns leave health(); new ones appear.
+    this.#health.assigned(assignment);
     this.#o.logger.info({ groupId: this.groupId, assignment }, 'Dedup consumer joined its group.');
     this.#joined?.resolve();
   }
@@ -465,6 +497,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     // What the handlers of this batch see: aborted on stop() or when the partitions may go.
     const signal = AbortSignal.any([this.#stopController.signal, keepAlive.signal]);
     try {
+      this.#health.fetched(batch);
       const partitionProgress = this.#o.recordProgress ? await this.#progressOf(batch) : undefined;
       let next = 0;
       while (next < batch.messages.length) {
@@ -790,6 +823,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       case 'error':
         return this.#errorStep(
           position,
+          'database',
           { ...fields, err: decision.error, delayMs: decision.delayMs },
           'Processing failed outside the handler (database); retrying later.',
         );
@@ -802,11 +836,12 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
    */
   #errorStep(
     position: MessagePosition,
+    source: 'database' | 'dead-letter',
     fields: Record<string, unknown> & { err: unknown; delayMs: number },
     message: string,
   ): Step {
     this.#o.logger.error(fields, message);
-    this.#events.emit('consumer:error', { ...position, error: fields.err, delayMs: fields.delayMs });
+    this.#events.emit('consumer:error', { ...position, error: fields.err, delayMs: fields.delayMs, source });
     return { kind: 'retry-later', delayMs: fields.delayMs };
   }
 
@@ -912,6 +947,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     } catch (err) {
       return this.#errorStep(
         position,
+        'dead-letter',
         { ...fields, err, delayMs: this.#retries.afterError(this.#retries.pendingOf(position)) },
         'Dead-letter send failed; the partition waits and tries again (offset unresolved, handler not run again).',
       );

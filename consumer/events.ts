@@ -4,6 +4,7 @@
 import type { Logger } from '../src/logger.js';
 import type { ConsumedEvent } from './consumed-event.js';
 import type { InboxEntry } from './inbox-sql.js';
+import type { PartitionHealth } from './partition-health.js';
 
 /** Where a message sits in Kafka. */
 export interface MessagePosition {
@@ -72,8 +73,10 @@ export interface DedupConsumerEvents {
    * timeout on the inbox row, commit failed), or a dead-letter send that failed (dead-letter topic
    * missing or forbidden, broker unreachable). It never counts as an attempt; the message runs
    * again (or its dead letter is sent again, without running the handler) after `delayMs`.
+   * `source` says which: `'database'` (the consumer's database work) or `'dead-letter'` (the
+   * dead-letter send).
    */
-  'consumer:error': MessagePosition & { error: unknown; delayMs: number };
+  'consumer:error': MessagePosition & { error: unknown; delayMs: number; source: 'database' | 'dead-letter' };
   /**
    * At start: a consumed topic keeps messages at least as long as the inbox keeps rows
    * (`topicRetentionMs` null: unlimited), so a redelivery of an old message (offset reset,
@@ -81,6 +84,21 @@ export interface DedupConsumerEvents {
    * `retention.ms` or raise `inboxRetentionMs`.
    */
   'consumer:retention-warning': { topic: string; topicRetentionMs: number | null; inboxRetentionMs: number };
+  /**
+   * A partition this member owns has messages to handle and made no progress (no message applied,
+   * skipped or dead-lettered) for `stuckAfterMs`: its health at that moment (`waiting` says why
+   * it waits, if it does). Logged at warn. Reported once, until `consumer:partition-recovered`.
+   * A stuck partition is not a reason to restart the process: see README "Partition health".
+   */
+  'consumer:partition-stuck': PartitionHealth;
+  /**
+   * A stuck partition made progress again (`revoked: false`), or a rebalance took it from this
+   * member while it was stuck (`revoked: true`; its new owner reports on it from then on).
+   * `stuckForMs` is the time since it became stuck, in ms. Logged at warn, like the stuck event,
+   * so that a log filtered at warn shows where each episode ends. Nothing is reported for the
+   * partitions of a consumer that stops.
+   */
+  'consumer:partition-recovered': PartitionHealth & { stuckForMs: number; revoked: boolean };
   /** The kafkajs consumer crashed; `restart` tells whether kafkajs restarts it. */
   'consumer:crash': { error: Error; restart: boolean };
 }

@@ -1,7 +1,13 @@
 /**
  * `outboxkit/consumer`: the dedup consumer (docs/guarantees.md, G4-G6).
  */
-export { createDedupConsumer, type DedupConsumer } from './dedup-consumer.js';
+export {
+  createDedupConsumer,
+  type DedupConsumer,
+  type DedupConsumerHealth,
+  type DedupConsumerState,
+} from './dedup-consumer.js';
+export type { PartitionHealth, PartitionWait } from './partition-health.js';
 export {
   DEDUP_CONSUMER_DEFAULTS,
   resolveDedupConsumerOptions,

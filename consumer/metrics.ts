@@ -1,10 +1,12 @@
 /**
- * Prometheus metrics of a dedup consumer (prom-client), fed by its typed events. Labels are the
- * consumer group and the topic: never event ids or keys (unbounded cardinality, and they can
- * carry business identifiers).
+ * Prometheus metrics of a dedup consumer (prom-client), fed by its typed events and, for the
+ * per-partition gauges, read from its `health()` at each scrape. Labels are the consumer group,
+ * the topic and (partition gauges) the partition number: never event ids or keys (unbounded
+ * cardinality, and they can carry business identifiers).
  */
 import client from 'prom-client';
 import type { DedupConsumer } from './dedup-consumer.js';
+import type { PartitionHealth } from './partition-health.js';
 
 const LABELS = ['group', 'topic'] as const;
 
@@ -46,7 +48,14 @@ function counter(registry: client.Registry, name: string, help: string): client.
  *   handler and commit), for applied events. With `transactionScope: 'batch'`, the event's part
  *   of the shared transaction (its claim and handler), the COMMIT counted with the last event.
  *
- * Every series is labelled `group` and `topic`, and starts at 0 for each consumed topic.
+ * - `outboxkit_consumer_partition_stuck{group,topic,partition}`: 1 while the partition is stuck
+ *   (messages to handle, no progress for `stuckAfterMs`), else 0.
+ * - `outboxkit_consumer_partition_stalled_seconds{group,topic,partition}`: how long the partition
+ *   has had messages to handle without progress, in seconds; 0 when it has none.
+ *
+ * Every counter series is labelled `group` and `topic`, and starts at 0 for each consumed topic.
+ * The partition gauges have a series for each partition the consumer owns at the scrape: a
+ * partition a rebalance took away drops out (its new owner's process reports it).
  *
  * @returns a function that stops updating the metrics (they stay registered).
  */
@@ -108,6 +117,9 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
       registers: [registry],
     });
 
+  const partitionGauges = partitionGaugesOf(registry);
+  partitionGauges.sources.add(consumer);
+
   const group = consumer.groupId;
   for (const topic of consumer.topics) {
     for (const c of [
@@ -144,5 +156,62 @@ export function consumerMetrics(consumer: DedupConsumer, registry: client.Regist
   ];
   return () => {
     for (const f of off) f();
+    partitionGauges.sources.delete(consumer);
   };
+}
+
+const PARTITION_LABELS = ['group', 'topic', 'partition'] as const;
+
+/** The per-partition gauges of a registry, and the consumers they read at each scrape. */
+interface PartitionGauges {
+  sources: Set<DedupConsumer>;
+}
+
+const partitionGaugesByRegistry = new WeakMap<client.Registry, PartitionGauges>();
+
+/**
+ * The registry's per-partition gauges, registered with the first consumer: several consumers may
+ * share a registry, and each scrape reads the health of all of them.
+ */
+function partitionGaugesOf(registry: client.Registry): PartitionGauges {
+  const existing = partitionGaugesByRegistry.get(registry);
+  if (existing) return existing;
+  const gauges: PartitionGauges = { sources: new Set() };
+  /** Per series, the largest value among the consumers (two members of a group may both list a partition mid-rebalance). */
+  const read = (value: (p: PartitionHealth) => number) => {
+    const values = new Map<string, { labels: Record<(typeof PARTITION_LABELS)[number], string>; value: number }>();
+    for (const consumer of gauges.sources) {
+      for (const p of consumer.health().partitions) {
+        const labels = { group: consumer.groupId, topic: p.topic, partition: String(p.partition) };
+        const key = JSON.stringify([labels.group, labels.topic, labels.partition]);
+        const v = value(p);
+        const seen = values.get(key);
+        if (!seen || v > seen.value) values.set(key, { labels, value: v });
+      }
+    }
+    return values.values();
+  };
+  new client.Gauge({
+    name: 'outboxkit_consumer_partition_stuck',
+    help: 'Whether the partition is stuck (1): messages to handle and no progress for stuckAfterMs.',
+    labelNames: PARTITION_LABELS,
+    registers: [registry],
+    collect() {
+      // Reset first: a partition a rebalance took away leaves the scrape instead of keeping its last value.
+      this.reset();
+      for (const { labels, value } of read((p) => (p.stuck ? 1 : 0))) this.set(labels, value);
+    },
+  });
+  new client.Gauge({
+    name: 'outboxkit_consumer_partition_stalled_seconds',
+    help: 'Seconds the partition has had messages to handle without progress (0 when it has none).',
+    labelNames: PARTITION_LABELS,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const { labels, value } of read((p) => p.stalledMs / 1_000)) this.set(labels, value);
+    },
+  });
+  partitionGaugesByRegistry.set(registry, gauges);
+  return gauges;
 }

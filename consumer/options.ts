@@ -227,6 +227,17 @@ export interface DedupConsumerOptions<D extends DatabaseHandle> {
    * See README "Partition progress". @defaultValue false
    */
   recordProgress?: boolean;
+  /**
+   * A partition this member owns is stuck when it has messages to handle (a fetched batch not
+   * finished, or messages beyond it up to the high watermark of its last fetch) and made no
+   * progress (no message applied, skipped as a duplicate or dead-lettered) for this long, in ms.
+   * `health()` reports it, `consumer:partition-stuck` and `consumer:partition-recovered` tell the
+   * transitions (logged at warn), and `consumerMetrics()` exports it per topic-partition. Set it
+   * above your slowest handler run and above the longest wait you consider normal: a retry backoff
+   * (`retryMaxMs`) or a `RetryLaterError` delay counts as no progress. README "Partition health".
+   * @defaultValue 60_000 (1 minute)
+   */
+  stuckAfterMs?: number;
   /** Structured logger (pino-compatible). @defaultValue a no-op logger */
   logger?: Logger;
   /** Test-only hooks; see {@link DedupConsumerHooks}. @defaultValue none */
@@ -268,6 +279,7 @@ export const DEDUP_CONSUMER_DEFAULTS = Object.freeze({
   fromBeginning: false,
   inboxRetentionMs: DEFAULT_INBOX_RETENTION_MS,
   recordProgress: false,
+  stuckAfterMs: 60_000,
   logger: noopLogger,
   tracing: true,
 });
@@ -354,6 +366,8 @@ const dedupConsumerSchema = z
     fromBeginning: boolean().default(DEDUP_CONSUMER_DEFAULTS.fromBeginning),
     inboxRetentionMs: integer(1).default(DEDUP_CONSUMER_DEFAULTS.inboxRetentionMs),
     recordProgress: boolean().default(DEDUP_CONSUMER_DEFAULTS.recordProgress),
+    // The upper bound is a timer's (setTimeout fires at once beyond 2^31 - 1 ms).
+    stuckAfterMs: integer(1, 2_147_483_647).default(DEDUP_CONSUMER_DEFAULTS.stuckAfterMs),
     logger: SHARED_OPTIONS.logger,
     hooks: value<DedupConsumerHooks>('an object', (h) => typeof h === 'object' && h !== null).default(() => ({})),
     decode: fn<EventDecoder>('(value, event) => decoded value').optional(),

@@ -113,6 +113,8 @@ describe('ops artefacts name metrics that exist', () => {
       'outboxkit_relay_lanes_unowned',
       'outboxkit_consumer_dead_lettered_total',
       'outboxkit_consumer_duplicates_total',
+      'outboxkit_consumer_partition_stalled_seconds',
+      'outboxkit_consumer_partition_stuck',
       'outboxkit_idempotency_requests_total',
     ]) {
       expect(used, name).toContain(name);
@@ -184,6 +186,7 @@ describe('ops/prometheus/alerts.yml', () => {
       'OutboxkitDeadLettersRising',
       'OutboxkitLanesWithoutOwner',
       'OutboxkitRelayKafkaDisconnected',
+      'OutboxkitConsumerPartitionStuck',
     ])
       expect(names).toContain(n);
   });

@@ -117,6 +117,7 @@ describe('resolveDedupConsumerOptions: known options', () => {
       autoCommitIntervalMs: 200,
       fromBeginning: true,
       inboxRetentionMs: 1_000_000_000,
+      stuckAfterMs: 30_000,
       logger: noopLogger,
       hooks,
       decode,
@@ -213,6 +214,19 @@ describe('metadataMaxAgeMs', () => {
     for (const metadataMaxAgeMs of [99, 86_400_001]) {
       const err = thrown(() => resolveDedupConsumerOptions({ ...base(), metadataMaxAgeMs }));
       expect(err?.message).toMatch(/metadataMaxAgeMs.*from 100 to 86400000/);
+    }
+  });
+});
+
+describe('resolveDedupConsumerOptions: stuckAfterMs', () => {
+  it('G7 defaults to 1 minute, takes 1 ms to a timer’s largest delay, and refuses anything else', () => {
+    expect(resolveDedupConsumerOptions(base()).stuckAfterMs).toBe(60_000);
+    expect(resolveDedupConsumerOptions({ ...base(), stuckAfterMs: 1 }).stuckAfterMs).toBe(1);
+    expect(resolveDedupConsumerOptions({ ...base(), stuckAfterMs: 2_147_483_647 }).stuckAfterMs).toBe(2_147_483_647);
+    for (const bad of [0, -1, 1.5, 2_147_483_648, Number.POSITIVE_INFINITY, '1000']) {
+      const err = thrown(() => resolveDedupConsumerOptions({ ...base(), stuckAfterMs: bad as number }));
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS'), String(bad)).toBe(true);
+      expect(err!.message).toMatch(/^createDedupConsumer: stuckAfterMs must be an integer from 1 to 2147483647, got /);
     }
   });
 });
