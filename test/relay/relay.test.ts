@@ -200,9 +200,17 @@ function relayWithHeldFirstSend(
   onRead: (read: () => Promise<pg.QueryResult>) => Promise<pg.QueryResult>,
 ): { relay: Relay; pool: pg.Pool; sent: string[][]; release: () => void } {
   const pool = new pg.Pool({ connectionString: db.url, max: 3 });
-  const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
-  (pool as unknown as { query: typeof query }).query = (config) =>
-    config.text.includes('WITH blocked AS') ? onRead(() => query(config)) : query(config);
+  // The relay runs each statement on a client it takes from its pool (pgQuery, which decides there
+  // whether the statement may be named): wrap the query() of every client the pool opens.
+  pool.on('connect', (client) => {
+    const query = client.query.bind(client) as (...args: unknown[]) => Promise<pg.QueryResult>;
+    (client as unknown as { query: typeof query }).query = (...args) => {
+      const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: unknown } | undefined)?.text;
+      return typeof text === 'string' && text.includes('WITH blocked AS')
+        ? onRead(() => query(...args))
+        : query(...args);
+    };
+  });
   const kafkajs = createKafkajsProducer(testKafka(clientId));
   let release!: () => void;
   const held = new Promise<void>((r) => (release = r));
