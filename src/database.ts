@@ -144,29 +144,56 @@ export async function pgQuery<R>(
   return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
 }
 
-/** {@link pgQuery} on a client of `pool`: the name is decided on the client that runs it. */
-async function poolQuery<R>(
+/**
+ * {@link pgQuery} on a client of `pool`: the name is decided on the client that runs it. Written
+ * as pg-pool's own `query()` is (callbacks, one promise, the same release and 'error' handling),
+ * so that the relay's statements cost what they cost through `pool.query()` (a promise-based
+ * version, await connect, await query and release in finally, ran 7-9 % fewer trivial statements
+ * per second on 3 connections).
+ */
+function poolQuery<R>(
   pool: pg.Pool,
   text: string,
   values: readonly unknown[],
   name: string | undefined,
 ): Promise<QueryResult<R>> {
-  const client = await pool.connect();
-  let failed: Error | undefined;
-  // As pool.query(): a checked-out client has no 'error' listener of the pool's.
-  const onError = (err: Error) => {
-    failed ??= err;
-  };
-  client.on('error', onError);
-  try {
-    return await pgQuery<R>(client, text, values, name);
-  } catch (err) {
-    failed ??= err instanceof Error ? err : new Error(String(err));
-    throw err;
-  } finally {
-    client.off('error', onError);
-    client.release(failed ?? false);
-  }
+  return new Promise((resolve, reject) => {
+    pool.connect((connectError, client, release) => {
+      if (connectError || client === undefined) {
+        reject(connectError ?? new Error('pg.Pool.connect() gave no client'));
+        return;
+      }
+      let released = false;
+      // As pool.query(): a checked-out client has no 'error' listener of the pool's.
+      const onError = (err: Error) => {
+        if (released) return;
+        released = true;
+        release(err);
+        reject(err);
+      };
+      client.once('error', onError);
+      const prepared = preparedStatementName(client, name);
+      const config: pg.QueryConfig = prepared
+        ? { name: prepared, text, values: values as unknown[] }
+        : { text, values: values as unknown[] };
+      try {
+        client.query(config, (err: Error | null, r: pg.QueryResult) => {
+          client.removeListener('error', onError);
+          if (released) return;
+          released = true;
+          // A client whose statement failed is destroyed, not reused (as pool.query()).
+          release(err ?? undefined);
+          if (err) reject(err);
+          else resolve({ rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length });
+        });
+      } catch (err) {
+        client.removeListener('error', onError);
+        released = true;
+        release(err as Error);
+        reject(err);
+      }
+    });
+  });
 }
 
 /** The {@link QueryResult} of what drizzle's `execute()` returned, whichever driver it runs on. */
