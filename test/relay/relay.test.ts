@@ -201,14 +201,21 @@ function relayWithHeldFirstSend(
 ): { relay: Relay; pool: pg.Pool; sent: string[][]; release: () => void } {
   const pool = new pg.Pool({ connectionString: db.url, max: 3 });
   // The relay runs each statement on a client it takes from its pool (pgQuery, which decides there
-  // whether the statement may be named): wrap the query() of every client the pool opens.
+  // whether the statement may be named, and passes a callback as pool.query() does): wrap the
+  // query() of every client the pool opens.
   pool.on('connect', (client) => {
-    const query = client.query.bind(client) as (...args: unknown[]) => Promise<pg.QueryResult>;
+    const query = client.query.bind(client) as (...args: unknown[]) => Promise<pg.QueryResult> | undefined;
     (client as unknown as { query: typeof query }).query = (...args) => {
       const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: unknown } | undefined)?.text;
-      return typeof text === 'string' && text.includes('WITH blocked AS')
-        ? onRead(() => query(...args))
-        : query(...args);
+      if (typeof text !== 'string' || !text.includes('WITH blocked AS')) return query(...args);
+      const callback = typeof args.at(-1) === 'function' ? (args.pop() as (e: unknown, r?: unknown) => void) : null;
+      const result = onRead(() => query(...args) as Promise<pg.QueryResult>);
+      if (callback === null) return result;
+      result.then(
+        (r) => callback(null, r),
+        (e: unknown) => callback(e),
+      );
+      return undefined;
     };
   });
   const kafkajs = createKafkajsProducer(testKafka(clientId));
