@@ -158,8 +158,9 @@ export class Relay extends EventEmitter<RelayEvents> {
       });
     this.pool.on('error', (err) => this.logger.warn({ err }, 'idle PostgreSQL connection failed'));
     // pgQuery: the read and the mark stay named prepared statements on the relay's connections,
-    // except on one whose session may have been reset since they were parsed there (a pool of the
-    // application's that runs DISCARD ALL on release: src/prepared-statements.ts).
+    // parsed again after a session reset (a pool of the application's that runs DISCARD ALL on
+    // release), unnamed where outboxkit cannot tell what the session holds
+    // (src/prepared-statements.ts).
     this.db = {
       query: <R>(text: string, values: readonly unknown[] = [], options?: { name?: string }) =>
         pgQuery<R>(this.pool, text, values, options?.name),
