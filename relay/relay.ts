@@ -20,7 +20,7 @@
 import { EventEmitter } from 'node:events';
 import { hostname } from 'node:os';
 import pg from 'pg';
-import type { Queryable } from '../src/database.js';
+import { pgQuery, type Queryable } from '../src/database.js';
 import { LifecycleError, TopicMissingError, schemaMissingOr } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { quoteSchema, notifyChannel } from '../src/schema-name.js';
@@ -162,11 +162,13 @@ export class Relay extends EventEmitter<RelayEvents> {
         application_name: 'outboxkit-relay',
       });
     this.pool.on('error', (err) => this.logger.warn({ err }, 'idle PostgreSQL connection failed'));
+    // pgQuery: the read and the mark stay named prepared statements on the relay's connections,
+    // parsed again after a session reset (a pool of the application's that runs DISCARD ALL on
+    // release), unnamed where outboxkit cannot tell what the session holds
+    // (src/prepared-statements.ts).
     this.db = {
-      query: async <R>(text: string, values?: readonly unknown[], options?: { name?: string }) => {
-        const r = await this.pool.query({ text, values: values as unknown[], name: options?.name });
-        return { rows: r.rows as R[], rowCount: r.rowCount ?? r.rows.length };
-      },
+      query: <R>(text: string, values: readonly unknown[] = [], options?: { name?: string }) =>
+        pgQuery<R>(this.pool, text, values, options?.name),
     };
     // kafkajs's request-queue fix comes with the client (createKafkajsClient), not from here.
     const client = options.kafka

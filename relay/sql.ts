@@ -19,7 +19,9 @@ import type { BlockedPartition } from './partitions.js';
 // server's CPU per read; the read's round trip on an idle database went from 1.2-1.3 ms to
 // 0.4-0.5 ms). The generic plan of the read has the same shape as the custom one (the pending
 // index in seq order, the blocked index), and PostgreSQL keeps planning each execution when a
-// generic plan would cost more (a large backlog).
+// generic plan would cost more (a large backlog). After a session reset on the connection (an
+// application pool given as `pool` that runs DISCARD ALL on release) they are parsed again, never
+// assumed (src/prepared-statements.ts).
 
 /**
  * Runs one of this file's statements on `schema` (quoted, from `quoteSchema()`). Every statement

@@ -102,8 +102,11 @@ const statementNames = new Map<string, string>();
  * A stable name for a hot-path statement's text (`outboxkit_<prefix>_<16 hex digits of its SHA-1>`):
  * node-postgres then prepares it once per connection, and PostgreSQL skips the parse and, once it
  * settles on a generic plan, the planning. The name is derived from the text, schema included, so
- * that components of different schemas sharing a pool never give one name two texts. Behind
- * PgBouncer in transaction mode, prepared statements need PgBouncer 1.21 or later with
+ * that components of different schemas sharing a pool never give one name two texts. After a
+ * session reset on the connection (`DEALLOCATE ALL`, `DISCARD ALL`) node-postgres parses it again,
+ * and where outboxkit cannot tell what the session holds it runs unnamed
+ * (`preparedStatementName()`, src/prepared-statements.ts). Behind PgBouncer
+ * in transaction mode, prepared statements need PgBouncer 1.21 or later with
  * `max_prepared_statements` set.
  */
 export function statementName(prefix: string, text: string): string {

@@ -297,8 +297,9 @@ interface NamedStatement {
  * the text, so one name always goes with one text, as node-postgres requires. With a `pg` client,
  * a named statement is parsed and planned once per connection instead of once per request (the
  * read-first SELECT of every replay, the completion of every new key); drizzle ignores the name.
- * Behind PgBouncer in transaction mode this needs PgBouncer 1.21 or later with
- * `max_prepared_statements` set (as `enqueue()`).
+ * After a session reset on the connection (a pool that runs `DISCARD ALL` on release) it is parsed
+ * again, never assumed (src/prepared-statements.ts). Behind PgBouncer in transaction
+ * mode this needs PgBouncer 1.21 or later with `max_prepared_statements` set (as `enqueue()`).
  */
 function namedStatement(
   cache: Map<string, NamedStatement>,

@@ -323,9 +323,13 @@ describe('the default relay (no transactions): an owner paused mid-pass', () => 
     let onPaused: () => void = () => undefined;
     const paused = new Promise<void>((r) => (onPaused = r));
     const pool = new pg.Pool({ connectionString: db.url, max: 3 });
-    const query = pool.query.bind(pool) as (text: string, values?: unknown[]) => Promise<pg.QueryResult>;
-    pool.query = ((text: string, values?: unknown[]) =>
-      gate ? gate.then(() => query(text, values)) : query(text, values)) as typeof pool.query;
+    // The relay runs each statement on a client it takes from its pool: gate the query() of every
+    // client the pool opens.
+    pool.on('connect', (client) => {
+      const query = client.query.bind(client) as (...args: unknown[]) => Promise<pg.QueryResult>;
+      (client as unknown as { query: typeof query }).query = (...args) =>
+        gate ? gate.then(() => query(...args)) : query(...args);
+    });
     const inner = createKafkajsProducer(testKafka('paused-owner'));
     const producer: RelayProducer = {
       connect: () => inner.connect(),

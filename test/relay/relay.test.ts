@@ -200,9 +200,24 @@ function relayWithHeldFirstSend(
   onRead: (read: () => Promise<pg.QueryResult>) => Promise<pg.QueryResult>,
 ): { relay: Relay; pool: pg.Pool; sent: string[][]; release: () => void } {
   const pool = new pg.Pool({ connectionString: db.url, max: 3 });
-  const query = pool.query.bind(pool) as (config: pg.QueryConfig) => Promise<pg.QueryResult>;
-  (pool as unknown as { query: typeof query }).query = (config) =>
-    config.text.includes('WITH blocked AS') ? onRead(() => query(config)) : query(config);
+  // The relay runs each statement on a client it takes from its pool (pgQuery, which decides there
+  // whether the statement may be named, and passes a callback as pool.query() does): wrap the
+  // query() of every client the pool opens.
+  pool.on('connect', (client) => {
+    const query = client.query.bind(client) as (...args: unknown[]) => Promise<pg.QueryResult> | undefined;
+    (client as unknown as { query: typeof query }).query = (...args) => {
+      const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: unknown } | undefined)?.text;
+      if (typeof text !== 'string' || !text.includes('WITH blocked AS')) return query(...args);
+      const callback = typeof args.at(-1) === 'function' ? (args.pop() as (e: unknown, r?: unknown) => void) : null;
+      const result = onRead(() => query(...args) as Promise<pg.QueryResult>);
+      if (callback === null) return result;
+      result.then(
+        (r) => callback(null, r),
+        (e: unknown) => callback(e),
+      );
+      return undefined;
+    };
+  });
   const kafkajs = createKafkajsProducer(testKafka(clientId));
   let release!: () => void;
   const held = new Promise<void>((r) => (release = r));
