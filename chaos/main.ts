@@ -9,7 +9,8 @@
  *
  * By default the run uses a database of its own on the PostgreSQL server (created and dropped)
  * and a Kafka broker of its own (a scratch broker on a free port, killed and restarted by the
- * faults), so that it never disturbs other work on the machine.
+ * faults), so that it never disturbs other work on the machine. With `--cluster`, the local 3-node
+ * cluster instead, whose nodes the cluster faults kill (chaos/cluster.ts, docs/chaos.md).
  */
 import fs from 'node:fs';
 import path from 'node:path';
