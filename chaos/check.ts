@@ -64,6 +64,12 @@ export interface Observed {
    * breach) from one never consumed (the consumer stalled). Diagnostic only.
    */
   committedOffsets?: ReadonlyMap<number, bigint>;
+  /**
+   * Topics other than the orders topic that the relays publish (`--cluster`: the audit topic): the
+   * event ids of their committed outbox rows, and of the messages read back from the topic. Every
+   * committed one must be there; none may be there without its row.
+   */
+  otherTopics?: { topic: string; committed: readonly string[]; published: readonly string[] }[];
 }
 
 /** One invariant and what broke it. */
@@ -146,6 +152,15 @@ export function checkRun(operations: readonly Operation[], observed: Observed): 
   for (const o of observed.orders) {
     if (!eventsOfOrder.has(o.id))
       add('committed-unpublished', `order ${o.id} (${o.cartId}) committed without its event`);
+  }
+
+  for (const other of observed.otherTopics ?? []) {
+    const there = new Set(other.published);
+    const committed = new Set(other.committed);
+    for (const id of other.committed)
+      if (!there.has(id)) add('committed-unpublished', `event ${id} (topic ${other.topic}) not in its topic`);
+    for (const id of there)
+      if (!committed.has(id)) add('rolled-back-published', `event ${id} published to ${other.topic}, never committed`);
   }
 
   // G3: nothing of a rolled-back transaction; G2: a declined order's writes never commit.

@@ -52,12 +52,14 @@ export async function drainProgress(
   }
 }
 
-export async function readDatabase(pool: pg.Pool): Promise<Omit<Observed, 'published' | 'deadLetters'>> {
+/** PostgreSQL's side of a run; `topic`: the orders topic (outbox rows of other topics are checked apart). */
+export async function readDatabase(pool: pg.Pool, topic: string): Promise<Omit<Observed, 'published' | 'deadLetters'>> {
   const orders = await pool.query<{ id: string; tenant: string; cart_id: string; customer_id: string | null }>(
     'SELECT id, tenant, cart_id, customer_id FROM orders_demo.orders',
   );
   const outbox = await pool.query<{ event_id: string; aggregate_id: string; key: string }>(
-    'SELECT event_id, aggregate_id, key FROM outboxkit.outbox_events',
+    'SELECT event_id, aggregate_id, key FROM outboxkit.outbox_events WHERE topic = $1',
+    [topic],
   );
   const stuck = await pool.query<{ tenant: string; key: string; state: string }>(
     `SELECT tenant, key, state FROM outboxkit.idempotency_keys WHERE state IN ('processing', 'uncertain')`,
@@ -150,6 +152,11 @@ export function toPublished(messages: { partition: number; message: KafkaMessage
       customerVersion: payload.customerVersion ?? null,
     };
   });
+}
+
+/** The event ids (header) of a topic's messages. */
+export function toEventIds(messages: { partition: number; message: KafkaMessage }[]): string[] {
+  return messages.map(({ message }) => header(message, HEADER_EVENT_ID) ?? '(none)');
 }
 
 /** The dead-letter topic: event id, order id and the reason (`dlq-reason`). */

@@ -18,9 +18,42 @@ export const FAULT_KINDS = {
   'pg-terminate-consumer': "pg_terminate_backend on one consumer's connections",
   'pg-terminate-listener': "pg_terminate_backend on one relay's LISTEN connection",
   'clock-skew': 'one relay or consumer restarted under faketime with a skewed clock (or back to the true clock)',
+  'kill-leader':
+    'kill -9 of the cluster node that leads most partitions of the orders topic, restarted 7-12 s later (--cluster)',
+  'kill-controller': 'kill -9 of the active KRaft controller, restarted 7-12 s later (--cluster)',
+  'kill-two-brokers':
+    'kill -9 of two of the three cluster nodes at once (no acks=all write, no metadata quorum), restarted 7-12 s later (--cluster)',
+  'kill-rf1-broker':
+    'kill -9 of the cluster node that holds the replication-factor-1 audit topic, restarted 7-12 s later (--cluster)',
 } as const;
 
 export type FaultKind = keyof typeof FAULT_KINDS;
+
+/** The kinds that kill nodes of the local 3-node cluster: only with `--cluster`. */
+export const CLUSTER_FAULT_KINDS: ReadonlySet<FaultKind> = new Set<FaultKind>([
+  'kill-leader',
+  'kill-controller',
+  'kill-two-brokers',
+  'kill-rf1-broker',
+]);
+
+/**
+ * The kinds a run schedules: without `--cluster` every kind but the cluster's (`kill-broker` only
+ * with the harness's own broker, i.e. without `--brokers`); with it, the cluster's instead of
+ * `kill-broker`. `only` (`--kinds`) narrows the list.
+ */
+export function runKinds(o: {
+  cluster: boolean;
+  brokers: unknown;
+  kinds: readonly FaultKind[] | undefined;
+}): FaultKind[] {
+  return (Object.keys(FAULT_KINDS) as FaultKind[]).filter((k) => {
+    if (o.kinds !== undefined && !o.kinds.includes(k)) return false;
+    if (CLUSTER_FAULT_KINDS.has(k)) return o.cluster;
+    if (k === 'kill-broker') return !o.cluster && !o.brokers;
+    return true;
+  });
+}
 
 /** Crash points (src/crash-point.ts) and the role whose process reaches them. */
 export const CRASH_POINTS: readonly { point: string; role: Role; after: [number, number] }[] = [
@@ -45,6 +78,13 @@ const WEIGHTS: Record<FaultKind, number> = {
   'pg-terminate-consumer': 2,
   'pg-terminate-listener': 2,
   'clock-skew': 1.5,
+  // A cluster fault holds the cluster for 30-90 s on a loaded machine (kill, 7-12 s down, restart,
+  // ISR caught up), and they go one at a time: one of each kind per run (the plan's first of each
+  // kind), never drawn beyond that.
+  'kill-leader': 0,
+  'kill-controller': 0,
+  'kill-two-brokers': 0,
+  'kill-rf1-broker': 0,
 };
 
 /** Clock offsets for `clock-skew` (faketime syntax). */
@@ -60,13 +100,14 @@ export interface PlannedFault {
 /** Draws one fault kind by {@link WEIGHTS} (the replacements of skipped faults, the plan's rest). */
 export function drawKind(random: Random, kinds: readonly FaultKind[]): FaultKind {
   const total = kinds.reduce((n, k) => n + WEIGHTS[k], 0);
+  if (total === 0) return random.pick(kinds); // only kinds never drawn by weight (the cluster's)
   let x = random.next() * total;
   return kinds.find((k) => (x -= WEIGHTS[k]) < 0) ?? kinds[kinds.length - 1]!;
 }
 
 /**
  * Plans `count` faults over `[5%, 90%]` of `seconds`: one of each kind first (when `count`
- * allows), then more `crash-point` faults up to one per crash point (so that each point is armed
+ * allows; the cluster's kinds before the others, as they are never drawn by weight), then more `crash-point` faults up to one per crash point (so that each point is armed
  * at least once), the rest drawn by weight; shuffled. The window is cut into `count` equal slots
  * with one fault at a random moment of each, so that faults never bunch up and the pipeline makes
  * progress between them. The same seed gives the same schedule.
@@ -77,7 +118,11 @@ export function planFaults(
   seconds: number,
   kinds: readonly FaultKind[],
 ): PlannedFault[] {
-  const firsts: FaultKind[] = [...kinds];
+  // The cluster's kinds first: never drawn by weight, they come only from here.
+  const firsts: FaultKind[] = [
+    ...kinds.filter((k) => CLUSTER_FAULT_KINDS.has(k)),
+    ...kinds.filter((k) => !CLUSTER_FAULT_KINDS.has(k)),
+  ];
   if (kinds.includes('crash-point')) for (let i = 1; i < CRASH_POINTS.length; i++) firsts.push('crash-point');
   const drawn: FaultKind[] = firsts.slice(0, count);
   while (drawn.length < count) drawn.push(drawKind(random, kinds));
@@ -128,6 +173,32 @@ export interface KillableBroker {
   restart(): Promise<void>;
 }
 
+/**
+ * The local 3-node cluster as the cluster faults see it (`--cluster`; chaos/main.ts builds it on
+ * scripts/services.ts).
+ */
+export interface KillableCluster {
+  /** Node ids, 1-3. */
+  nodeIds: readonly number[];
+  /** The node that leads most partitions of the orders topic (the lowest id on a tie); undefined when none is known. */
+  busiestLeader(): Promise<number | undefined>;
+  /** The active KRaft controller; undefined during an election. */
+  controller(): number | undefined;
+  /** The node that holds every partition of the replication-factor-1 audit topic. */
+  rf1Node: number;
+  /** SIGKILL of node `id`; resolves once its process has exited. */
+  kill(id: number): Promise<void>;
+  /**
+   * Starts the nodes again (one after another) and resolves once each is registered and every
+   * partition of the run's replication-factor-3 topics has all three replicas in sync again.
+   */
+  restart(ids: readonly number[]): Promise<void>;
+  /** Told when nodes were killed for `kind` (chaos/main.ts measures what flowed meanwhile). */
+  down?(kind: FaultKind, ids: readonly number[]): void;
+  /** Told when they are back (registered, in sync). */
+  back?(kind: FaultKind, ids: readonly number[]): Promise<void>;
+}
+
 /** What injecting a fault needs. */
 export interface FaultContext {
   supervisor: Supervisor;
@@ -135,11 +206,13 @@ export interface FaultContext {
   /** A pool on the run's database (for pg_terminate_backend). */
   pool: pg.Pool;
   broker: KillableBroker | undefined;
+  /** The local 3-node cluster (`--cluster`), whose nodes the cluster faults kill. */
+  cluster?: KillableCluster | undefined;
   /** Upper bound of live consumer members (joins stop there). */
   maxConsumers: number;
-  /** Whether the broker is down (killed, not back yet). */
+  /** Whether the broker, or a cluster node, is down (killed, not back yet): one Kafka fault at a time. */
   brokerDown: boolean;
-  /** Resolves when the broker killed by the last `kill-broker` is back (the harness waits for it). */
+  /** Resolves when what the last Kafka fault killed is back (the harness waits for it). */
   brokerBack: Promise<void>;
   /** Armed and fired counts per crash point (read to choose the next point; the harness counts). */
   crashPoints: CrashPointStats;
@@ -195,6 +268,11 @@ export function canInject(kind: FaultKind, c: FaultContext): boolean {
       return targets(sup, 'consumer').length > 1;
     case 'kill-broker':
       return c.broker !== undefined && !c.brokerDown;
+    case 'kill-leader':
+    case 'kill-controller':
+    case 'kill-two-brokers':
+    case 'kill-rf1-broker':
+      return c.cluster !== undefined && !c.brokerDown;
     case 'pg-terminate-relay':
     case 'pg-terminate-listener':
       return ready('relay');
@@ -269,6 +347,11 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       })();
       return { injected: true, detail: `kill -9 broker, restart in ${downMs} ms` };
     }
+    case 'kill-leader':
+    case 'kill-controller':
+    case 'kill-two-brokers':
+    case 'kill-rf1-broker':
+      return killClusterNodes(kind, c);
     case 'pg-terminate-relay':
     case 'pg-terminate-consumer':
     case 'pg-terminate-listener': {
@@ -302,4 +385,89 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       return { injected: true, detail: `${s.name} restarted ${skew ? `with clock ${skew}` : 'on the true clock'}` };
     }
   }
+}
+
+/**
+ * How long a cluster fault keeps its nodes down, in ms: longer than the cluster's
+ * `broker.session.timeout.ms` (6 s, scripts/broker-config.ts), so that the controller fences them
+ * and their partitions get new leaders (or, with replication factor 1, none) before they return.
+ */
+export const CLUSTER_DOWN_MS: readonly [number, number] = [7_000, 12_000];
+
+/**
+ * How long a cluster fault waits for the previous one to end (its nodes back in sync): the four
+ * of a run go one after another, each 30-90 s on a loaded 2-core machine.
+ */
+export const CLUSTER_WAIT_MS = 300_000;
+
+/**
+ * A cluster fault: chooses its victims (the busiest leader, the active controller, two nodes at
+ * random, or the audit topic's node), kills them at once, and in the background restarts them
+ * 3-8 s later and waits until they are back in sync (`brokerBack`); `brokerDown` meanwhile, so
+ * that the next Kafka fault waits for the cluster to be whole again.
+ */
+async function killClusterNodes(kind: FaultKind, c: FaultContext): Promise<FaultOutcome> {
+  const cl = c.cluster;
+  if (!cl) return { ...skipped('needs --cluster (the local 3-node cluster)'), final: true };
+  // One cluster fault at a time, each on a whole cluster: this one waits for the last to end.
+  const deadline = Date.now() + CLUSTER_WAIT_MS;
+  while (c.brokerDown) {
+    if (Date.now() > deadline)
+      return { ...skipped(`the cluster was not whole again within ${CLUSTER_WAIT_MS / 1000} s`), final: true };
+    // A plain sleep: `brokerBack` may still be the last fault's settled promise while the next
+    // one is being claimed, and a race with it would spin without ever yielding to the event loop.
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  // Claimed before any await, so that two faults that waited do not both go.
+  c.brokerDown = true;
+  let victims: number[] | undefined;
+  let what = '';
+  switch (kind) {
+    case 'kill-leader': {
+      const id = await cl.busiestLeader().catch(() => undefined);
+      if (id !== undefined) [victims, what] = [[id], `node ${id}, leader of most orders partitions`];
+      break;
+    }
+    case 'kill-controller': {
+      const id = cl.controller();
+      if (id !== undefined) [victims, what] = [[id], `node ${id}, the active controller`];
+      break;
+    }
+    case 'kill-two-brokers': {
+      const spared = c.random.pick(cl.nodeIds);
+      victims = cl.nodeIds.filter((id) => id !== spared);
+      what = `nodes ${victims.join(' and ')}`;
+      break;
+    }
+    default:
+      [victims, what] = [[cl.rf1Node], `node ${cl.rf1Node}, the only broker of the audit topic`];
+  }
+  if (victims === undefined) {
+    c.brokerDown = false;
+    return skipped(kind === 'kill-leader' ? 'no leader known' : 'no active controller known (an election)');
+  }
+  const down = victims;
+  const killed = await Promise.allSettled(down.map((id) => cl.kill(id)));
+  const failed = killed.find((k): k is PromiseRejectedResult => k.status === 'rejected');
+  cl.down?.(kind, down);
+  const downMs = c.random.int(CLUSTER_DOWN_MS[0], CLUSTER_DOWN_MS[1]);
+  c.brokerBack = (async () => {
+    await new Promise((r) => setTimeout(r, downMs));
+    // A restart can fail on a loaded machine (port still held, slow recovery): try again.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await cl.restart(down);
+        break;
+      } catch (err) {
+        if (attempt >= 5) throw err;
+        c.log(`cluster restart of ${down.join(', ')} failed (${(err as Error).message}); retrying`);
+        await new Promise((r) => setTimeout(r, 2_000));
+      }
+    }
+    await cl.back?.(kind, down);
+    c.brokerDown = false;
+  })();
+  if (failed && killed.every((k) => k.status === 'rejected'))
+    return { injected: false, detail: `kill failed: ${(failed.reason as Error).message}` };
+  return { injected: true, detail: `kill -9 ${what}, restart in ${downMs} ms` };
 }

@@ -9,7 +9,8 @@
  *
  * By default the run uses a database of its own on the PostgreSQL server (created and dropped)
  * and a Kafka broker of its own (a scratch broker on a free port, killed and restarted by the
- * faults), so that it never disturbs other work on the machine.
+ * faults), so that it never disturbs other work on the machine. With `--cluster`, the local 3-node
+ * cluster instead, whose nodes the cluster faults kill (chaos/cluster.ts, docs/chaos.md).
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -19,9 +20,10 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { ensureDemoSchema } from '../examples/orders/db.js';
 import { createRunDatabase, waitUntil, type Child } from '../examples/orders/processes.js';
-import { ensurePostgres, startScratchBroker, type ScratchBroker } from '../scripts/services.js';
+import { ensureKafkaCluster, ensurePostgres, startScratchBroker, type ScratchBroker } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 import { checkRun } from './check.js';
+import { createClusterTopics, localCluster, outboxIds, writeAuditEvents, type ClusterTopics } from './cluster.js';
 import {
   committedOffsets,
   drainProgress,
@@ -29,6 +31,7 @@ import {
   readDatabase,
   readTopic,
   toDeadLetters,
+  toEventIds,
   toPublished,
 } from './collect.js';
 import { runFaultPhase } from './fault-phase.js';
@@ -38,6 +41,7 @@ import {
   canInject,
   injectFault,
   planFaults,
+  runKinds,
   type FaultContext,
   type FaultKind,
   type FaultOutcome,
@@ -105,6 +109,10 @@ function parseOptions(argv: string[]): ChaosOptions {
         'CHAOS_BROKERS',
       ),
     )
+    .option(
+      '--cluster',
+      'run on the local 3-node cluster (started if needed): topics at replication factor 3 plus one at 1, and faults that kill its nodes',
+    )
     .option('--drain-timeout-ms <ms>', 'how long the pipeline may take to drain after the faults', positiveInt)
     .option(
       '--drain-stall-ms <ms>',
@@ -154,25 +162,30 @@ async function main(): Promise<number> {
   if (o.sabotage.length > 0)
     log(`SABOTAGED RUN (test-only): ${o.sabotage.join(', ')}; the harness must report violations and FAIL`);
 
-  // Every kind this run can inject: the broker is killed only when it is the harness's own.
-  const kinds = (Object.keys(FAULT_KINDS) as FaultKind[]).filter(
-    (k) => (k !== 'kill-broker' || !o.brokers) && (o.kinds === undefined || o.kinds.includes(k)),
-  );
+  // Every kind this run can inject: the broker is killed only when it is the harness's own, the
+  // cluster's nodes only with --cluster.
+  const kinds = runKinds(o);
   if (kinds.length === 0)
-    throw new Error('--kinds leaves no fault kind this run can inject (kill-broker needs the harness own broker)');
+    throw new Error(
+      '--kinds leaves no fault kind this run can inject (kill-broker needs the harness own broker, the cluster kinds --cluster)',
+    );
   const serverUrl = o.databaseUrl ?? (await ensurePostgres(log));
   let scratch: ScratchBroker | undefined;
   const cleanups: (() => Promise<unknown>)[] = [];
   const supervisorHolder: { sup?: Supervisor } = {};
   try {
-    if (!o.brokers) {
+    let clusterBrokers: string[] | undefined;
+    if (o.cluster) {
+      log('using the local 3-node Kafka cluster (OUTBOXKIT_KAFKA_NODES=3; started if it is not running)');
+      clusterBrokers = (await ensureKafkaCluster(log)).brokers;
+    } else if (!o.brokers) {
       const port = await freePortPair();
       log(`starting a scratch Kafka broker of its own on 127.0.0.1:${port}`);
       scratch = await startScratchBroker(port, log);
       const s = scratch;
       cleanups.push(() => s.destroy());
     }
-    const brokers = o.brokers ?? scratch!.brokers;
+    const brokers = clusterBrokers ?? o.brokers ?? scratch!.brokers;
     const database = await createRunDatabase(serverUrl, `outboxkit_chaos_${process.pid}`);
     if (!o.keep) cleanups.push(() => database.drop());
     await migrate({ connectionString: database.url });
@@ -184,18 +197,33 @@ async function main(): Promise<number> {
     const topic = `chaos.orders.${process.pid}`;
     const dlq = `${topic}.dlq`;
     const kafka = new Kafka({ clientId: 'outboxkit-chaos', brokers, logLevel: logLevel.NOTHING });
-    await ensureTopics(kafka, [
-      { topic, numPartitions: 6, replicationFactor: 1 },
-      { topic: dlq, numPartitions: 1, replicationFactor: 1 },
-    ]);
-    if (!o.keep && o.brokers)
+    let clusterTopics: ClusterTopics | undefined;
+    if (o.cluster) {
+      clusterTopics = await createClusterTopics(
+        kafka,
+        { topic, dlq, audit: `chaos.audit.${process.pid}` },
+        seededRandom(o.seed + 5),
+      );
+    } else {
+      await ensureTopics(kafka, [
+        { topic, numPartitions: 6, replicationFactor: 1 },
+        { topic: dlq, numPartitions: 1, replicationFactor: 1 },
+      ]);
+    }
+    const ownTopics = [topic, dlq, ...(clusterTopics ? [clusterTopics.audit] : [])];
+    if (!o.keep && (o.brokers || o.cluster))
       cleanups.push(async () => {
         const a = kafka.admin();
         await a.connect();
-        await a.deleteTopics({ topics: [topic, dlq] }).catch(() => undefined);
+        await a.deleteTopics({ topics: ownTopics }).catch(() => undefined);
         await a.disconnect();
       });
-    log(`database ${database.name}, topic ${topic}, brokers ${brokers.join(',')}`);
+    log(
+      `database ${database.name}, topic ${topic}, brokers ${brokers.join(',')}` +
+        (clusterTopics
+          ? `; topics at replication factor 3, audit topic ${clusterTopics.audit} at 1 on node ${clusterTopics.auditNode}`
+          : ''),
+    );
 
     // Reports of the supervisor, kept for the report.
     const crashPoints = new Map<string, { armed: number; fired: number }>();
@@ -283,11 +311,15 @@ async function main(): Promise<number> {
     const plan = planFaults(random, o.faults, o.seconds, kinds);
     const injected = new Map<FaultKind, number>();
     const skipped = new Map<FaultKind, string[]>();
+    const clusterFaultLines: string[] = [];
     const ctx: FaultContext = {
       supervisor: sup,
       random: seededRandom(o.seed + 1),
       pool,
       broker: scratch,
+      cluster: clusterTopics
+        ? localCluster({ topics: clusterTopics, ordersTopic: topic, pool, log, lines: clusterFaultLines })
+        : undefined,
       maxConsumers: o.consumers + 1,
       brokerDown: false,
       brokerBack: Promise.resolve(),
@@ -342,6 +374,8 @@ async function main(): Promise<number> {
     // Never an endless load, even if the fault phase itself failed (then reported as exit 2).
     faults.catch(() => endLoad.abort());
     const ledger = new Ledger();
+    // --cluster: a second stream, to the replication-factor-1 topic, through the same relays.
+    const auditWriter = clusterTopics ? writeAuditEvents(pool, clusterTopics.audit, endLoad.signal) : undefined;
     const load = await runLoad({
       baseUrl,
       ledger,
@@ -352,6 +386,7 @@ async function main(): Promise<number> {
       maxInFlight: 256,
     });
     const { phase, loadSeconds } = await faults;
+    const auditWritten = await auditWriter;
     log('faults over; waiting for the broker and every service, then retrying unanswered requests');
     await ctx.brokerBack;
     sup.disarm();
@@ -402,15 +437,29 @@ async function main(): Promise<number> {
     await sleep(3_000);
     await sup.close();
 
-    const db = await readDatabase(pool);
+    const db = await readDatabase(pool, topic);
     const published = toPublished(await readTopic(kafka, topic));
     const deadLetters = toDeadLetters(await readTopic(kafka, dlq));
     const offsets = await committedOffsets(kafka, shippingGroup, topic);
+    const otherTopics = clusterTopics
+      ? [
+          {
+            topic: clusterTopics.audit,
+            committed: await outboxIds(pool, clusterTopics.audit),
+            published: toEventIds(await readTopic(kafka, clusterTopics.audit)),
+          },
+        ]
+      : undefined;
+    if (otherTopics)
+      log(
+        `audit topic: ${auditWritten ?? 0} writes tried, ${otherTopics[0]!.committed.length} committed, ${otherTopics[0]!.published.length} messages`,
+      );
     const result = checkRun(ledger.all(), {
       ...db,
       published,
       deadLetters,
       ...(offsets ? { committedOffsets: offsets } : {}),
+      ...(otherTopics ? { otherTopics } : {}),
     });
     const facts: RunFacts = {
       options: o,
@@ -426,6 +475,8 @@ async function main(): Promise<number> {
       elapsedMs: Date.now() - startedAt,
       phase,
       loadSeconds,
+      kinds,
+      clusterFaults: clusterFaultLines,
     };
     // Before the report: its last line is the verdict.
     if (result.violations > 0 || unexpectedExits.length > 0) log(`each service's output is kept in ${logDir}`);

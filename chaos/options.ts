@@ -73,6 +73,12 @@ export interface ChaosOptions extends Profile {
   databaseUrl: string | undefined;
   /** Kafka brokers to use instead of a scratch broker of the harness's own (the broker fault is then skipped). */
   brokers: string[] | undefined;
+  /**
+   * Run on the local 3-node cluster (`OUTBOXKIT_KAFKA_NODES=3`, scripts/services.ts; started if it
+   * is not running, left running): topics at replication factor 3, an audit topic at replication
+   * factor 1, and the cluster faults instead of `kill-broker`. @defaultValue false
+   */
+  cluster: boolean;
   /** Keep the database and the topics after the run. */
   keep: boolean;
   /** How long the pipeline may take to drain after the faults stop, in ms. */
@@ -172,6 +178,7 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
     seed: flags.seed ?? Math.floor(Math.random() * 0xffff_ffff),
     databaseUrl: flags.databaseUrl,
     brokers: flags.brokers,
+    cluster: flags.cluster ?? false,
     keep: flags.keep ?? false,
     drainTimeoutMs: pick('drainTimeoutMs'),
     drainStallMs: flags.drainStallMs ?? DEFAULT_DRAIN_STALL_MS,
@@ -185,5 +192,9 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
     throw new InvalidArgumentError('--relays must be 2 or 3 (several instances is what the faults test).');
   if (options.consumers > 8) throw new InvalidArgumentError('--consumers must be at most 8.');
   if (options.seconds < 10) throw new InvalidArgumentError('--seconds must be at least 10.');
+  if (options.cluster && options.brokers)
+    throw new InvalidArgumentError(
+      '--cluster and --brokers exclude each other (--cluster uses the local 3-node cluster).',
+    );
   return options;
 }

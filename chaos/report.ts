@@ -30,6 +30,10 @@ export interface RunFacts {
   phase: FaultPhaseResult;
   /** How long the load actually ran, in s (`seconds`, or more after an overrun). */
   loadSeconds: number;
+  /** The kinds this run scheduled (the table lists these); every kind when absent. */
+  kinds?: readonly FaultKind[];
+  /** `--cluster`: one line per cluster fault (chaos/cluster.ts): downtime, flow before and during. */
+  clusterFaults?: readonly string[];
 }
 
 function table(rows: [string, string | number][]): string[] {
@@ -56,7 +60,7 @@ export function formatReport(facts: RunFacts, result: CheckResult): string[] {
   );
   out.push(
     ...table(
-      (Object.keys(FAULT_KINDS) as FaultKind[]).map((k) => {
+      (facts.kinds ?? (Object.keys(FAULT_KINDS) as FaultKind[])).map((k) => {
         const why = facts.skipped.get(k) ?? [];
         return [
           `  ${k}`,
@@ -67,6 +71,10 @@ export function formatReport(facts: RunFacts, result: CheckResult): string[] {
   );
   if (facts.faketime === undefined)
     out.push('  faketime NOT INSTALLED: clock-skew faults skipped (apt-get install faketime)');
+  if (facts.clusterFaults && facts.clusterFaults.length > 0) {
+    out.push('cluster faults (orders events marked published per second)');
+    for (const line of facts.clusterFaults) out.push(`  ${line}`);
+  }
   out.push('crash points (armed / fired)');
   out.push(...table([...facts.crashPoints].map(([p, c]) => [`  ${p}`, `${c.armed} / ${c.fired}`])));
   out.push('client faults (on top of the scheduled ones)');

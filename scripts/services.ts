@@ -12,7 +12,8 @@
  *   :9292 and :9392 (each node a broker and a controller; ports, settings and heaps in
  *   scripts/broker-config.ts), storage under `.services/cluster-<version>/node-<id>/`. Helpers for
  *   fault-injection tests: {@link clusterNodes}, {@link killClusterNode},
- *   {@link restartClusterNode}, {@link partitionLeaders}, {@link activeController}.
+ *   {@link restartClusterNode}, {@link restartClusterNodes}, {@link partitionLeaders},
+ *   {@link activeController}.
  *
  * Usable as a module (vitest global setup, the demo) and as a CLI:
  *   tsx scripts/services.ts up | down | status
@@ -558,7 +559,9 @@ export async function killClusterNode(id: number, signal: NodeJS.Signals = 'SIGK
 
 /**
  * Starts node `id` again on its storage (stopping it first, SIGTERM then SIGKILL after 30 s, if
- * it runs) and waits until the cluster's metadata lists it as a registered, unfenced broker. Its
+ * it runs) and waits until it answers on its own listener and the cluster's metadata lists it as
+ * a registered, unfenced broker (without the first, a node killed while the metadata quorum was
+ * lost looked registered at once: the survivors still listed its dead incarnation). Its
  * replicas then catch up in the background: wait for the ISR you need (see
  * {@link partitionLeaders}). The other nodes need not all run (two of three keep the quorum).
  *
@@ -567,21 +570,63 @@ export async function killClusterNode(id: number, signal: NodeJS.Signals = 'SIGK
  * then stopped; the tail of its log is in the message).
  */
 export async function restartClusterNode(id: number, log: Log = noop): Promise<number> {
+  const [pid] = await restartClusterNodes([id], log);
+  return pid!;
+}
+
+/**
+ * {@link restartClusterNode} for several nodes at once: each is stopped if it runs, all are
+ * launched together and waited for together (each answers on its own listener and the cluster's
+ * metadata lists it) (two nodes killed at once come back in about the time
+ * of one: with two of the three voters back, the metadata quorum has a leader again).
+ *
+ * @returns the new pids, in the order of `ids`.
+ * @throws Error when a node exits during start-up or is not registered within 150 s (the nodes
+ * started by this call are then stopped; the tails of their logs are in the message).
+ */
+export async function restartClusterNodes(ids: readonly number[], log: Log = noop): Promise<number[]> {
   const release = await acquireLock(log, CLUSTER_LOCK_FILE);
   try {
-    const node = findClusterNode(id);
-    if (node.pid !== undefined) {
-      log(`Stopping Kafka cluster node ${id} (pid ${node.pid})`);
-      await terminate(node.pid, log);
+    const nodes = ids.map((id) => findClusterNode(id));
+    for (const node of nodes) {
+      if (node.pid !== undefined) {
+        log(`Stopping Kafka cluster node ${node.id} (pid ${node.pid})`);
+        await terminate(node.pid, log);
+      }
     }
-    const launch = clusterNodeLaunch(node.version, id);
-    const from = logSize(launch.home);
     const started = Date.now();
-    const pid = await startBroker(node.version, log, launch);
+    const launched = await Promise.all(
+      nodes.map(async (node) => {
+        const launch = clusterNodeLaunch(node.version, node.id);
+        const from = logSize(launch.home);
+        const pid = await startBroker(node.version, log, launch);
+        return { node, pid, watch: watched(node.version, node.id, pid, from) };
+      }),
+    );
+    const pids = launched.map((l) => l.pid);
     const brokers = runningBrokers();
-    await waitForCluster([watched(node.version, id, pid, from)], [pid], () => brokerRegistered(brokers, id), log);
-    log(`Kafka cluster node ${id} registered again (pid ${pid}, ${seconds(Date.now() - started)} after launch)`);
-    return pid;
+    await waitForCluster(
+      launched.map((l) => l.watch),
+      pids,
+      async () => {
+        for (const node of nodes) {
+          // Its own listener first: while the metadata quorum is lost (two nodes down), the
+          // survivor still lists the dead incarnation as registered.
+          const own = await kafkaAnswers([node.broker]);
+          if (!own.ok) return { ok: false, error: `node ${node.id} does not answer yet: ${own.error}` };
+          const probe = await brokerRegistered(brokers, node.id);
+          if (!probe.ok) return probe;
+        }
+        return { ok: true };
+      },
+      log,
+    );
+    log(
+      `Kafka cluster node${ids.length === 1 ? '' : 's'} ${ids.join(', ')} registered again (${launched
+        .map((l) => `pid ${l.pid}`)
+        .join(', ')}, ${seconds(Date.now() - started)} after launch)`,
+    );
+    return pids;
   } finally {
     release();
   }

@@ -287,6 +287,9 @@ describe.skipIf(!enabled)(
         await consumer.disconnect();
       }
       log(`adapter: ${acknowledged.length} acknowledged (all in the topic), ${refused} refused and left to the caller`);
+      const admin = kafka.admin();
+      await admin.connect();
+      await admin.deleteTopics({ topics: [topic] }).finally(() => admin.disconnect());
     });
 
     it('stops every node (services:down): SIGTERM, SIGKILL after a bound', async () => {

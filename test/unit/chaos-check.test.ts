@@ -90,6 +90,17 @@ describe('chaos checker', () => {
     expect(v['committed-unpublished']).toEqual([`event ${EVENT_2} (order ${ORDER_2})`]);
   });
 
+  it('--cluster: reports an audit event committed and not in its topic, or there without its row; duplicates are fine', () => {
+    const { operations, observed } = cleanRun();
+    observed.otherTopics = [{ topic: 'audit', committed: ['a1', 'a2'], published: ['a1', 'a1', 'a2'] }];
+    expect(violationsOf(checkRun(operations, observed))).toEqual({});
+    observed.otherTopics = [{ topic: 'audit', committed: ['a1', 'a2'], published: ['a1', 'a3'] }];
+    expect(violationsOf(checkRun(operations, observed))).toEqual({
+      'committed-unpublished': ['event a2 (topic audit) not in its topic'],
+      'rolled-back-published': ['event a3 published to audit, never committed'],
+    });
+  });
+
   it('reports a key whose first occurrences are out of commit order', () => {
     const { operations, observed } = cleanRun();
     observed.published[0]!.offset = '5';

@@ -4,9 +4,20 @@
  * faults replaced until enough were injected, within the deadline) and the profiles' options.
  */
 import { InvalidArgumentError } from 'commander';
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { runFaultPhase } from '../../chaos/fault-phase.js';
-import { chooseCrashPoint, CRASH_POINTS, FAULT_KINDS, planFaults, type FaultKind } from '../../chaos/faults.js';
+import {
+  chooseCrashPoint,
+  CLUSTER_FAULT_KINDS,
+  CRASH_POINTS,
+  FAULT_KINDS,
+  injectFault,
+  planFaults,
+  runKinds,
+  type FaultContext,
+  type FaultKind,
+  type KillableCluster,
+} from '../../chaos/faults.js';
 import {
   kindList,
   PROFILES,
@@ -41,9 +52,22 @@ describe('planFaults', () => {
     expect(planFaults(seededRandom(5), 30, 100, KINDS)).not.toEqual(planFaults(seededRandom(6), 30, 100, KINDS));
   });
 
-  it('keeps the first kinds when fewer faults than kinds are asked for', () => {
-    const plan = planFaults(seededRandom(2), 4, 20, KINDS);
-    expect(plan.map((f) => f.kind).sort()).toEqual(KINDS.slice(0, 4).sort());
+  it('keeps the first kinds when fewer faults than kinds are asked for, the cluster kinds first', () => {
+    const single = KINDS.filter((k) => !CLUSTER_FAULT_KINDS.has(k));
+    const plan = planFaults(seededRandom(2), 4, 20, single);
+    expect(plan.map((f) => f.kind).sort()).toEqual(single.slice(0, 4).sort());
+    expect(
+      planFaults(seededRandom(2), 4, 20, KINDS)
+        .map((f) => f.kind)
+        .sort(),
+    ).toEqual([...CLUSTER_FAULT_KINDS].sort());
+  });
+
+  it('never draws a cluster kind by weight: one of each per run', () => {
+    for (let seed = 0; seed < 10; seed++) {
+      const plan = planFaults(seededRandom(seed), 200, 600, KINDS);
+      for (const k of CLUSTER_FAULT_KINDS) expect(plan.filter((f) => f.kind === k)).toHaveLength(1);
+    }
   });
 });
 
@@ -209,5 +233,92 @@ describe('chaos options', () => {
   it('parses --kinds and rejects an unknown kind', () => {
     expect(kindList('crash-point,kill-consumer')).toEqual(['crash-point', 'kill-consumer']);
     expect(() => kindList('crash-point,kill-everything')).toThrow(InvalidArgumentError);
+  });
+});
+
+describe('--cluster: the cluster faults', () => {
+  afterEach(() => void vi.useRealTimers());
+
+  it('schedules the cluster kinds only with --cluster, instead of kill-broker', () => {
+    const cluster = runKinds({ cluster: true, brokers: undefined, kinds: undefined });
+    expect(cluster.filter((k) => CLUSTER_FAULT_KINDS.has(k)).sort()).toEqual(
+      ['kill-controller', 'kill-leader', 'kill-rf1-broker', 'kill-two-brokers'].sort(),
+    );
+    expect(cluster).not.toContain('kill-broker');
+    const single = runKinds({ cluster: false, brokers: undefined, kinds: undefined });
+    expect(single).toContain('kill-broker');
+    expect(single.some((k) => CLUSTER_FAULT_KINDS.has(k))).toBe(false);
+    expect(runKinds({ cluster: false, brokers: ['b:9092'], kinds: undefined })).not.toContain('kill-broker');
+    expect(runKinds({ cluster: true, brokers: undefined, kinds: ['kill-leader', 'kill-broker'] })).toEqual([
+      'kill-leader',
+    ]);
+    expect(() => resolveChaosOptions({ cluster: true, brokers: ['b:9092'] })).toThrow(InvalidArgumentError);
+    expect(resolveChaosOptions({}).cluster).toBe(false);
+  });
+
+  /** A fake cluster of nodes 1-3 that records kills and restarts. */
+  function fakeCluster(over: Partial<KillableCluster> = {}) {
+    const events: string[] = [];
+    const cluster: KillableCluster = {
+      nodeIds: [1, 2, 3],
+      rf1Node: 3,
+      busiestLeader: async () => 2,
+      controller: () => 1,
+      kill: async (id) => void events.push(`kill ${id}`),
+      restart: async (ids) => void events.push(`restart ${ids.join(',')}`),
+      back: async (kind, ids) => void events.push(`back ${kind} ${ids.join(',')}`),
+      ...over,
+    };
+    const ctx = {
+      random: seededRandom(3),
+      cluster,
+      brokerDown: false,
+      brokerBack: Promise.resolve(),
+      log: () => undefined,
+    } as unknown as FaultContext;
+    return { events, ctx };
+  }
+
+  it('kills the chosen nodes at once, restarts them 7-12 s later and waits for them; one cluster fault at a time', async () => {
+    vi.useFakeTimers();
+    const { events, ctx } = fakeCluster();
+    const leader = await injectFault('kill-leader', ctx);
+    expect(leader).toMatchObject({ injected: true });
+    expect(leader.detail).toMatch(/^kill -9 node 2, leader of most orders partitions, restart in \d+ ms$/);
+    expect(ctx.brokerDown).toBe(true);
+    // The next one waits for the cluster to be whole again.
+    const controller = injectFault('kill-controller', ctx);
+    await vi.advanceTimersByTimeAsync(6_900);
+    expect(events).toEqual(['kill 2']);
+    await vi.advanceTimersByTimeAsync(5_200);
+    expect(events.slice(0, 4)).toEqual(['kill 2', 'restart 2', 'back kill-leader 2', 'kill 1']);
+    expect(await controller).toMatchObject({
+      injected: true,
+      detail: expect.stringMatching(/^kill -9 node 1, the active controller/),
+    });
+    await vi.advanceTimersByTimeAsync(12_100);
+    await ctx.brokerBack;
+    expect(ctx.brokerDown).toBe(false);
+
+    const two = await injectFault('kill-two-brokers', ctx);
+    const killed = events.slice(-2);
+    expect(killed.every((e) => /^kill [123]$/.test(e)) && killed[0] !== killed[1]).toBe(true);
+    expect(two.detail).toMatch(/^kill -9 nodes \d and \d, restart/);
+    await vi.advanceTimersByTimeAsync(12_100);
+    expect(events.at(-2)).toMatch(/^restart \d,\d$/);
+
+    const rf1 = await injectFault('kill-rf1-broker', ctx);
+    expect(rf1.detail).toMatch(/^kill -9 node 3, the only broker of the audit topic/);
+    await vi.advanceTimersByTimeAsync(12_100);
+    expect(events.slice(-3)).toEqual(['kill 3', 'restart 3', 'back kill-rf1-broker 3']);
+  });
+
+  it('skips (and frees the cluster) when there is no leader or controller to kill, and needs --cluster', async () => {
+    const { ctx } = fakeCluster({ busiestLeader: async () => undefined, controller: () => undefined });
+    expect(await injectFault('kill-leader', ctx)).toEqual({ injected: false, detail: 'no leader known' });
+    expect(await injectFault('kill-controller', ctx)).toMatchObject({ injected: false });
+    expect(ctx.brokerDown).toBe(false);
+    ctx.cluster = undefined;
+    expect(await injectFault('kill-two-brokers', ctx)).toMatchObject({ injected: false, final: true });
   });
 });
