@@ -358,17 +358,28 @@ describe('during a dependency incident the retries stay bounded and spread', () 
     // When each retry is planned to be sent: the moment the client decided plus the delay it chose.
     // The strategy's own schedule, whatever a loaded machine adds (late timers, queued responses).
     const planned: number[] = [];
+    // The same schedule on an ideal machine (every answer at once): each client's delays added up.
+    // Free of how a loaded machine runs the 50 clients' timers and responses, which spreads even a
+    // lock-step schedule over hundreds of ms.
+    const ideal: number[] = [];
     const t0 = performance.now();
-    const client = createIdempotentClient({
-      baseUrl: server.url,
-      maxAttempts: 8,
-      deadlineMs: 20_000,
-      initialDelayMs: 400,
-      maxDelayMs: 2_000,
-      ...(random ? { random } : {}),
-      onRetry: ({ delayMs }) => planned.push(performance.now() - t0 + delayMs),
+    const clients = Array.from({ length: CLIENTS }, () => {
+      let waited = 0;
+      return createIdempotentClient({
+        baseUrl: server.url,
+        maxAttempts: 8,
+        deadlineMs: 20_000,
+        initialDelayMs: 400,
+        maxDelayMs: 2_000,
+        ...(random ? { random } : {}),
+        onRetry: ({ delayMs }) => {
+          planned.push(performance.now() - t0 + delayMs);
+          waited += delayMs;
+          ideal.push(waited);
+        },
+      });
     });
-    const results = await Promise.all(Array.from({ length: CLIENTS }, (_, i) => client.post('/orders', { i })));
+    const results = await Promise.all(clients.map((client, i) => client.post('/orders', { i })));
     await server.close();
     const arrivedRetries = retryTimes(server.arrivals);
     const perKey = new Map<string, number>();
@@ -378,6 +389,7 @@ describe('during a dependency incident the retries stay bounded and spread', () 
       total: server.arrivals.length,
       retries: planned.length,
       peak: peakInWindow(planned),
+      idealPeak: peakInWindow(ideal),
       arrivedPeak: peakInWindow(arrivedRetries),
       maxPerKey: Math.max(...perKey.values()),
     };
@@ -389,7 +401,8 @@ describe('during a dependency incident the retries stay bounded and spread', () 
     console.log(
       `incident: jitter ${jittered.total} attempts, peak ${jittered.peak}/${jittered.retries} retries planned ` +
         `(${jittered.arrivedPeak} arrived) in ${WINDOW_MS} ms; no jitter ${lockstep.total} attempts, ` +
-        `peak ${lockstep.peak}/${lockstep.retries} planned (${lockstep.arrivedPeak} arrived)`,
+        `peak ${lockstep.peak}/${lockstep.retries} planned (${lockstep.arrivedPeak} arrived); ideal machine: ` +
+        `jitter ${jittered.idealPeak}, no jitter ${lockstep.idealPeak}`,
     );
     for (const run of [jittered, lockstep]) {
       expect(run.results.every((r) => r.status === 201)).toBe(true);
@@ -397,11 +410,14 @@ describe('during a dependency incident the retries stay bounded and spread', () 
       expect(run.maxPerKey).toBeLessThanOrEqual(4);
       expect(run.total).toBeLessThanOrEqual(CLIENTS * 4);
     }
-    // Measured on the planned send times: what the strategy does, not how a loaded test machine
-    // runs its timers (a late timer can bunch jittered retries, or spread lock-step ones). The
-    // arrival peaks at the server are printed above, not asserted: they depend on the machine.
+    // Measured on the schedule the strategy makes (each client's delays added up, as on a machine
+    // that answers at once): what the strategy does, not how a loaded test machine runs its timers
+    // (a late timer can bunch jittered retries, or spread lock-step ones: the lock-step peak on
+    // planned send times fell to 21 of 50 at load average 13). The planned and arrival peaks are
+    // printed above, not asserted: they depend on the machine.
     expect(jittered.retries).toBe(jittered.total - CLIENTS);
-    expect(jittered.peak / jittered.retries).toBeLessThanOrEqual(0.35);
-    expect(lockstep.peak).toBeGreaterThanOrEqual(jittered.peak * 1.5);
+    expect(jittered.idealPeak / jittered.retries).toBeLessThanOrEqual(0.35);
+    expect(lockstep.idealPeak).toBeGreaterThanOrEqual(lockstep.retries / 2);
+    expect(lockstep.idealPeak).toBeGreaterThanOrEqual(jittered.idealPeak * 1.5);
   });
 });
