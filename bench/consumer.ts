@@ -28,33 +28,34 @@
  * `inbox_processed_idx`: what the inbox row costs PostgreSQL, apart from the consumer.
  */
 import { randomBytes } from 'node:crypto';
-import { Kafka, logLevel, type Consumer } from 'kafkajs';
+import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
-import { createDedupConsumer, DEDUP_CONSUMER_DEFAULTS, type DedupConsumer } from '../consumer/index.js';
 import { inboxClaimSql, inlineLiterals } from '../consumer/inbox-sql.js';
-import { clock, clockRate, compare, formatComparisons, median, withTimeout } from './lib.js';
+import {
+  B4_CONCURRENCY as CONCURRENCY,
+  B4_PARTITIONS as PARTITIONS,
+  B4_POOL_SIZE as POOL_SIZE,
+  BATCH_MAX_MESSAGES,
+  BENCH_EFFECTS_DDL,
+  type Scope,
+  timeBaselineConsumer,
+  timeDedupConsumer,
+} from './consumer-support.js';
+import { compare, formatComparisons, median } from './lib.js';
 import { benchDatabase, produceEvents } from './support.js';
-import { HEADER_EVENT_ID } from '../src/outbox/event.js';
 
 const EVENTS = Number(process.env.BENCH_CONSUMER_EVENTS ?? 200_000);
 const ROUNDS = Number(process.env.BENCH_CONSUMER_ROUNDS ?? 2);
-type Scope = 'message' | 'batch';
 const SCOPES = (process.env.BENCH_CONSUMER_SCOPES ?? 'message,batch').split(',') as Scope[];
-/** The baseline's batch bound: the dedup consumer's default `batchMaxMessages`. */
-const BATCH_MAX_MESSAGES = 50;
-const PARTITIONS = 3;
-const CONCURRENCY = 3;
-const POOL_SIZE = 4;
 const PROGRESS = process.env.BENCH_CONSUMER_PROGRESS === '1';
-const RUN_TIMEOUT_MS = 20 * 60_000;
 
 /** BENCH_CONSUMER_SQL_ONLY=1: the handler transaction with and without the inbox row, no Kafka. */
 async function runSqlOnly(): Promise<string> {
   const db = await benchDatabase();
   const pool = new pg.Pool({ connectionString: db.url, max: POOL_SIZE });
   try {
-    await pool.query('CREATE TABLE bench_effects (event_id uuid NOT NULL, payload text NOT NULL)');
+    await pool.query(BENCH_EFFECTS_DDL);
     // The same inbox without inbox_processed_idx, for the comparison.
     await pool.query(
       'CREATE SCHEMA noidx; CREATE TABLE noidx.inbox (LIKE outboxkit.inbox INCLUDING DEFAULTS); ' +
@@ -121,7 +122,7 @@ export async function run(): Promise<string> {
   const topic = `bench-consumer-${randomBytes(4).toString('hex')}`;
   const rows: { round: number; scope: Scope; baseline: number; dedup: number; duplicates: number }[] = [];
   try {
-    await pool.query('CREATE TABLE bench_effects (event_id uuid NOT NULL, payload text NOT NULL)');
+    await pool.query(BENCH_EFFECTS_DDL);
     if (process.env.BENCH_CONSUMER_WITHOUT_PROCESSED_IDX === '1') {
       await pool.query('DROP INDEX outboxkit.inbox_processed_idx');
     }
@@ -136,88 +137,10 @@ export async function run(): Promise<string> {
     await produceEvents(kafka, topic, EVENTS, (i) => JSON.stringify({ orderId: `order-${i % 10_000}`, amount: i }));
     const produceSeconds = (performance.now() - producedAt) / 1_000;
 
-    const handlerSql = 'INSERT INTO bench_effects (event_id, payload) VALUES ($1, $2)';
-
-    async function baseline(scope: Scope): Promise<number> {
-      const c = clock(EVENTS);
-      const consumer: Consumer = kafka.consumer({
-        groupId: `bench-baseline-${randomBytes(4).toString('hex')}`,
-        // The dedup consumer's defaults: the same fetch and group settings on both sides.
-        sessionTimeout: DEDUP_CONSUMER_DEFAULTS.sessionTimeoutMs,
-        heartbeatInterval: DEDUP_CONSUMER_DEFAULTS.heartbeatIntervalMs,
-        maxWaitTimeInMs: DEDUP_CONSUMER_DEFAULTS.fetchMaxWaitMs,
-      });
-      const step = scope === 'message' ? 1 : BATCH_MAX_MESSAGES;
-      await consumer.connect();
-      await consumer.subscribe({ topics: [topic], fromBeginning: true });
-      await consumer.run({
-        eachBatchAutoResolve: false,
-        autoCommit: true,
-        autoCommitInterval: 5_000,
-        partitionsConsumedConcurrently: CONCURRENCY,
-        eachBatch: async ({ batch, resolveOffset, heartbeat, isRunning, isStale }) => {
-          for (let i = 0; i < batch.messages.length; i += step) {
-            if (!isRunning() || isStale()) return;
-            const run = batch.messages.slice(i, i + step);
-            const client = await pool.connect();
-            try {
-              await client.query('BEGIN');
-              for (const message of run) {
-                await client.query(handlerSql, [
-                  message.headers![HEADER_EVENT_ID]!.toString(),
-                  message.value!.toString(),
-                ]);
-              }
-              await client.query('COMMIT');
-            } finally {
-              client.release();
-            }
-            for (const message of run) {
-              resolveOffset(message.offset);
-              c.tick();
-            }
-            await heartbeat();
-          }
-        },
-      });
-      try {
-        await withTimeout(c.done, RUN_TIMEOUT_MS, `baseline (${scope})`);
-      } finally {
-        await consumer.disconnect();
-      }
-      return clockRate(c);
-    }
-
-    async function dedup(groupId: string, expect: 'applied' | 'duplicate', scope: Scope): Promise<number> {
-      const c = clock(EVENTS);
-      const consumer: DedupConsumer = createDedupConsumer({
-        kafka,
-        groupId,
-        topics: [topic],
-        database: pool,
-        fromBeginning: true,
-        partitionsConsumedConcurrently: CONCURRENCY,
-        transactionScope: scope,
-        recordProgress: PROGRESS,
-        handler: async ({ tx, event }) => {
-          await tx.query(handlerSql, [event.id, event.value!.toString()]);
-        },
-      });
-      let unexpected = 0;
-      consumer.on(expect === 'applied' ? 'consumer:applied' : 'consumer:duplicate', () => c.tick());
-      consumer.on(expect === 'applied' ? 'consumer:duplicate' : 'consumer:applied', () => unexpected++);
-      // Proven handled by the partition progress (recordProgress): a duplicate without a transaction.
-      consumer.on('consumer:progress-skipped', () => (expect === 'duplicate' ? c.tick() : unexpected++));
-      consumer.on('consumer:dead-lettered', () => unexpected++);
-      await consumer.start();
-      try {
-        await withTimeout(c.done, RUN_TIMEOUT_MS, `dedup (${expect}, ${scope})`);
-      } finally {
-        await consumer.stop();
-      }
-      if (unexpected > 0) throw new Error(`dedup run (${expect}, ${scope}): ${unexpected} unexpected outcomes`);
-      return clockRate(c);
-    }
+    const source = { pool, topic, events: EVENTS };
+    const baseline = (scope: Scope) => timeBaselineConsumer(kafka, source, scope);
+    const dedup = (groupId: string, expect: 'applied' | 'duplicate', scope: Scope) =>
+      timeDedupConsumer(kafka, source, { groupId, expect, scope, recordProgress: PROGRESS });
 
     for (let round = 1; round <= ROUNDS; round++) {
       for (const scope of SCOPES) {

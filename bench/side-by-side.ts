@@ -119,10 +119,10 @@ function packageDifferences(before: Tree, after: Tree): string[] {
     JSON.parse(readFileSync(path.join(t.dir, 'package.json'), 'utf8')) as Record<string, unknown>;
   const [a, b] = [read(before), read(after)];
   const differ = [...new Set([...Object.keys(a), ...Object.keys(b)])].filter((f) => !isDeepStrictEqual(a[f], b[f]));
-  // Dev dependencies the later tree adds (test tools) are in this checkout's node_modules and do
-  // not run in a benchmark: only a removed or changed one stops the run.
+  // Packages the later tree adds (a test tool, a library of a new feature) are in this checkout's
+  // node_modules and the earlier tree never imports them: only a removed or changed one stops the run.
   const addedOnly = (f: string) =>
-    f === 'devDependencies' &&
+    (f === 'devDependencies' || f === 'dependencies') &&
     Object.entries((a[f] ?? {}) as Record<string, string>).every(
       ([name, version]) => (b[f] as Record<string, string> | undefined)?.[name] === version,
     );

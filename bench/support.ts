@@ -124,10 +124,16 @@ export async function timeDrain(pool: pg.Pool, count: number, onTick: () => void
 
 /**
  * Spawns the built relay daemon (`node <cli> relay`, no TypeScript loader in its memory) on
- * `databaseUrl`, metrics off, warnings only, its output inherited.
+ * `databaseUrl`, metrics off, warnings only, its output inherited; `args` are more flags of
+ * `outboxkit relay` (e.g. `['--kafka-client', 'platformatic']`).
  * BENCH_RELAY_NODE_ARGS adds Node.js flags, e.g. '--cpu-prof --cpu-prof-dir=/tmp/prof'.
  */
-export function startRelayDaemon(cli: string, databaseUrl: string, brokers: string[]): ChildProcess {
+export function startRelayDaemon(
+  cli: string,
+  databaseUrl: string,
+  brokers: string[],
+  args: readonly string[] = [],
+): ChildProcess {
   return spawn(
     process.execPath,
     [
@@ -138,6 +144,7 @@ export function startRelayDaemon(cli: string, databaseUrl: string, brokers: stri
       '-1',
       '--log-level',
       'warn',
+      ...args,
     ],
     { env: { ...process.env, DATABASE_URL: databaseUrl, KAFKA_BROKERS: brokers.join(',') }, stdio: 'inherit' },
   );
@@ -171,4 +178,47 @@ export async function produceEvents(
   } finally {
     await producer.disconnect();
   }
+}
+
+/**
+ * Open-loop writers: `clients` clients call `write()` on a fixed schedule, `rate` calls per second
+ * in all, so that a slow call shows as latency instead of lowering the rate. A call's latency (ms)
+ * goes to `latencies[w]` when `window()` gave the same `w` at its start and at its end (`null`: not
+ * counted). `stop()` resolves once every client has finished its call in flight.
+ */
+export function openLoopWriters<W extends string>(options: {
+  clients: number;
+  rate: number;
+  write: () => Promise<unknown>;
+  window: () => W | null;
+  latencies: Record<W, number[]>;
+}): { failures(): number; stop(): Promise<void> } {
+  const { clients, rate, write, window, latencies } = options;
+  let stopping = false;
+  let failures = 0;
+  const client = async (c: number) => {
+    const interval = (1000 * clients) / rate;
+    let next = performance.now() + (c * interval) / clients;
+    while (!stopping) {
+      const wait = next - performance.now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      next += interval;
+      const w = window();
+      const started = performance.now();
+      try {
+        await write();
+        if (w !== null && w === window()) latencies[w].push(performance.now() - started);
+      } catch {
+        failures++;
+      }
+    }
+  };
+  const running = Array.from({ length: clients }, (_, c) => client(c));
+  return {
+    failures: () => failures,
+    async stop() {
+      stopping = true;
+      await Promise.all(running);
+    },
+  };
 }

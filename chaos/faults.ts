@@ -140,9 +140,9 @@ export type CrashPointStats = ReadonlyMap<string, { armed: number; fired: number
 
 /**
  * Chooses the crash point to arm: among the points whose role has a target now (`available`) and
- * that no process has armed already, first the `first` points not armed yet, in their order (a
- * sabotaged run's witnesses), then the points never armed, then those armed that never fired,
- * then any. Random within the first of these groups that is not empty; undefined when no point
+ * that no process has armed already, first the `first` points, in their order (a sabotaged run's
+ * witnesses; a point listed n times is a witness until armed n times), then the points never
+ * armed, then those armed that never fired, then any. Random within the first of these groups that is not empty; undefined when no point
  * can be armed.
  */
 export function chooseCrashPoint(
@@ -154,8 +154,14 @@ export function chooseCrashPoint(
 ): (typeof CRASH_POINTS)[number] | undefined {
   const open = CRASH_POINTS.filter((cp) => available(cp.role) && !armedNow.has(cp.point));
   const count = (cp: (typeof CRASH_POINTS)[number]) => stats.get(cp.point) ?? { armed: 0, fired: 0 };
+  // The nth listing of a point is a witness while the point has been armed fewer than n times.
+  const listed = new Map<string, number>();
   const witness = first
-    .map((point) => open.find((cp) => cp.point === point && count(cp).armed === 0))
+    .map((point) => {
+      const n = (listed.get(point) ?? 0) + 1;
+      listed.set(point, n);
+      return open.find((cp) => cp.point === point && count(cp).armed < n);
+    })
     .find((cp) => cp !== undefined);
   const tiers = [
     witness ? [witness] : [],

@@ -324,8 +324,11 @@ async function main(): Promise<number> {
       brokerDown: false,
       brokerBack: Promise.resolve(),
       crashPoints,
-      // A sabotaged run arms first the crash points that make its broken guarantee show.
-      firstCrashPoints: o.sabotage.includes('no-dedup') ? ['consumer:after-commit', 'relay:after-send'] : [],
+      // A sabotaged run arms first the crash points that make its broken guarantee show (the
+      // consumer's twice: one redelivery may land where the check cannot see it).
+      firstCrashPoints: o.sabotage.includes('no-dedup')
+        ? ['consumer:after-commit', 'relay:after-send', 'consumer:after-commit']
+        : [],
       log,
     };
     const loadStart = Date.now();

@@ -103,7 +103,7 @@ export interface ChaosOptions extends Profile {
   /**
    * Which consumer members run with `recordProgress` (partition progress in PostgreSQL): every
    * one, none, or `mixed` (odd-numbered members), so that partitions also move between members of
-   * both kinds. @defaultValue 'mixed'
+   * both kinds. @defaultValue 'mixed' ('none' with the `no-dedup` sabotage, which progress would mask)
    */
   recordProgress: RecordProgressMode;
 }
@@ -186,7 +186,10 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
     logDir: flags.logDir,
     sabotage: flags.sabotage ?? [],
     kinds: flags.kinds,
-    recordProgress: flags.recordProgress ?? 'mixed',
+    // A member that records partition progress skips a redelivery by its offset, before the inbox:
+    // with progress, the no-dedup sabotage shows only when the redelivered event lands on a member
+    // without it (the sabotaged self-test failed so about one run in six). Off unless asked for.
+    recordProgress: flags.recordProgress ?? (flags.sabotage?.includes('no-dedup') ? 'none' : 'mixed'),
   };
   if (options.relays < 2 || options.relays > 3)
     throw new InvalidArgumentError('--relays must be 2 or 3 (several instances is what the faults test).');

@@ -11,6 +11,7 @@ import { isOutboxkitError } from '../src/errors.js';
 import { applyKafkajsRequestQueueFix } from '../src/kafka/kafkajs/fix.js';
 import { applyKafkajsMetadataFix } from '../src/kafka/kafkajs/metadata-fix.js';
 import { CONNECTION_SETTING_SQLSTATES, SQLSTATE } from '../src/postgres.js';
+import { UNREACHABLE_SOCKET_CODES } from '../src/socket-codes.js';
 import { printableJson, printableLines, printError } from './printable.js';
 import { lifetime } from './shared.js';
 
@@ -87,14 +88,11 @@ function shortUsageAfterErrors(command: Command, path: string[] = []): void {
   }
 }
 
-/** Node.js socket error codes: a connection that could not be made. */
-const SOCKET_ERRORS = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
-
 /** What to do about an error, by its code (appended to its message), or ''. */
 function hintFor(code: string): string {
   if (code === SQLSTATE.UNDEFINED_TABLE) return " (outboxkit's tables are missing: run `outboxkit migrate`)";
   // kafkajs wraps its socket errors (KafkaJSConnectionError): a bare socket error code is pg's.
-  if (SOCKET_ERRORS.has(code))
+  if (UNREACHABLE_SOCKET_CODES.has(code))
     return ' (PostgreSQL cannot be reached: check --database-url / DATABASE_URL, and that the server runs)';
   if (CONNECTION_SETTING_SQLSTATES.has(code)) return ' (check --database-url / DATABASE_URL)';
   if (code === 'EADDRINUSE') {

@@ -10,6 +10,9 @@ import type { Queryable } from '../src/database.js';
 import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/errors.js';
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka/config.js';
 import { createKafkajsClient, type KafkajsLogLevel } from '../src/kafka/kafkajs/client.js';
+import { createPlatformaticClient } from '../src/kafka/platformatic/client.js';
+import { loadPlatformaticKafka, readPackage } from '../src/kafka/platformatic/load.js';
+import { KAFKA_CLIENT_NAMES } from '../relay/options.js';
 import type { KafkaClient } from '../src/kafka/types.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
@@ -205,6 +208,43 @@ export function addKafkaOptions(cmd: Command, options: { producer?: boolean; cli
 }
 
 /**
+ * `--kafka-client <name>` / `OUTBOXKIT_KAFKA_CLIENT`: the Kafka client library a command runs on,
+ * `kafkajs` (the default) or `platformatic` (@platformatic/kafka, an optional peer dependency;
+ * docs/kafka.md, "Choosing a client"). Another name is a usage error. Read by
+ * {@link chosenKafkaClient}.
+ */
+export const kafkaClientOption = () =>
+  new Option(
+    '--kafka-client <name>',
+    'Kafka client library: kafkajs, or platformatic (@platformatic/kafka, installed separately; docs/kafka.md)',
+  )
+    .choices(KAFKA_CLIENT_NAMES)
+    .env('OUTBOXKIT_KAFKA_CLIENT')
+    .default('kafkajs');
+
+/**
+ * The Kafka client that `--kafka-client` ({@link kafkaClientOption}) chose, with the settings
+ * `resolved` (brokers, TLS, SASL, timeouts: the same on either library), and the library's name as
+ * logged (`kafkajs`, `@platformatic/kafka 1.35.0`). `kafkajs` is the client {@link kafkaFromOptions}
+ * made.
+ *
+ * @throws KafkaClientUnavailableError when `platformatic` is chosen and @platformatic/kafka is not
+ *   installed, of an unsupported version, or needs a newer Node.js: before anything connects.
+ */
+export async function chosenKafkaClient(
+  opts: Record<string, unknown>,
+  kafkajs: KafkaClient,
+  resolved: ResolvedKafkaConfig,
+): Promise<{ client: KafkaClient; library: string }> {
+  if (opts.kafkaClient !== 'platformatic') return { client: kafkajs, library: 'kafkajs' };
+  await loadPlatformaticKafka();
+  return {
+    client: createPlatformaticClient(resolved.kafkaConfig),
+    library: `@platformatic/kafka ${readPackage().version}`,
+  };
+}
+
+/**
  * A Kafka client (kafkajs, through `createKafkajsClient()`) from the options
  * {@link addKafkaOptions} added, resolved by `resolveKafkaConfig()` (flag > env > file > default).
  * Warnings (password given as a flag, PLAIN without TLS, verification off) go to `logger`, or to
@@ -285,4 +325,36 @@ export function q(pool: pg.Pool): Queryable {
       return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
     },
   };
+}
+
+/**
+ * A SIGTERM/SIGINT within this many ms of the first is a repeat of it (a wrapper such as npm
+ * forwarding the terminal's signal), not the operator's second signal that forces exit.
+ */
+const REPEATED_SIGNAL_MS = 1_000;
+
+/**
+ * Runs `stop` on the first SIGTERM/SIGINT, then exits with 0 (1 after `forceAfterMs` without an
+ * end); a second signal exits at once with 130. A repeat within {@link REPEATED_SIGNAL_MS} of the
+ * first is the same request, not a second one: Ctrl-C under `npm run` reaches the relay twice
+ * within milliseconds (from the terminal to the whole process group, then forwarded by npm).
+ */
+export function drainOnSignals(logger: Logger, stop: () => Promise<void>, forceAfterMs = 35_000): void {
+  let firstSignalAt: number | undefined;
+  const onSignal = (signal: string) => {
+    if (firstSignalAt !== undefined) {
+      if (Date.now() - firstSignalAt < REPEATED_SIGNAL_MS) {
+        logger.debug({ signal }, 'signal repeated at once (a wrapper forwarding it): still draining');
+        return;
+      }
+      logger.warn({ signal }, 'second signal: exiting now');
+      process.exit(130);
+    }
+    firstSignalAt = Date.now();
+    logger.info({ signal }, 'draining');
+    setTimeout(() => process.exit(1), forceAfterMs).unref();
+    void stop().then(() => process.exit(0));
+  };
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
 }

@@ -2,7 +2,9 @@
  * The dedup consumer (docs/guarantees.md, G4-G6): a Kafka group consumer whose
  * handler's effects happen once per (consumer group, event id). It talks to Kafka through
  * outboxkit's interfaces (src/kafka/types.ts: `GroupConsumer`, `KafkaProducer`, `KafkaAdmin`),
- * made by the kafkajs adapter from the `kafka` option; what follows describes kafkajs's behaviour.
+ * made from the `kafka` option by the kafkajs adapter or the @platformatic/kafka one
+ * (src/kafka/platformatic/group-consumer.ts, which keeps the same offset rules with a fetch loop of
+ * its own); what follows describes kafkajs's behaviour.
  *
  * For each message, in one PostgreSQL transaction: claim (group, event id) in the inbox with
  * `INSERT ... ON CONFLICT DO NOTHING`, run the handler with the same transaction only if the row
@@ -60,7 +62,7 @@ import { crashPoint } from '../src/crash-point.js';
 import { HandlerFailure } from './classify-error.js';
 import { decodeHeaders, readEventId, toConsumedEvent, type ConsumedEvent } from './consumed-event.js';
 import { DEAD_LETTER_REASON_INVALID_EVENT_ID, deadLetterMessage, reducedDeadLetter } from './dead-letter.js';
-import { createKafkajsClient } from '../src/kafka/kafkajs/client.js';
+import { kafkaClientOf } from '../src/kafka/kafkajs/client.js';
 import { firstFailure, isTooLarge } from '../src/kafka/outcomes.js';
 import type {
   GroupConsumer,
@@ -257,8 +259,9 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
       );
     }
     const { kafka, groupId, sessionTimeoutMs, heartbeatIntervalMs, fetchMaxWaitMs, metadataMaxAgeMs } = this.#o;
-    // kafkajs's request-queue fix comes with the client (createKafkajsClient), not from here.
-    this.#client = createKafkajsClient(kafka);
+    // One client for the group member, the dead-letter producer and the admin requests. kafkajs's
+    // request-queue fix comes with its client (createKafkajsClient), not from here.
+    this.#client = kafkaClientOf(kafka);
     // Topics are never auto-created: a typo in a topic name must fail start(), not create an empty topic.
     this.#consumer = this.#client.groupConsumer({
       groupId,
@@ -473,7 +476,7 @@ class DedupConsumerImpl<D extends DatabaseHandle> implements DedupConsumer {
     this.#o.logger.error(
       { groupId: this.groupId, err: error, restart },
       restart
-        ? 'Kafka consumer crashed; kafkajs restarts it.'
+        ? 'Kafka consumer crashed; its client restarts it.'
         : 'Kafka consumer crashed and will not restart: nothing is consumed any more. Exit the process (or stop() ' +
             'this consumer and start a new one).',
     );

@@ -99,7 +99,7 @@ export interface DedupConsumerEvents {
    * partitions of a consumer that stops.
    */
   'consumer:partition-recovered': PartitionHealth & { stuckForMs: number; revoked: boolean };
-  /** The kafkajs consumer crashed; `restart` tells whether kafkajs restarts it. */
+  /** The Kafka group consumer crashed; `restart` tells whether its client (kafkajs, or the @platformatic/kafka adapter) restarts it. */
   'consumer:crash': { error: Error; restart: boolean };
 }
 

@@ -6,7 +6,8 @@ import { z } from 'zod';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
 import { is } from 'drizzle-orm';
 import { PgTransaction } from 'drizzle-orm/pg-core';
-import type { Kafka } from '../src/kafka/kafkajs/client.js';
+import { isKafkaClient, isKafkajsKafka, type Kafka } from '../src/kafka/kafkajs/client.js';
+import type { KafkaClient } from '../src/kafka/types.js';
 import type { DatabaseHandle, TransactionOf } from '../src/database.js';
 import { InvalidOptionsError } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
@@ -70,11 +71,13 @@ export interface DedupConsumerHooks {
 /** Options of {@link createDedupConsumer}. */
 export interface DedupConsumerOptions<D extends DatabaseHandle> {
   /**
-   * The kafkajs client (`new Kafka({ clientId, brokers })`). The consumer creates its own consumer,
-   * producer and admin from it, through `createKafkajsClient` (outboxkit/kafka), which applies the
-   * kafkajs timer fix (docs/kafka.md).
+   * The Kafka client the consumer makes its group member, its producer (dead letters) and its admin
+   * client from: a kafkajs `Kafka` (`new Kafka({ clientId, brokers })`, made into a client by
+   * `createKafkajsClient`, which applies the kafkajs timer fix), or an outboxkit `KafkaClient`
+   * (outboxkit/kafka: `createKafkajsClient(config)` or `createPlatformaticClient(config)` for
+   * @platformatic/kafka; docs/kafka.md, "Choosing a client").
    */
-  kafka: Kafka;
+  kafka: Kafka | KafkaClient;
   /** The Kafka consumer group; also the inbox's `consumer_group` (dedup is per group). 1-255 characters. */
   groupId: string;
   /** The topics to consume (1 or more legal Kafka topic names). They and their dead-letter topics must exist. */
@@ -307,12 +310,9 @@ function isDatabase(database: unknown): boolean {
 /** The consumer's options, declared once: types, ranges, defaults and the rules between them. */
 const dedupConsumerSchema = z
   .strictObject({
-    kafka: value<Kafka>(
-      'a kafkajs Kafka instance (new Kafka({ clientId, brokers }))',
-      (k) =>
-        typeof k === 'object' &&
-        k !== null &&
-        ['consumer', 'producer', 'admin'].every((m) => typeof (k as Record<string, unknown>)[m] === 'function'),
+    kafka: value<Kafka | KafkaClient>(
+      'a kafkajs Kafka instance (new Kafka({ clientId, brokers })) or an outboxkit KafkaClient (createPlatformaticClient(config))',
+      (k) => isKafkajsKafka(k) || isKafkaClient(k),
     ),
     groupId: z
       .string({ error: 'must be a string of 1-255 characters' })

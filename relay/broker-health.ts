@@ -273,18 +273,25 @@ export class BrokerHealth {
   }
 }
 
+/** What the table relay does when Kafka does not answer in time (the default of {@link withDeadline}). */
+const TABLE_RELAY_ON_TIMEOUT = 'the relay backs off, reconnects, and stands down after leaseMs of failing.';
+
 /**
  * `promise`, or a {@link BrokerUnavailableError} after `ms` (the promise goes on; its outcome is
- * then ignored).
+ * then ignored). `then` says what the caller does next (the table relay's course by default).
  */
-export function withDeadline<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+export function withDeadline<T>(
+  promise: Promise<T>,
+  ms: number,
+  what: string,
+  then = TABLE_RELAY_ON_TIMEOUT,
+): Promise<T> {
   return withTimeout(
     promise,
     ms,
     () =>
       new BrokerUnavailableError(
-        `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ` +
-          'the relay backs off, reconnects, and stands down after leaseMs of failing.',
+        `Kafka did not answer ${what} within brokerTimeoutMs (${ms} ms): the broker counts as unreachable; ${then}`,
       ),
   );
 }

@@ -15,7 +15,13 @@ export {
   RELAY_METRICS_REFRESH_MS,
   DEFAULT_METRICS_HOST,
 } from './metrics.js';
-export type { RelayReadiness, RelayMetricsOptions, ServeMetricsOptions } from './metrics.js';
+export type { RelayReadiness, RelayMetricsOptions, ServeMetricsOptions, WalRelayReadiness } from './metrics.js';
+// The WAL source's relay (docs/wal-source.md): reads the outbox from a logical replication slot.
+export { createWalRelay, WAL_RELAY_DEFAULTS } from './wal/wal-relay.js';
+export type { WalRelay, WalRelayOptions, WalRelayEvents, WalResyncReason } from './wal/wal-relay.js';
+export { ensureLogicalSlot, ensurePublication } from './wal/slot-sql.js';
+export { walPublicationName, walSlotName } from '../src/schema-name.js';
+export { WalStreamError } from '../src/errors.js';
 
 // Deprecated aliases: the kafkajs producer moved behind outboxkit's Kafka boundary (outboxkit/kafka).
 

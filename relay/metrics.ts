@@ -28,7 +28,7 @@ export const RELAY_METRICS_REFRESH_MS = 5_000;
  * gets its outcome (value or error), a caller during a run shares it. Only the first caller after
  * the interval starts a new run.
  */
-function refreshedAtMostEvery<T>(refreshMs: number, load: () => Promise<T>): () => Promise<T> {
+export function refreshedAtMostEvery<T>(refreshMs: number, load: () => Promise<T>): () => Promise<T> {
   let current: Promise<T> | undefined;
   let running = false;
   let settledAt = 0;
@@ -238,6 +238,20 @@ export interface RelayReadiness {
   blockedPartitions: number;
 }
 
+/**
+ * What `/readyz` reports for a WAL relay (`outboxkit relay --source wal`; docs/wal-source.md).
+ */
+export interface WalRelayReadiness {
+  /** `database`, `stream` and `kafka` all hold. */
+  ready: boolean;
+  /** PostgreSQL answered the readiness query. */
+  database: boolean;
+  /** The relay's own replication connection holds its slot (a walsender of its connection reads it). */
+  stream: boolean;
+  /** No send to Kafka has failed for the broker's sake since the last batch Kafka acknowledged. */
+  kafka: boolean;
+}
+
 /** Every option name of {@link relayReadiness}. */
 const READINESS_OPTION_NAMES = optionNames<NonNullable<Parameters<typeof relayReadiness>[2]>>({
   timeoutMs: true,
@@ -309,8 +323,17 @@ export function relayReadiness(
  * (`ready; 2 topic-partitions cannot take writes, their events wait`), or `not ready` naming what
  * is missing (`not ready: no connected Kafka producer, standing down (lanes released)`).
  */
-function readinessText(r: boolean | RelayReadiness): string {
+function readinessText(r: boolean | RelayReadiness | WalRelayReadiness): string {
   if (typeof r === 'boolean') return r ? 'ready\n' : 'not ready\n';
+  if ('stream' in r) {
+    if (r.ready) return 'ready\n';
+    const missing = [
+      r.database ? '' : 'database unreachable',
+      r.stream ? '' : 'replication stream down',
+      r.kafka ? '' : 'sends to Kafka failing',
+    ].filter(Boolean);
+    return `not ready${missing.length > 0 ? `: ${missing.join(', ')}` : ''}\n`;
+  }
   if (r.ready) {
     const blocked = r.blockedPartitions;
     return blocked > 0
@@ -348,7 +371,9 @@ const SERVE_OPTION_NAMES = optionNames<ServeMetricsOptions>({ host: true });
  * producer`, `standing down (lanes released)`; see {@link relayReadiness}).
  *
  * @param port - TCP port; 0 picks a free one.
- * @param ready - the readiness check; a boolean or a {@link RelayReadiness}. A throw counts as not ready.
+ * @param ready - the readiness check; a boolean, a {@link RelayReadiness} or a
+ *   {@link WalRelayReadiness} (503 then names `replication stream down`, `sends to Kafka failing`).
+ *   A throw counts as not ready.
  * @param options.host - the IP address to listen on. @defaultValue '127.0.0.1'
  * @throws {@link InvalidOptionsError} on an unknown option name or a host that is not an IP address;
  *   the listen error (`EADDRINUSE`, `EADDRNOTAVAIL`) when the port is taken or the address is not
@@ -357,7 +382,7 @@ const SERVE_OPTION_NAMES = optionNames<ServeMetricsOptions>({ host: true });
 export async function serveMetrics(
   registry: client.Registry,
   port: number,
-  ready: () => Promise<boolean | RelayReadiness>,
+  ready: () => Promise<boolean | RelayReadiness | WalRelayReadiness>,
   options: ServeMetricsOptions = {},
 ): Promise<Server> {
   refuseUnknownOptions(options ?? {}, SERVE_OPTION_NAMES, 'serveMetrics');

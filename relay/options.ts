@@ -13,6 +13,10 @@ import type { Kafka } from '../src/kafka/kafkajs/client.js';
 import type { RelayProducer } from '../src/kafka/kafkajs/producer.js';
 import type { KafkaClient, ProducerSettings } from '../src/kafka/types.js';
 
+/** The Kafka client libraries the relay can make its client with. */
+export const KAFKA_CLIENT_NAMES = ['kafkajs', 'platformatic'] as const;
+export type KafkaClientName = (typeof KAFKA_CLIENT_NAMES)[number];
+
 /** Options of {@link Relay}. */
 export interface RelayOptions {
   /** PostgreSQL connection string (session mode). Required unless `pool` is given. */
@@ -26,6 +30,16 @@ export interface RelayOptions {
    * {@link KafkaClient} by `createKafkajsClient`), or a `KafkaClient` of outboxkit/kafka.
    */
   kafka?: Kafka | KafkaClient;
+  /**
+   * The client library of the Kafka client the relay makes from `brokers`: `'kafkajs'`, or
+   * `'platformatic'` for @platformatic/kafka (an optional peer dependency, `^1.35.0 || ^2.12.1`: `start()` rejects with
+   * `KafkaClientUnavailableError` when it is missing, of an unsupported version or too new for
+   * this Node.js). Both partition keys as Kafka's Java client does, so switching keeps each key on
+   * its partition (docs/kafka.md, "Choosing a client"). Only with `brokers`: a client given as
+   * `kafka` is already one or the other (`createPlatformaticClient()` of outboxkit/kafka).
+   * @defaultValue 'kafkajs'
+   */
+  kafkaClient?: KafkaClientName;
   /**
    * A producer to use instead of the client's (tests, other clients). Its `send` rejects when a
    * record was not acknowledged; the rejection is read as kafkajs's (a record's fault or the
@@ -91,11 +105,28 @@ export interface RelayOptions {
    * as the writer would accept that id (docs/events.md, Event ids). @defaultValue 86_400_000 (24 h)
    */
   publishedRetentionMs?: number;
-  /** Interval of the retention cleanup, in ms (run by the holder of lane 0). @defaultValue 60_000 */
+  /**
+   * Interval of the retention cleanup, in ms (run by the holder of lane 0): how often it looks for
+   * published rows past `publishedRetentionMs`. A cleanup that finds a backlog goes on, paced by
+   * `cleanupRowsPerSecond`, until the backlog is gone. @defaultValue 60_000
+   */
   cleanupIntervalMs?: number;
   /** Most rows deleted by one cleanup statement. @defaultValue 1_000 */
   cleanupBatchSize?: number;
-  /** Logger. @defaultValue no-op */
+  /**
+   * Pace of the retention cleanup, in rows per second: after each full batch the cleaner waits
+   * so that it deletes at most this many rows per second on average, leaving the database to the
+   * writers (bench/cleanup.ts measures the writers' p99 with and without it). 0 deletes batches
+   * back to back. With the defaults, a backlog of 1,000,000 published rows is deleted in about
+   * 8 min 20 s. @defaultValue 2_000
+   */
+  cleanupRowsPerSecond?: number;
+  /**
+   * Logger. Also gets kafkajs's own log entries (warn and above: `kafkajs: <message>` with
+   * kafkajs's `namespace`, `broker`...) of the kafkajs client the relay makes from `brokers`;
+   * without a logger those go to kafkajs's console logger. A `kafka` instance you pass keeps its own
+   * logging (docs/kafka.md, "kafkajs's log"). @defaultValue no-op
+   */
   logger?: Logger;
 }
 
@@ -122,6 +153,7 @@ export const RELAY_DEFAULTS = Object.freeze({
   publishedRetentionMs: 86_400_000,
   cleanupIntervalMs: 60_000,
   cleanupBatchSize: 1_000,
+  cleanupRowsPerSecond: 2_000,
 });
 
 /**
@@ -134,29 +166,41 @@ export const RELAY_PRODUCER_DEFAULTS = Object.freeze({
   metadataMaxAgeMs: 30_000,
 });
 
+/** `producerOptions` of the relays (this one and the WAL relay, relay/wal/wal-relay.ts), declared once. */
+export const RELAY_PRODUCER_OPTIONS_SCHEMA = z.strictObject({
+  requestTimeoutMs: z.number().optional(),
+  retries: z.number().optional(),
+  compression: z.union([z.string(), z.number()]).optional(),
+  metadataMaxAgeMs: option.integer(100, 86_400_000).optional(),
+} satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, z.ZodType>);
+
+/**
+ * `brokers`, `kafka` and `kafkaClient` of the relays (this one and the WAL relay,
+ * relay/wal/wal-relay.ts), declared once: spread into each relay's options schema.
+ */
+export const RELAY_KAFKA_OPTIONS_SHAPE = {
+  brokers: option.value<string[]>('an array of host:port strings', Array.isArray).optional(),
+  kafka: option
+    .value<Kafka | KafkaClient>(
+      'a kafkajs Kafka or an outboxkit KafkaClient',
+      (v) => typeof v === 'object' && v !== null,
+    )
+    .optional(),
+  kafkaClient: z
+    .enum(KAFKA_CLIENT_NAMES, { error: `must be one of ${KAFKA_CLIENT_NAMES.join(', ')}` })
+    .default('kafkajs'),
+} satisfies Record<'brokers' | 'kafka' | 'kafkaClient', z.ZodType>;
+
 /** The relay's options, declared once: types, ranges, defaults and the rules between them. */
 const relayOptionsSchema = z
   .strictObject({
     connectionString: option.value<string>('a PostgreSQL connection string', (v) => typeof v === 'string').optional(),
     pool: option.value<pg.Pool>('a pg.Pool', (v) => typeof v === 'object' && v !== null).optional(),
-    brokers: option.value<string[]>('an array of host:port strings', Array.isArray).optional(),
-    kafka: option
-      .value<Kafka | KafkaClient>(
-        'a kafkajs Kafka or an outboxkit KafkaClient',
-        (v) => typeof v === 'object' && v !== null,
-      )
-      .optional(),
+    ...RELAY_KAFKA_OPTIONS_SHAPE,
     producer: option
       .value<RelayProducer>('a producer with connect, send and disconnect', (v) => typeof v === 'object' && v !== null)
       .optional(),
-    producerOptions: z
-      .strictObject({
-        requestTimeoutMs: z.number().optional(),
-        retries: z.number().optional(),
-        compression: z.union([z.string(), z.number()]).optional(),
-        metadataMaxAgeMs: option.integer(100, 86_400_000).optional(),
-      } satisfies Record<keyof NonNullable<RelayOptions['producerOptions']>, z.ZodType>)
-      .optional(),
+    producerOptions: RELAY_PRODUCER_OPTIONS_SCHEMA.optional(),
     schema: option.SHARED_OPTIONS.schema,
     relayId: z
       .string({ error: 'must be a string' })
@@ -174,6 +218,7 @@ const relayOptionsSchema = z
     publishedRetentionMs: option.integer(0).default(RELAY_DEFAULTS.publishedRetentionMs),
     cleanupIntervalMs: option.integer(100).default(RELAY_DEFAULTS.cleanupIntervalMs),
     cleanupBatchSize: option.integer(1).default(RELAY_DEFAULTS.cleanupBatchSize),
+    cleanupRowsPerSecond: option.integer(0).default(RELAY_DEFAULTS.cleanupRowsPerSecond),
     logger: option.SHARED_OPTIONS.logger,
   } satisfies Record<keyof RelayOptions, z.ZodType>)
   .superRefine((o, ctx) => {
@@ -182,6 +227,14 @@ const relayOptionsSchema = z
     if (!o.pool && !o.connectionString) ctx.addIssue(option.sentence('The relay needs `connectionString` or `pool`.'));
     if (!o.producer && !o.kafka && !(o.brokers && o.brokers.length > 0)) {
       ctx.addIssue(option.sentence('The relay needs `brokers`, `kafka` or `producer`.'));
+    }
+    if (o.kafkaClient !== 'kafkajs' && (o.kafka || o.producer)) {
+      ctx.addIssue(
+        option.sentence(
+          `kafkaClient (flag --kafka-client) chooses the client the relay makes from \`brokers\`; with \`kafka\` or \`producer\` ` +
+            'it would be ignored. Give `kafka: createPlatformaticClient(config)` (outboxkit/kafka) instead, or only `brokers`.',
+        ),
+      );
     }
   });
 

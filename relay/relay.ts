@@ -24,11 +24,12 @@ import { pgQuery, type Queryable } from '../src/database.js';
 import { LifecycleError, TopicMissingError, schemaMissingOr } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import { quoteSchema, notifyChannel } from '../src/schema-name.js';
-import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 import { fullJitterBackoffMs } from '../src/backoff.js';
 import { crashPoint } from '../src/crash-point.js';
 import { readTopicLimits, splitByTopicLimit } from '../src/kafka/topic-limits.js';
 import { createKafkajsClient, kafkaClientOf } from '../src/kafka/kafkajs/client.js';
+import { createPlatformaticClient } from '../src/kafka/platformatic/client.js';
+import { loadPlatformaticKafka } from '../src/kafka/platformatic/load.js';
 import { fromRelayProducer, RELAY_PRODUCER_RETRY } from '../src/kafka/kafkajs/producer.js';
 import { firstFailure } from '../src/kafka/outcomes.js';
 import type { KafkaAdmin, KafkaClient, KafkaFailure, OutboundRecord } from '../src/kafka/types.js';
@@ -42,8 +43,10 @@ import {
   type RelayOptions,
   type ResolvedRelayOptions,
 } from './options.js';
+import { toRecord } from './record.js';
 import * as sql from './sql.js';
 import { Wake } from './wake.js';
+import { cleanupPauseMs, Pause } from './cleanup.js';
 
 export { RELAY_DEFAULTS, resolveRelayOptions, type RelayOptions, type ResolvedRelayOptions } from './options.js';
 
@@ -112,6 +115,8 @@ export class Relay extends EventEmitter<RelayEvents> {
   private cleanupTimer: NodeJS.Timeout | undefined;
   private maintaining: Promise<void> = Promise.resolve();
   private cleaning: Promise<void> | undefined;
+  /** The cleanup's wait between batches, cut short by stop(). */
+  private readonly cleanupPause = new Pause();
   private stopping = false;
   private stopped: Promise<void> | undefined;
   private started = false;
@@ -120,7 +125,7 @@ export class Relay extends EventEmitter<RelayEvents> {
   private currentPass: Promise<unknown> = Promise.resolve();
   /** The pass in flight has read rows (it may send and mark them). */
   private passHoldsRows = false;
-  /** The last send failed: the next pass sends one row at a time (see isolate()). */
+  /** The last send failed: the next pass isolates the record at fault (see isolate()). */
   private isolateNext = false;
   /** Set by each pass: it read a full batch (rows or bytes), so more rows may be pending now. */
   private morePending = false;
@@ -174,7 +179,14 @@ export class Relay extends EventEmitter<RelayEvents> {
     const client = options.kafka
       ? kafkaClientOf(options.kafka)
       : options.brokers
-        ? createKafkajsClient({ clientId: 'outboxkit-relay', brokers: options.brokers }, { logLevel: 'warn' })
+        ? this.options.kafkaClient === 'platformatic'
+          ? createPlatformaticClient({ clientId: 'outboxkit-relay', brokers: options.brokers })
+          : createKafkajsClient(
+              { clientId: 'outboxkit-relay', brokers: options.brokers },
+              // kafkajs's own entries (at warn and above) go to the relay's logger when it has one;
+              // without one, to kafkajs's console logger as before (docs/kafka.md, "kafkajs's log").
+              { logLevel: 'warn', ...(options.logger ? { logger: options.logger } : {}) },
+            )
         : undefined;
     this.client = client;
     const producer = options.producer;
@@ -301,6 +313,8 @@ export class Relay extends EventEmitter<RelayEvents> {
    * `stop()` or `signal` aborts.
    *
    * @throws {@link TopicMissingError} when a topic of a pending event does not exist.
+   * @throws `KafkaClientUnavailableError` when `kafkaClient` is `'platformatic'` and
+   *   @platformatic/kafka is missing, of an unsupported version, or needs a newer Node.js.
    * @throws {@link LifecycleError} when called twice.
    */
   async start(signal?: AbortSignal): Promise<void> {
@@ -310,11 +324,14 @@ export class Relay extends EventEmitter<RelayEvents> {
       );
     }
     this.started = true;
+    // A missing or unsupported client package is a setup error, not an outage to wait out.
+    if (this.options.kafkaClient === 'platformatic') await loadPlatformaticKafka();
     try {
       await sql.seedLanes(this.db, this.q);
     } catch (err) {
       throw schemaMissingOr(err, this.options.schema);
     }
+    await this.warnIfWalPublication();
     // The broker may be down at start: the relay starts anyway and its loop backs off until the
     // broker answers (a daemon that exits would only be restarted into the same outage).
     if (this.options.verifyTopics && this.client) {
@@ -345,6 +362,28 @@ export class Relay extends EventEmitter<RelayEvents> {
   }
 
   /**
+   * Warns when a publication streams this schema's outbox table (a WAL source is set up:
+   * docs/wal-source.md): rows that `createOutbox({ source: 'wal' })` wrote took no per-key lock, so
+   * a table relay would publish them without per-key order, beside the WAL relay's copies. A
+   * warning, not a refusal: a publication may serve other readers (CDC tools). A failed check is
+   * only logged.
+   */
+  private async warnIfWalPublication(): Promise<void> {
+    try {
+      const publications = await sql.outboxPublications(this.db, this.options.schema);
+      if (publications.length > 0) {
+        this.logger.warn(
+          { schema: this.options.schema, publications },
+          "A publication streams this schema's outbox_events to logical replication (a WAL source): a table relay " +
+            'publishes the rows WAL writers wrote without their per-key order. Run one kind of relay per schema (docs/wal-source.md).',
+        );
+      }
+    } catch (err) {
+      this.logger.debug({ err }, 'could not read the publications of the outbox table');
+    }
+  }
+
+  /**
    * Stops the relay: finishes the pass in flight (its rows are marked or left pending), releases
    * its lanes, and disconnects. Idempotent: later calls return the same promise.
    *
@@ -361,6 +400,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.health.stop();
     clearInterval(this.maintainTimer);
     clearInterval(this.cleanupTimer);
+    this.cleanupPause.cancel();
     clearInterval(this.recheckTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
@@ -590,9 +630,10 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.passHoldsRows = true;
     if (this.isolateNext) {
       await this.marks.settle();
-      // The last batch failed: send one by one, so that a record at fault (too large, topic
-      // gone...) is found and only it counts an attempt. A broker outage fails the first send
-      // and the loop backs off. Back to batches once a whole pass went through.
+      // The last batch failed: a send per topic-partition, one per row only within the refused
+      // chunk, so that a record at fault (too large, topic gone...) is found and only it counts an
+      // attempt. A broker outage fails the first send and the loop backs off. Back to the batched
+      // path (read ahead, marking queue) once a whole pass went through.
       const published = await this.isolate(sendable, lanes);
       this.isolateNext = false;
       this.morePending = true;
@@ -865,47 +906,65 @@ export class Relay extends EventEmitter<RelayEvents> {
    * Sends the rows of a pass after a batch failed for a reason the cluster's metadata did not
    * explain, so that a record at fault (too large, topic deleted or forbidden) is found and only it
    * counts an attempt: one send per topic-partition first (rows of one key go to one partition, in
-   * order), and one send per row only inside a partition whose send failed. So the isolation costs
-   * a send per partition and per suspect row, not one per row of the batch. Later rows of a failing
-   * key are not sent in this pass (per-key order).
+   * order), and one send per row only for the rows of the one send (a chunk of the topic's byte
+   * limit) that the broker refused for a record's sake; the rows after it go out in batches again.
+   * A record larger than its topic's limit is a chunk of its own, so it is the only suspect. So the
+   * isolation costs a send per partition and per suspect row, not one per row of the batch. Later
+   * rows of a failing key are not sent in this pass (per-key order).
    */
   private async isolate(rows: sql.PendingRow[], lanes: LaneLease[]): Promise<number> {
     const failedKeys = new Set<string>();
+    const notHeld = (r: sql.PendingRow) => r.key === null || !failedKeys.has(r.key);
     let published = 0;
     /** The error of a partition that took nothing, for no reason the cluster gave (its leader just died). */
     let unsent: unknown;
+    let stop = false;
     for (const group of this.byPartition(rows)) {
-      const pending = group.filter((r) => r.key === null || !failedKeys.has(r.key));
-      if (pending.length === 0) continue;
-      let rest = pending;
-      if (pending.length > 1) {
-        const sent = await this.sendGroup(pending, lanes);
-        if (sent.fenced) break;
-        published += sent.acked;
-        if (!sent.failure) continue;
-        rest = pending.slice(sent.acked);
-        if (sent.failure.kind !== 'record') {
-          // The partition failed, not a row: its rows (and keys) wait for a later pass, the other
-          // partitions go on, unless the cluster as a whole does not answer.
-          const verdict = await this.partitionVerdict(rest);
-          if (verdict === 'unreachable') {
-            this.health.sendFailed(sent.startedAt);
-            throw sent.failure.error;
+      let rest = group.filter(notHeld);
+      while (rest.length > 0 && !stop) {
+        let suspects = rest;
+        if (rest.length > 1) {
+          const sent = await this.sendGroup(rest, lanes);
+          if (sent.fenced) {
+            stop = true;
+            break;
           }
-          this.health.sendAnswered();
-          if (verdict === 'answered') unsent ??= sent.failure.error;
-          for (const r of rest) if (r.key !== null) failedKeys.add(r.key);
-          continue;
+          published += sent.acked;
+          if (!sent.failure) break;
+          const left = rest.slice(sent.acked);
+          if (sent.failure.kind !== 'record') {
+            // The partition failed, not a row: its rows (and keys) wait for a later pass, the other
+            // partitions go on, unless the cluster as a whole does not answer.
+            const verdict = await this.partitionVerdict(left);
+            if (verdict === 'unreachable') {
+              this.health.sendFailed(sent.startedAt);
+              throw sent.failure.error;
+            }
+            this.health.sendAnswered();
+            if (verdict === 'answered') unsent ??= sent.failure.error;
+            for (const r of left) if (r.key !== null) failedKeys.add(r.key);
+            break;
+          }
+          // A row of the chunk the broker refused is at fault: only that chunk's rows are suspects.
+          // The failed send may have left the idempotent producer's sequence numbers ahead of the
+          // broker's (see isolateRows): they are sent one by one by a new producer.
+          if (!(await this.freshProducer())) {
+            stop = true;
+            break;
+          }
+          suspects = left.slice(0, sent.failedRows);
+          rest = left.slice(sent.failedRows);
+        } else {
+          rest = [];
         }
-        // A row of this partition is at fault. The failed send may have left the idempotent
-        // producer's sequence numbers ahead of the broker's (see isolateRows): the rows are sent
-        // one by one by a new producer.
-        if (!(await this.freshProducer())) break;
+        const outcome = await this.isolateRows(suspects, lanes, failedKeys);
+        published += outcome.published;
+        unsent ??= outcome.unsent;
+        if (outcome.stop) stop = true;
+        // The rows after the suspects go out in batches again, but those of a key that failed.
+        rest = rest.filter(notHeld);
       }
-      const outcome = await this.isolateRows(rest, lanes, failedKeys);
-      published += outcome.published;
-      unsent ??= outcome.unsent;
-      if (outcome.stop) break;
+      if (stop) break;
     }
     if (published > 0) this.emit('relay:published', { count: published, marked: published, lanes: lanes.length });
     // Nothing went out, and a partition failed for no reason the cluster gave: the pass fails
@@ -942,32 +1001,36 @@ export class Relay extends EventEmitter<RelayEvents> {
   /**
    * Sends the rows of one topic-partition in batches (split by the topic's byte limit) and marks
    * what was acknowledged: `acked` rows before the first failed batch, its `failure` (a timeout is
-   * a broker failure), `fenced` when the marking was refused by the fencing check, and when the
-   * send started (ms of the health clock).
+   * a broker failure) and `failedRows` (the rows of that batch, after the acknowledged ones),
+   * `fenced` when the marking was refused by the fencing check, and when the send started (ms of
+   * the health clock).
    */
   private async sendGroup(
     rows: readonly sql.PendingRow[],
     lanes: LaneLease[],
-  ): Promise<{ acked: number; failure?: KafkaFailure; fenced: boolean; startedAt: number }> {
+  ): Promise<{ acked: number; failure?: KafkaFailure; failedRows: number; fenced: boolean; startedAt: number }> {
     const records = rows.map(toRecord);
     const chunks = splitByTopicLimit(records, await this.topicLimits(records));
     let acked = 0;
+    let failedRows = 0;
     let failure: KafkaFailure | undefined;
     const startedAt = this.health.sendStarted();
     try {
       for (const chunk of chunks) {
+        failedRows = chunk.length;
         failure = firstFailure(
           await withDeadline(this.health.producer!.send(chunk), this.options.brokerTimeoutMs, 'a send'),
         );
         if (failure) break;
         acked += chunk.length;
+        failedRows = 0;
       }
     } catch (err) {
       failure = { kind: 'broker', error: err instanceof Error ? err : new Error(String(err)) };
     }
     // A record's fault is an answer of the broker; what a broker failure means is decided by the caller.
     if (!failure || failure.kind === 'record') this.health.sendSucceeded();
-    if (acked === 0) return { acked, failure, fenced: false, startedAt };
+    if (acked === 0) return { acked, failure, failedRows, fenced: false, startedAt };
     const marked = await sql.markPublished(
       this.scope,
       rows.slice(0, acked).map((r) => r.seq),
@@ -976,9 +1039,9 @@ export class Relay extends EventEmitter<RelayEvents> {
     if (marked > 0) this.emit('relay:marked', { rows: marked });
     if (marked < acked) {
       this.fencedOut(new Set(rows.map((r) => r.lane)), acked, marked);
-      return { acked: marked, failure, fenced: true, startedAt };
+      return { acked: marked, failure, failedRows, fenced: true, startedAt };
     }
-    return { acked, failure, fenced: false, startedAt };
+    return { acked, failure, failedRows, fenced: false, startedAt };
   }
 
   /** Drops the producer and connects a new one; false when none connected (or the relay stops). */
@@ -1068,19 +1131,23 @@ export class Relay extends EventEmitter<RelayEvents> {
     return { published, stop: false, unsent };
   }
 
-  /** Deletes published rows past their retention; only the holder of lane 0 does it. */
+  /**
+   * Deletes published rows past their retention, batch after batch until none is left, paced to
+   * `cleanupRowsPerSecond` (./cleanup.ts); only the holder of lane 0 does it, and it stops between
+   * batches when the relay stops or loses lane 0.
+   */
   private async cleanup(): Promise<void> {
-    if (this.stopping || !this.lanes.has(0)) return;
-    let total = 0;
-    for (let i = 0; i < 100 && !this.stopping; i++) {
-      const n = await sql.deletePublished(this.db, this.q, {
+    const { cleanupBatchSize: batchSize, cleanupRowsPerSecond: rowsPerSecond } = this.options;
+    while (!this.stopping && this.lanes.has(0)) {
+      const started = performance.now();
+      const deleted = await sql.deletePublished(this.db, this.q, {
         retentionMs: this.options.publishedRetentionMs,
-        batchSize: this.options.cleanupBatchSize,
+        batchSize,
       });
-      total += n;
-      if (n < this.options.cleanupBatchSize) break;
+      if (deleted > 0) this.emit('relay:cleaned', { deleted });
+      if (deleted < batchSize) break;
+      await this.cleanupPause.sleep(cleanupPauseMs(deleted, performance.now() - started, rowsPerSecond));
     }
-    if (total > 0) this.emit('relay:cleaned', { deleted: total });
   }
 }
 
@@ -1092,15 +1159,6 @@ function payloadBytes(rows: readonly sql.PendingRow[]): number {
   let n = 0;
   for (const r of rows) n += r.payload.length;
   return n;
-}
-
-function toRecord(row: sql.PendingRow): OutboundRecord {
-  return {
-    topic: row.topic,
-    key: row.key,
-    value: row.payload,
-    headers: { ...row.headers, [HEADER_EVENT_ID]: row.event_id, [HEADER_EVENT_TYPE]: row.type },
-  };
 }
 
 /**

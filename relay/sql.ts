@@ -9,10 +9,11 @@
  * (or `migrate()`) first.
  */
 import type { Queryable, QueryResult } from '../src/database.js';
-import { EVENT_ID_REUSE_WINDOW_MS, OUTBOX_LANES } from '../src/constants.js';
+import { EVENT_ID_REUSE_WINDOW_MS, KEY_LOCK_HASH_SEED, OUTBOX_LANES } from '../src/constants.js';
 import { schemaMissingOr } from '../src/errors.js';
 import { statementName, type SqlStatement } from '../src/postgres.js';
 import type { BlockedPartition } from './partitions.js';
+import type { OutboxRecordRow } from './record.js';
 
 // The read and the mark of every pass are named prepared statements (statementName()): PostgreSQL
 // skips the parse and, once it settles on a generic plan, the planning (about 0.5 ms of the
@@ -567,14 +568,28 @@ export async function skipParked(db: Queryable, schema: string, eventIds: readon
  * own timestamp (src/outbox/event.ts), and the row was published after the id was made, so a
  * second event with the same id meets this row's unique constraint instead of being published and
  * skipped as a duplicate by every consumer that applied the first.
+ *
+ * The same statement deletes the writers' key-lock rows (`outbox_key_locks`) of the deleted rows'
+ * keys, so that table holds about the keys written within the retention window. A key-lock row
+ * that a writer holds now is skipped (SKIP LOCKED: the writer is not waited for, nor made to
+ * wait); deleting one that no transaction holds never weakens per-key order, since a lock orders
+ * only transactions open at the same time (the next writer of the key creates the row again).
  */
 export function deletePublishedSql(schema: string, p: { retentionMs: number; batchSize: number }): SqlStatement {
   return {
-    text: `DELETE FROM ${schema}.outbox_events WHERE seq IN (
-       SELECT seq FROM ${schema}.outbox_events
-        WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1::double precision / 1000)
-        ORDER BY published_at LIMIT $2
-        FOR UPDATE SKIP LOCKED)`,
+    text: `WITH gone AS (
+       DELETE FROM ${schema}.outbox_events WHERE seq IN (
+         SELECT seq FROM ${schema}.outbox_events
+          WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1::double precision / 1000)
+          ORDER BY published_at LIMIT $2
+          FOR UPDATE SKIP LOCKED)
+       RETURNING key),
+     unlocked AS (
+       DELETE FROM ${schema}.outbox_key_locks WHERE key_hash IN (
+         SELECT key_hash FROM ${schema}.outbox_key_locks
+          WHERE key_hash IN (SELECT hashtextextended(key, ${KEY_LOCK_HASH_SEED}) FROM gone WHERE key IS NOT NULL)
+          FOR UPDATE SKIP LOCKED))
+     SELECT count(*)::int AS deleted FROM gone`,
     values: [Math.max(p.retentionMs, EVENT_ID_REUSE_WINDOW_MS), p.batchSize],
   };
 }
@@ -585,8 +600,8 @@ export async function deletePublished(
   schema: string,
   p: { retentionMs: number; batchSize: number },
 ): Promise<number> {
-  const { rowCount } = await run(db, schema, deletePublishedSql(schema, p));
-  return rowCount;
+  const { rows } = await run<{ deleted: number }>(db, schema, deletePublishedSql(schema, p));
+  return rows[0]?.deleted ?? 0;
 }
 
 /**
@@ -669,4 +684,144 @@ export async function pendingByKey(
     [lanes, keys],
   );
   return new Map(rows.map((r) => [r.key, r.n]));
+}
+
+/**
+ * Deletes the rows the WAL relay published (relay/wal/wal-relay.ts), one statement per batch: the
+ * row is only the durable copy of an event that the replication stream carries, so once Kafka
+ * acknowledged the event nothing needs it. Run after the acknowledgement and before the slot is
+ * confirmed past the rows' transactions: a crash in between redelivers the transactions from the
+ * stream and republishes them (at least once; the delete of a row already gone deletes nothing).
+ * No marking, no retention: the WAL source keeps no published rows.
+ */
+export function deleteRelayedSql(schema: string, seqs: readonly string[]): SqlStatement {
+  return {
+    text: `DELETE FROM ${schema}.outbox_events WHERE seq = ANY($1::bigint[])`,
+    values: [seqs],
+  };
+}
+
+/** Runs {@link deleteRelayedSql}; returns the rows deleted. */
+export async function deleteRelayed(db: Queryable, schema: string, seqs: readonly string[]): Promise<number> {
+  if (seqs.length === 0) return 0;
+  const { rowCount } = await run(db, schema, deleteRelayedSql(schema, seqs));
+  return rowCount;
+}
+
+/**
+ * Whether every transaction of `xids` (32-bit transaction ids, as the replication stream gives
+ * them) is visible to a snapshot taken now: `pg_visible_in_snapshot()` of each one's 64-bit id,
+ * whose epoch is the snapshot's `xmax`'s (the one before when the low 32 bits are above `xmax`'s:
+ * assigned before the last wraparound). A transaction the stream reported committed can still be
+ * in the snapshot's running list for a moment: its commit record is flushed, and so can be decoded
+ * and sent, before the server removes it from that list (PostgreSQL's `CommitTransaction`).
+ */
+export function transactionsVisibleSql(xids: readonly number[]): SqlStatement {
+  return {
+    text: `SELECT coalesce(bool_and(pg_visible_in_snapshot(
+               (((xmax >> 32) - CASE WHEN x > (xmax & 4294967295) THEN 1 ELSE 0 END) << 32 | x)::text::xid8,
+               snap)), true) AS visible
+             FROM (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS xmax
+                     FROM (SELECT pg_current_snapshot() AS snap) AS s) AS n,
+                  unnest($1::bigint[]) AS x`,
+    values: [xids.map(String)],
+  };
+}
+
+/** Runs {@link transactionsVisibleSql}. */
+export async function transactionsVisible(db: Queryable, xids: readonly number[]): Promise<boolean> {
+  const { text, values } = transactionsVisibleSql(xids);
+  const { rows } = await db.query<{ visible: boolean }>(text, values);
+  return rows[0]?.visible ?? true;
+}
+
+/**
+ * Parks one event the WAL relay could not publish for a reason of its own (Kafka refused the
+ * record: too large, topic missing or forbidden): its error and the time it was parked, so that
+ * `outboxkit parked list` shows it as it shows the table relay's. At once, without attempts in
+ * backoff: the stream cannot wait on one event, and the row is its durable copy. No fencing: one
+ * slot has one reader at a time (docs/wal-source.md, "One reader per slot").
+ */
+export function parkRelayedSql(schema: string, p: { seq: string; error: string }): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.outbox_events
+        SET attempts = attempts + 1, last_error = left($2, 2000), next_attempt_at = NULL, parked_at = now()
+      WHERE seq = $1::bigint AND published_at IS NULL`,
+    values: [p.seq, p.error],
+  };
+}
+
+/** Runs {@link parkRelayedSql}; true when the row was there to park. */
+export async function parkRelayed(db: Queryable, schema: string, p: { seq: string; error: string }): Promise<boolean> {
+  const { rowCount } = await run(db, schema, parkRelayedSql(schema, p));
+  return rowCount > 0;
+}
+
+/** A row the WAL relay's resync publishes: what its record is built from (relay/record.ts). */
+export interface ResyncRow extends OutboxRecordRow {
+  seq: string;
+}
+
+/**
+ * The highest `seq` of the outbox table (`'0'` when it is empty): the end of a WAL relay's resync.
+ * Read after the slot exists, it is at least the seq of every row committed before the slot's
+ * consistent point; rows drawn later come through the stream (docs/wal-source.md, "Slot loss and
+ * resync").
+ */
+export function maxSeqSql(schema: string): SqlStatement {
+  return { text: `SELECT coalesce(max(seq), 0)::text AS seq FROM ${schema}.outbox_events`, values: [] };
+}
+
+/** Runs {@link maxSeqSql}. */
+export async function maxSeq(db: Queryable, schema: string): Promise<string> {
+  const { rows } = await run<{ seq: string }>(db, schema, maxSeqSql(schema));
+  return rows[0]?.seq ?? '0';
+}
+
+/**
+ * The next page of a WAL relay's resync: rows neither published nor parked with `afterSeq < seq
+ * <= throughSeq`, in seq order (the table relay's order), at most `maxRows` rows and `maxBytes`
+ * payload bytes (the first row always comes). Through the pending-rows index. Every lane, no
+ * held keys: one slot reads the whole table.
+ */
+export function readResyncSql(
+  schema: string,
+  p: { afterSeq: string; throughSeq: string; maxRows: number; maxBytes: number },
+): SqlStatement {
+  return {
+    text: `WITH page AS (
+       SELECT seq, payload FROM ${schema}.outbox_events
+        WHERE seq > $1::bigint AND seq <= $2::bigint AND published_at IS NULL AND parked_at IS NULL
+        ORDER BY seq LIMIT $3),
+     w AS (
+       SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
+         FROM page)
+     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.type, e.payload, e.headers
+       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
+      WHERE w.bytes <= $4 OR w.n = 1
+      ORDER BY e.seq`,
+    values: [p.afterSeq, p.throughSeq, p.maxRows, p.maxBytes],
+  };
+}
+
+/** Runs {@link readResyncSql}. */
+export async function readResync(
+  db: Queryable,
+  schema: string,
+  p: { afterSeq: string; throughSeq: string; maxRows: number; maxBytes: number },
+): Promise<ResyncRow[]> {
+  const { rows } = await run<ResyncRow>(db, schema, readResyncSql(schema, p));
+  return rows;
+}
+
+/**
+ * The publications that stream `<schema>.outbox_events` (pg_publication_tables, PostgreSQL 10+):
+ * a WAL source is set up for the schema (`migrate({ walPublication })`, docs/wal-source.md).
+ */
+export async function outboxPublications(db: Queryable, schema: string): Promise<string[]> {
+  const { rows } = await run<{ pubname: string }>(db, schema, {
+    text: `SELECT pubname FROM pg_publication_tables WHERE schemaname = $1 AND tablename = 'outbox_events' ORDER BY 1`,
+    values: [schema],
+  });
+  return rows.map((r) => r.pubname);
 }

@@ -4,6 +4,10 @@
  *
  * - PostgreSQL: `DATABASE_URL`, else the Debian cluster on 127.0.0.1:5432 (started with
  *   `pg_ctlcluster` when it is installed but down).
+ * - PostgreSQL at `wal_level=logical` for the WAL source's tests: `WAL_DATABASE_URL`, else a
+ *   cluster of this project's own on 127.0.0.1:5433 (`initdb` + `pg_ctl` into
+ *   `.services/postgres-<major>-wal/`; see {@link ensureWalPostgres}). The machine's server is
+ *   never reconfigured.
  * - Kafka: `KAFKA_BROKERS`, else whatever answers on 127.0.0.1:9092, else a single-node KRaft
  *   broker (combined broker + controller) whose jars Maven resolves from Maven Central through
  *   `scripts/kafka/pom.xml` into `.services/kafka-<version>/`. `OUTBOXKIT_KAFKA_VERSION` picks the
@@ -133,16 +137,19 @@ interface PgProbe {
   /** True when nothing is listening (yet): worth starting or waiting. */
   unreachable: boolean;
   error?: string;
+  /** The probe query's first column of its first row. */
+  value?: string;
 }
 
-async function probePostgres(url: string): Promise<PgProbe> {
+async function probePostgres(url: string, query = 'select 1'): Promise<PgProbe> {
   const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 3_000 });
   // An error emitted after connect() failed would otherwise be unhandled.
   client.on('error', () => {});
   try {
     await client.connect();
-    await client.query('select 1');
-    return { ok: true, unreachable: false };
+    const res = await client.query<Record<string, unknown>>(query);
+    const first = res.rows[0] === undefined ? undefined : Object.values(res.rows[0])[0];
+    return { ok: true, unreachable: false, ...(first === undefined ? {} : { value: String(first) }) };
   } catch (err) {
     const e = err as { code?: string; message?: string };
     const unreachable =
@@ -200,6 +207,304 @@ function redactUrl(url: string): string {
   } catch {
     return '<unparseable DATABASE_URL>';
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL at wal_level=logical (the WAL source's tests)
+// ---------------------------------------------------------------------------------------------
+
+/** Port of this project's own logical-replication cluster (the machine's server keeps 5432). */
+export const WAL_POSTGRES_PORT = 5433;
+const DEFAULT_WAL_DATABASE_URL = `postgres://postgres@127.0.0.1:${WAL_POSTGRES_PORT}/postgres`;
+const WAL_LOCK_FILE = path.join(SERVICES_DIR, 'postgres-wal.lock');
+const WAL_POSTGRES_START_MS = 60_000;
+
+/**
+ * Settings of the WAL cluster, rewritten into its `outboxkit.conf` at every start (so a checkout's
+ * older data directory picks up new ones). Small: it runs beside the machine's server, a broker
+ * and the tests on two cores.
+ */
+const WAL_POSTGRES_SETTINGS: Readonly<Record<string, string>> = {
+  listen_addresses: `'127.0.0.1'`,
+  port: String(WAL_POSTGRES_PORT),
+  wal_level: 'logical',
+  max_replication_slots: '20',
+  max_wal_senders: '20',
+  max_connections: '60',
+  shared_buffers: `'32MB'`,
+  // Replication slots the tests forget would otherwise retain WAL without bound on this disk.
+  max_slot_wal_keep_size: `'1GB'`,
+};
+
+/**
+ * Returns the URL of a PostgreSQL server at `wal_level=logical` for the WAL source's tests:
+ * `WAL_DATABASE_URL` if set, else this project's own cluster on 127.0.0.1:5433 (trust auth),
+ * created with `initdb` under `.services/postgres-<major>-wal/` and started with `pg_ctl` when
+ * nothing answers there. The machine's server on 5432 is never reconfigured. As root, `initdb`
+ * and `pg_ctl` run as the `postgres` user (PostgreSQL refuses to run as root), and the cluster
+ * lives in `/var/tmp/outboxkit-<hash>/` when that user cannot traverse the checkout. The server is
+ * started in a session of its own, so it outlives the caller; {@link stopWalPostgres} stops it.
+ *
+ * @throws Error when the server does not answer, answers below `wal_level=logical`, or cannot be
+ *   created or started (no PostgreSQL binaries, no `postgres` user as root), naming what to fix.
+ */
+export async function ensureWalPostgres(log: Log = noop): Promise<string> {
+  const fromEnv = process.env.WAL_DATABASE_URL?.trim() || undefined;
+  const url = fromEnv ?? DEFAULT_WAL_DATABASE_URL;
+  const shown = redactUrl(url);
+  let probe = await probeWalPostgres(url);
+  if (probe.ok || !probe.unreachable || fromEnv) return walProbeResult(probe, url, fromEnv !== undefined, log);
+
+  const release = await acquireLock(log, WAL_LOCK_FILE, 'PostgreSQL (WAL)');
+  try {
+    // Another process may have started it while we waited for the lock.
+    probe = await probeWalPostgres(url);
+    if (!probe.ok && probe.unreachable) {
+      const started = Date.now();
+      await startWalCluster(log);
+      probe = await probeWalPostgres(url);
+      if (probe.ok) log(`PostgreSQL (WAL) started at ${shown} in ${seconds(Date.now() - started)}`);
+    }
+  } finally {
+    release();
+  }
+  return walProbeResult(probe, url, false, log);
+}
+
+/**
+ * Stops the WAL cluster this checkout started (`pg_ctl stop -m fast` on its own data directory);
+ * any other server, the one on 5432 included, is left alone.
+ *
+ * @returns whether a running cluster was stopped.
+ */
+export async function stopWalPostgres(log: Log = noop): Promise<boolean> {
+  const cluster = walCluster();
+  if (cluster === undefined || !fs.existsSync(path.join(cluster.dataDir, 'postmaster.pid'))) {
+    log('No PostgreSQL (WAL) cluster started by this project is running');
+    return false;
+  }
+  const res = await runAs(cluster, cluster.bin('pg_ctl'), ['-D', cluster.dataDir, '-m', 'fast', '-w', 'stop'], 60_000);
+  if (res.code !== 0) {
+    if (/Is server running\?/i.test(res.stderr)) {
+      log('No PostgreSQL (WAL) cluster started by this project is running');
+      return false;
+    }
+    throw new Error(`pg_ctl stop failed (exit ${res.code}): ${lastLines(res.stderr || res.stdout, 10)}`);
+  }
+  log(`PostgreSQL (WAL) stopped (${shownPath(cluster.home)})`);
+  return true;
+}
+
+async function probeWalPostgres(url: string): Promise<PgProbe> {
+  return probePostgres(url, 'show wal_level');
+}
+
+function walProbeResult(probe: PgProbe, url: string, fromEnv: boolean, log: Log): string {
+  const shown = redactUrl(url);
+  if (!probe.ok) {
+    throw new Error(
+      `PostgreSQL (WAL) does not answer at ${shown}: ${probe.error}. ` +
+        (fromEnv
+          ? 'Check WAL_DATABASE_URL and that the server is running.'
+          : 'Install PostgreSQL (Debian: apt-get install postgresql) or set WAL_DATABASE_URL.'),
+    );
+  }
+  if (probe.value !== 'logical') {
+    throw new Error(
+      `PostgreSQL at ${shown}${fromEnv ? ' (WAL_DATABASE_URL)' : ''} runs at wal_level=${probe.value ?? '?'}; ` +
+        'the WAL source needs wal_level=logical. ' +
+        (fromEnv
+          ? 'Point WAL_DATABASE_URL at such a server.'
+          : `Free port ${WAL_POSTGRES_PORT} for this project's own cluster, or set WAL_DATABASE_URL.`),
+    );
+  }
+  log(`PostgreSQL (WAL) answers at ${shown}`);
+  return url;
+}
+
+interface WalCluster {
+  home: string;
+  dataDir: string;
+  bin(name: string): string;
+  /** The user that owns the data directory and runs the server: set when we are root. */
+  runAsUser?: string;
+}
+
+/** The newest installed major's binaries and where its data directory lives, or undefined. */
+function walCluster(): WalCluster | undefined {
+  const libDir = '/usr/lib/postgresql';
+  let majors: string[];
+  try {
+    majors = fs
+      .readdirSync(libDir)
+      .filter((v) => fs.existsSync(path.join(libDir, v, 'bin', 'initdb')))
+      .sort((a, b) => Number(b) - Number(a));
+  } catch {
+    return undefined;
+  }
+  const major = majors[0];
+  if (major === undefined) return undefined;
+  const root = process.getuid?.() === 0;
+  const name = `postgres-${major}-wal`;
+  // As root the server runs as `postgres`, which must traverse the checkout's folders; a checkout
+  // under a closed folder (/root) keeps the cluster in /var/tmp instead, under a name of its own.
+  const home =
+    !root || traversableBy('postgres', SERVICES_DIR)
+      ? path.join(SERVICES_DIR, name)
+      : path.join('/var/tmp', `outboxkit-${createHash('sha256').update(ROOT).digest('hex').slice(0, 12)}`, name);
+  return {
+    home,
+    dataDir: path.join(home, 'data'),
+    bin: (name) => path.join(libDir, major, 'bin', name),
+    ...(root ? { runAsUser: 'postgres' } : {}),
+  };
+}
+
+/** A path inside the checkout relative to it, any other absolute. */
+function shownPath(p: string): string {
+  const rel = path.relative(ROOT, p);
+  return rel.startsWith('..') ? p : rel;
+}
+
+/**
+ * Whether `user` may traverse every existing folder on the way to `dir` (their execute bits, read
+ * against /etc/passwd and /etc/group; no ACLs). False when the user is unknown.
+ */
+function traversableBy(user: string, dir: string): boolean {
+  const entry = readText('/etc/passwd')
+    ?.split('\n')
+    .map((l) => l.split(':'))
+    .find((f) => f[0] === user);
+  const uid = Number(entry?.[2]);
+  const gid = Number(entry?.[3]);
+  if (!Number.isInteger(uid) || !Number.isInteger(gid)) return false;
+  const gids = new Set([gid]);
+  for (const line of readText('/etc/group')?.split('\n') ?? []) {
+    const f = line.split(':');
+    if (f[3]?.split(',').includes(user)) gids.add(Number(f[2]));
+  }
+  for (let d = path.resolve(dir); ; d = path.dirname(d)) {
+    let st: fs.Stats | undefined;
+    try {
+      st = fs.statSync(d);
+    } catch {
+      st = undefined; // Not created yet: whoever creates it decides.
+    }
+    if (st !== undefined) {
+      const bit = st.uid === uid ? 0o100 : gids.has(st.gid) ? 0o010 : 0o001;
+      if ((st.mode & bit) === 0) return false;
+    }
+    if (d === path.dirname(d)) return true;
+  }
+}
+
+async function startWalCluster(log: Log): Promise<void> {
+  const cluster = walCluster();
+  if (cluster === undefined) {
+    throw new Error(
+      `PostgreSQL (WAL) does not answer at ${redactUrl(DEFAULT_WAL_DATABASE_URL)} and no PostgreSQL binaries were found ` +
+        '(/usr/lib/postgresql/<major>/bin/initdb). Install PostgreSQL (Debian: apt-get install postgresql) or set WAL_DATABASE_URL.',
+    );
+  }
+  if (cluster.runAsUser !== undefined) {
+    const id = await run('id', ['-u', cluster.runAsUser], { timeoutMs: 5_000 });
+    if (id.code !== 0) {
+      throw new Error(
+        `PostgreSQL refuses to run as root and there is no "${cluster.runAsUser}" user to run the WAL cluster as; ` +
+          'create it (Debian packages do), run as another user, or set WAL_DATABASE_URL.',
+      );
+    }
+  }
+  fs.mkdirSync(cluster.home, { recursive: true });
+  if (!cluster.home.startsWith(SERVICES_DIR)) {
+    log(`${SERVICES_DIR} is closed to the "postgres" user: the WAL cluster lives in ${cluster.home}`);
+  }
+  if (cluster.runAsUser !== undefined) {
+    // The server's user must reach its data directory through the checkout's folders.
+    await run('chown', [cluster.runAsUser, cluster.home], { timeoutMs: 5_000 });
+    const reach = await runAs(cluster, 'test', ['-w', cluster.home], 5_000);
+    if (reach.code !== 0) {
+      throw new Error(
+        `The "${cluster.runAsUser}" user cannot reach ${cluster.home} (a parent folder is closed to it), so it cannot ` +
+          'hold the WAL cluster; clone the repository under a folder others can traverse, or set WAL_DATABASE_URL.',
+      );
+    }
+  }
+  if (!fs.existsSync(path.join(cluster.dataDir, 'PG_VERSION'))) {
+    log(`Creating PostgreSQL (WAL) cluster in ${shownPath(cluster.dataDir)}`);
+    fs.rmSync(cluster.dataDir, { recursive: true, force: true });
+    const init = await runAs(
+      cluster,
+      cluster.bin('initdb'),
+      ['-D', cluster.dataDir, '-U', 'postgres', '--auth=trust', '--encoding=UTF8', '--locale=C', '--no-sync'],
+      120_000,
+    );
+    if (init.code !== 0) {
+      throw new Error(`initdb failed (exit ${init.code}): ${lastLines(init.stderr || init.stdout, 10)}`);
+    }
+    fs.appendFileSync(path.join(cluster.dataDir, 'postgresql.conf'), "\ninclude 'outboxkit.conf'\n");
+  }
+  const settings = {
+    ...WAL_POSTGRES_SETTINGS,
+    // Its socket beside its data, not in /var/run/postgresql beside the machine's server.
+    unix_socket_directories: `'${cluster.home.replaceAll("'", "''")}'`,
+  };
+  fs.writeFileSync(
+    path.join(cluster.dataDir, 'outboxkit.conf'),
+    '# Written by scripts/services.ts at every start; edits are lost.\n' +
+      Object.entries(settings)
+        .map(([k, v]) => `${k} = ${v}\n`)
+        .join(''),
+    { mode: 0o644 },
+  );
+  log(`Starting PostgreSQL (WAL) on 127.0.0.1:${WAL_POSTGRES_PORT} (${shownPath(cluster.dataDir)})`);
+  const logFile = path.join(cluster.home, 'postgres.log');
+  const res = await runAs(
+    cluster,
+    cluster.bin('pg_ctl'),
+    ['-D', cluster.dataDir, '-l', logFile, '-w', '-t', String(WAL_POSTGRES_START_MS / 1000), 'start'],
+    WAL_POSTGRES_START_MS + 5_000,
+    // Its own session: a Ctrl-C in the terminal that ran `services:up` or the tests does not stop it.
+    { detached: true },
+  );
+  if (res.code !== 0) {
+    throw new Error(
+      `pg_ctl start failed (exit ${res.code}): ${lastLines(res.stderr || res.stdout, 5)}\n` +
+        `${logFile}:\n${lastLines(readText(logFile) ?? '', 10)}`,
+    );
+  }
+}
+
+/** Runs a command as the cluster's user (`runuser` when we are root), else as ourselves. */
+function runAs(
+  cluster: WalCluster,
+  cmd: string,
+  args: string[],
+  timeoutMs: number,
+  opts: { detached?: boolean } = {},
+): Promise<RunResult> {
+  const [file, argv] =
+    cluster.runAsUser === undefined ? [cmd, args] : ['runuser', ['-u', cluster.runAsUser, '--', cmd, ...args]];
+  return new Promise((resolve) => {
+    const child = spawn(file, argv, {
+      cwd: '/',
+      detached: opts.detached ?? false,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('error', (err) => {
+      clearTimeout(timer);
+      resolve({ code: null, stdout, stderr, error: `${file}: ${err.message}` });
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -898,6 +1203,15 @@ export interface Services {
   databaseUrl: string;
   kafkaBrokers: string[];
   /**
+   * A server at `wal_level=logical` for the WAL source's tests ({@link ensureWalPostgres}):
+   * `WAL_DATABASE_URL`, else this project's cluster on 127.0.0.1:5433. Set even when it could not
+   * be started (then {@link walDatabaseError} says why): only the WAL tests need it, and they fail
+   * with that reason rather than every other test.
+   */
+  walDatabaseUrl: string;
+  /** Why {@link walDatabaseUrl} does not answer at `wal_level=logical`; undefined when it does. */
+  walDatabaseError?: string;
+  /**
    * Stops the containers this call started through testcontainers (none on the local paths);
    * idempotent. The local Kafka broker is never stopped here: it outlives the process on purpose.
    */
@@ -937,7 +1251,7 @@ export async function ensureServices(log: Log = noop, options: EnsureServicesOpt
       ? startContainers({ ...containersWanted, kafkaLine: kafkaLine(resolveKafkaVersion()) }, log)
       : undefined;
   // allSettled: a PostgreSQL failure must not leave a Kafka start running unreported.
-  const [pgResult, kafkaResult, containerResult] = await Promise.allSettled([
+  const [pgResult, kafkaResult, containerResult, walResult] = await Promise.allSettled([
     containersWanted.postgres ? undefined : ensurePostgres(log),
     containersWanted.kafka
       ? undefined
@@ -945,14 +1259,21 @@ export async function ensureServices(log: Log = noop, options: EnsureServicesOpt
         ? ensureKafkaCluster(log)
         : ensureKafka(log),
     containers,
+    ensureWalPostgres(log),
   ]);
+  const walDatabaseUrl = process.env.WAL_DATABASE_URL?.trim() || DEFAULT_WAL_DATABASE_URL;
+  const wal =
+    walResult.status === 'fulfilled'
+      ? { walDatabaseUrl }
+      : { walDatabaseUrl, walDatabaseError: errorText(walResult.reason) };
+  if (wal.walDatabaseError !== undefined) log(`WARNING: ${wal.walDatabaseError}`);
   const stop = async () => {
     if (containerResult.status === 'fulfilled') await containerResult.value?.stop();
   };
   if (pgResult.status === 'fulfilled' && kafkaResult.status === 'fulfilled' && containerResult.status === 'fulfilled') {
     const databaseUrl = pgResult.value ?? containerResult.value?.databaseUrl;
     const kafkaBrokers = kafkaResult.value?.brokers ?? containerResult.value?.kafkaBrokers;
-    if (databaseUrl !== undefined && kafkaBrokers !== undefined) return { databaseUrl, kafkaBrokers, stop };
+    if (databaseUrl !== undefined && kafkaBrokers !== undefined) return { databaseUrl, kafkaBrokers, ...wal, stop };
   }
   await stop();
   const failures = [pgResult, kafkaResult, containerResult].flatMap((r) =>
@@ -1497,7 +1818,7 @@ async function terminate(pid: number, log: Log): Promise<void> {
  * An exclusive lock file (O_EXCL) so that concurrent callers (vitest workers, the demo and the
  * tests) never start two brokers. A lock whose owner pid is gone, or older than 10 min, is stale.
  */
-async function acquireLock(log: Log, file = LOCK_FILE): Promise<() => void> {
+async function acquireLock(log: Log, file = LOCK_FILE, what = 'Kafka'): Promise<() => void> {
   fs.mkdirSync(SERVICES_DIR, { recursive: true });
   const deadline = Date.now() + LOCK_WAIT_MS;
   let announced = false;
@@ -1521,11 +1842,11 @@ async function acquireLock(log: Log, file = LOCK_FILE): Promise<() => void> {
     }
     if (Date.now() > deadline) {
       throw new Error(
-        `Timed out after ${LOCK_WAIT_MS / 1000} s waiting for ${path.relative(ROOT, file)} (another process is starting Kafka); delete it if no such process exists.`,
+        `Timed out after ${LOCK_WAIT_MS / 1000} s waiting for ${path.relative(ROOT, file)} (another process is starting ${what}); delete it if no such process exists.`,
       );
     }
     if (!announced) {
-      log('Kafka is being started by another process (or caller); waiting for it');
+      log(`${what} is being started by another process (or caller); waiting for it`);
       announced = true;
     }
     await sleep(250);
@@ -1646,7 +1967,13 @@ async function status(): Promise<boolean> {
     const controller = activeController();
     if (controller !== undefined) console.log(`          active controller: node ${controller}`);
   }
-  return pgProbe.ok && kProbe.ok;
+  const walUrl = process.env.WAL_DATABASE_URL?.trim() || DEFAULT_WAL_DATABASE_URL;
+  const walProbe = await probeWalPostgres(walUrl);
+  const walOk = walProbe.ok && walProbe.value === 'logical';
+  console.log(
+    `wal-pg    ${walOk ? 'up  ' : 'down'}  ${redactUrl(walUrl)}${walProbe.ok ? `  (wal_level=${walProbe.value ?? '?'})` : `  (${walProbe.error})`}`,
+  );
+  return pgProbe.ok && kProbe.ok && walOk;
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -1656,25 +1983,31 @@ async function main(argv: string[]): Promise<number> {
     case 'up': {
       const started = Date.now();
       // A container would stop when this command exits: the plan points at docker compose instead.
-      const { databaseUrl, kafkaBrokers } = await ensureServices(log, { ephemeralOk: false });
+      const { databaseUrl, kafkaBrokers, walDatabaseUrl, walDatabaseError } = await ensureServices(log, {
+        ephemeralOk: false,
+      });
       log(`ready in ${seconds(Date.now() - started)}`);
       console.log(`DATABASE_URL=${databaseUrl}`);
       console.log(`KAFKA_BROKERS=${kafkaBrokers.join(',')}`);
-      return 0;
+      console.log(`WAL_DATABASE_URL=${walDatabaseUrl}`);
+      // The WAL tests need it: fail here, where the reason is clear, rather than in the suite.
+      return walDatabaseError === undefined ? 0 : 1;
     }
     case 'down':
       await stopKafka(log);
       await stopKafkaCluster(log);
+      await stopWalPostgres(log);
       return 0;
     case 'status':
       return (await status()) ? 0 : 1;
     default:
       console.error(
         'usage: tsx scripts/services.ts up|down|status\n' +
-          '  up      start PostgreSQL and Kafka if needed; prints DATABASE_URL and KAFKA_BROKERS\n' +
-          '  down    stop the Kafka broker and the cluster nodes this project started\n' +
+          '  up      start PostgreSQL, PostgreSQL at wal_level=logical (port 5433) and Kafka if needed;\n' +
+          '          prints DATABASE_URL, KAFKA_BROKERS and WAL_DATABASE_URL\n' +
+          '  down    stop the Kafka broker, the cluster nodes and the WAL PostgreSQL this project started\n' +
           '  status  show what answers\n' +
-          'env: DATABASE_URL, KAFKA_BROKERS (use these instead of local services),\n' +
+          'env: DATABASE_URL, KAFKA_BROKERS, WAL_DATABASE_URL (use these instead of local services),\n' +
           `     OUTBOXKIT_KAFKA_VERSION (3 = ${KAFKA_LINES[3]}, default; 4 = ${KAFKA_LINES[4]}),\n` +
           `     OUTBOXKIT_KAFKA_NODES (1 = the broker on ${LOCAL_BROKER}, default; 3 = a 3-node cluster on ${clusterAddresses()
             .map((a) => a.broker)

@@ -32,3 +32,22 @@ export const EVENT_ID_MAX_SKEW_MS = 300_000;
  * refuses the id for its age ({@link EVENT_ID_MAX_AGE_MS} plus {@link EVENT_ID_MAX_SKEW_MS}).
  */
 export const EVENT_ID_REUSE_WINDOW_MS = EVENT_ID_MAX_AGE_MS + EVENT_ID_MAX_SKEW_MS;
+
+/**
+ * The seed of the key hash in `outbox_key_locks` (`hashtextextended(key, 7)`, a bigint): the writer
+ * locks a key's row by it, and the relay's retention deletes the rows of the keys whose events it
+ * deletes by the same expression.
+ */
+export const KEY_LOCK_HASH_SEED = 7;
+
+/**
+ * The most entries of PostgreSQL's shared lock table an `enqueue()` call takes, whatever its number
+ * of events and keys: 11 held until the transaction ends (measured with pg_locks: RowExclusiveLock
+ * on outbox_events, its 5 indexes, its identity sequence, outbox_key_locks and its primary key, the
+ * virtual transaction id and the transaction id), at most 3 while it waits for another writer of
+ * a key (the tuple, that transaction's id, a speculative-insertion token) and NOTIFY's database
+ * lock at commit. Most of the relation locks take PostgreSQL's per-backend fast path, not the
+ * shared table. The shared table holds max_locks_per_transaction × (max_connections +
+ * max_prepared_transactions) entries (6,400 with PostgreSQL's defaults).
+ */
+export const ENQUEUE_LOCK_TABLE_ENTRIES = 15;

@@ -12,7 +12,14 @@
  * - `idempotency:after-commit`: committed, the HTTP response not sent (Fastify adapter);
  * - `relay:before-send`: a batch is claimed, nothing sent to the broker;
  * - `relay:after-send`: the broker acknowledged the batch, the rows are not marked published;
- * - `consumer:after-commit`: the handler's transaction committed, the offset not yet resolved.
+ * - `consumer:after-commit`: the handler's transaction committed, the offset not yet resolved;
+ * - `wal-relay:before-send`: the WAL relay holds a batch of transactions, nothing sent;
+ * - `wal-relay:after-send`: Kafka acknowledged the WAL relay's batch, its rows are not deleted
+ *   and the slot is not confirmed;
+ * - `wal-relay:after-delete`: the batch's rows are deleted, the slot is not confirmed.
+ * - `wal-relay:slot-created`: the WAL relay marked a resync pending and created (or found) its
+ *   slot; no row of the resync is published yet. The resync's pages go through
+ *   `wal-relay:before-send`, `wal-relay:after-send` and `wal-relay:after-delete` too.
  */
 const armedPoint = process.env.OUTBOXKIT_CRASH_POINT;
 const crashAfter = Number(process.env.OUTBOXKIT_CRASH_AFTER ?? '1');

@@ -58,6 +58,10 @@ export const ERROR_CODES = [
   'OUTBOXKIT_REPLAY_NOT_ACCEPTABLE',
   /** A consumer's handler asks for its message to run again later, without counting an attempt. */
   'OUTBOXKIT_RETRY_LATER',
+  /** The Kafka client library chosen (`kafkaClient: 'platformatic'`) is not installed, too old, or needs a newer Node.js. */
+  'OUTBOXKIT_KAFKA_CLIENT_UNAVAILABLE',
+  /** The WAL source's replication stream could not start, or ended while it was read (docs/wal-source.md). */
+  'OUTBOXKIT_WAL_STREAM_FAILED',
 ] as const;
 
 /** Union of every error code outboxkit uses. */
@@ -100,7 +104,12 @@ export function isOutboxkitError(err: unknown, code?: ErrorCode): err is Outboxk
   return code === undefined || (err as OutboxkitError).code === code;
 }
 
-/** Options passed to a component are invalid. Thrown by every `resolveXxxOptions()`. */
+/**
+ * Options passed to a component are invalid. Thrown by every `resolveXxxOptions()`, and by
+ * `ensureTopics()` (`outboxkit topics ensure`) for a topic the broker refuses to create for what it
+ * asks (a bad configuration entry, more replicas than brokers, a policy: docs/kafka.md, Topics),
+ * the Kafka client's error as `cause`.
+ */
 export class InvalidOptionsError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
     super('OUTBOXKIT_INVALID_OPTIONS', message, options);
@@ -148,7 +157,11 @@ export class NotInTransactionError extends OutboxkitError {
   }
 }
 
-/** The PostgreSQL server is older than the minimum outboxkit supports. Thrown by `migrate()`. */
+/**
+ * The PostgreSQL server is older than the minimum outboxkit supports, or (`migrate({ walPublication })`,
+ * the WAL relay) does not run `wal_level = logical`. Thrown by `migrate()` and by the WAL relay's
+ * `start()` (not retriable: the setting needs a restart of PostgreSQL).
+ */
 export class UnsupportedServerError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
     super('OUTBOXKIT_UNSUPPORTED_SERVER', message, options);
@@ -199,14 +212,50 @@ export class EventEncodingError extends OutboxkitError {
 }
 
 /**
- * The relay could not reach Kafka: a send, a producer connect or a health probe got no answer
- * within `brokerTimeoutMs`, or no producer is connected. Retriable: the relay backs off, reconnects
+ * Kafka could not be reached. In the relay: a send, a producer connect or a health probe got no
+ * answer within `brokerTimeoutMs`, or no producer is connected; the relay backs off, reconnects
  * and stands down after `leaseMs` of failing (its lanes go to a healthy relay). Seen in the
- * `relay:error` event and the `relay pass failed` log; `cause` holds kafkajs' error, if any.
+ * `relay:error` event and the `relay pass failed` log. Also the rejection of a `connect()` of a
+ * Kafka client's producer, admin or group consumer (both clients; the @platformatic/kafka admin's
+ * requests too, which connect first) when no broker could be reached at all (connection refused,
+ * unknown host, no route): `Kafka brokers could not be reached (<brokers>): <socket reason>`, as
+ * the dedup consumer's start-up warnings, the relay's `producer reconnect failed` and the CLI's
+ * error show it (src/kafka/unreachable.ts). Retriable. `cause` holds the Kafka client's error, if any.
  */
 export class BrokerUnavailableError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
     super('OUTBOXKIT_BROKER_UNAVAILABLE', message, { retriable: true, ...options });
+  }
+}
+
+/**
+ * The Kafka client library that was chosen cannot run here: `@platformatic/kafka` (relay option
+ * `kafkaClient: 'platformatic'`, `outboxkit relay --kafka-client platformatic`) is not installed,
+ * is a major version outboxkit does not support, or needs a newer Node.js than the one running
+ * (its 1.x line runs on Node.js 20.19.4+, its 2.x line needs 22.22+). The message says what to
+ * install. Also thrown for a part of outboxkit that does not run on that client yet (the dedup
+ * consumer). Not retriable: install the package (an optional peer dependency) or choose kafkajs.
+ * Thrown by the relay's `start()` and by `createPlatformaticClient()`'s connects; see docs/kafka.md.
+ */
+export class KafkaClientUnavailableError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_KAFKA_CLIENT_UNAVAILABLE', message, options);
+  }
+}
+
+/**
+ * The WAL source's replication stream could not start or ended under its reader
+ * (relay/wal/slot-reader.ts): the connection was lost (network, server restart,
+ * `pg_terminate_backend` of the walsender, `wal_sender_timeout`), `START_REPLICATION` was refused
+ * (the slot is held by another reader, SQLSTATE 55006), or the slot does not exist. Nothing is
+ * lost: what the reader had not confirmed comes again to the next reader of the slot. `retriable`
+ * is true except for a missing slot or publication (create them: `ensureLogicalSlot()`,
+ * `ensurePublication()`). `cause` holds the driver's error, if any. Seen as the rejection of the
+ * reader's `start()` or `ended`.
+ */
+export class WalStreamError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_WAL_STREAM_FAILED', message, { retriable: true, ...options });
   }
 }
 

@@ -16,8 +16,9 @@ import type { Kafka } from './kafka/kafkajs/client.js';
 import type * as kafkaTopics from './kafka/topics.js';
 import type { KafkaClient, TopicSpec } from './kafka/types.js';
 
-export { enqueue, createOutbox, notifyChannel, OUTBOX_DEFAULTS } from './outbox/enqueue.js';
-export type { Outbox, OutboxOptions, EnqueuedEvent } from './outbox/enqueue.js';
+export { enqueue, createOutbox, notifyChannel, OUTBOX_DEFAULTS, OUTBOX_SOURCES } from './outbox/enqueue.js';
+export { ENQUEUE_LOCK_TABLE_ENTRIES } from './constants.js';
+export type { Outbox, OutboxOptions, OutboxSource, EnqueuedEvent } from './outbox/enqueue.js';
 export { HEADER_EVENT_ID, HEADER_EVENT_TYPE, laneOf } from './outbox/event.js';
 export { EVENT_ID_MAX_AGE_MS, EVENT_ID_MAX_SKEW_MS, EVENT_ID_REUSE_WINDOW_MS } from './constants.js';
 export type { OutboxEventInput } from './outbox/event.js';
@@ -32,6 +33,7 @@ export {
 export type { CloudEventAttributes, CloudEventsOptions } from './outbox/cloud-events.js';
 export { HEADER_TRACEPARENT, HEADER_TRACESTATE } from './tracing.js';
 export { migrate, MIN_SERVER_VERSION_NUM } from './migrate.js';
+export { walPublicationName } from './schema-name.js';
 export type { MigrateOptions, MigrateResult } from './migrate.js';
 export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
 export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
@@ -53,6 +55,8 @@ export {
   EventEncodingError,
   BrokerUnavailableError,
   InvalidKafkaConfigError,
+  KafkaClientUnavailableError,
+  WalStreamError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';
 // Idempotency keys: the one-transaction mode, HTTP problem responses.

@@ -24,8 +24,9 @@ import {
   refuseUnknownOptions,
 } from './errors.js';
 import { DEFAULT_SCHEMA } from './constants.js';
-import { quoteSchema } from './schema-name.js';
+import { quoteSchema, walPublicationName } from './schema-name.js';
 import { noopLogger, type Logger } from './logger.js';
+import { checkReplicationName, ensurePublication } from './wal-publication.js';
 
 /** Oldest PostgreSQL supported: 13 (`pg_current_xact_id`, `hashtextextended`, ...). */
 export const MIN_SERVER_VERSION_NUM = 130000;
@@ -44,6 +45,21 @@ export interface MigrateOptions {
   migrationsFolder?: string;
   /** Logger. @defaultValue no-op */
   logger?: Logger;
+  /**
+   * Also create the publication that streams the inserts of `<schema>.outbox_events` to a WAL
+   * relay (`CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert')`; docs/wal-source.md), for
+   * writers with `createOutbox({ source: 'wal' })`. `true` names it `<schema>_outbox_events`
+   * ({@link walPublicationName}); a string names it (1-63 characters of `[a-z0-9_]`, not starting
+   * with a digit: the relay's replication connection cannot quote it). A publication of that name
+   * that exists already is kept as it is (change it with `ALTER PUBLICATION`), so this is
+   * idempotent and safe from several processes. Needs the ownership of the table (the migrating
+   * role has it). The server must run `wal_level = logical`: otherwise migrate() throws an
+   * `UnsupportedServerError` before it writes anything. The replication
+   * slot is not created here: it is the WAL relay's (`outboxkit relay --source wal` creates it at
+   * start; an embedded `createWalRelay()` needs `ensureLogicalSlot()` first).
+   * @defaultValue false
+   */
+  walPublication?: boolean | string;
 }
 
 /** Every option name of {@link MigrateOptions}; the compiler keeps it in step with the interface. */
@@ -53,6 +69,7 @@ const MIGRATE_OPTION_NAMES = optionNames<MigrateOptions>({
   schema: true,
   migrationsFolder: true,
   logger: true,
+  walPublication: true,
 });
 
 /** What {@link migrate} did. */
@@ -61,6 +78,8 @@ export interface MigrateResult {
   applied: string[];
   /** The server's `server_version_num`, for example 150020. */
   serverVersionNum: number;
+  /** With `walPublication`: the publication's name, and whether this call created it. */
+  walPublication?: { name: string; created: boolean };
 }
 
 interface JournalEntry {
@@ -118,6 +137,7 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
   const quoted = quoteSchema(schema);
   const logger = options.logger ?? noopLogger;
   const folder = options.migrationsFolder ?? defaultMigrationsFolder();
+  const publication = resolveWalPublication(options.walPublication, schema);
   if (!options.client && !options.connectionString) {
     throw new InvalidOptionsError('migrate() needs `connectionString` or a connected `client`.');
   }
@@ -136,11 +156,27 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
         `PostgreSQL ${serverVersionNum} is too old: outboxkit needs PostgreSQL 13 or later.`,
       );
     }
+    if (publication !== undefined) {
+      // Checked before anything is written: on a server that cannot decode its WAL, WAL writers
+      // would fill a table no WAL relay can ever read.
+      const { rows: level } = await client.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
+      if (level[0]?.v !== 'logical') {
+        throw new UnsupportedServerError(
+          `migrate: walPublication needs wal_level = logical, and this server runs wal_level = ${level[0]?.v ?? 'unknown'}: ` +
+            'set wal_level = logical in postgresql.conf and restart PostgreSQL, or migrate without walPublication (docs/wal-source.md).',
+        );
+      }
+    }
     // One lock per schema: migrations of different schemas do not wait for each other.
     await client.query(`SELECT pg_advisory_lock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
     try {
       const applied = await applyPending(client, quoted, folder, logger);
-      return { applied, serverVersionNum };
+      if (publication === undefined) return { applied, serverVersionNum };
+      // Created after the table exists; ensurePublication() takes "already exists" as success, so a
+      // second migrator (or a relay creating it) never makes this fail.
+      const created = await ensurePublication(client, publication, [`${schema}.outbox_events`]);
+      if (created) logger.info({ publication }, 'outboxkit WAL publication created');
+      return { applied, serverVersionNum, walPublication: { name: publication, created } };
     } finally {
       await client.query(`SELECT pg_advisory_unlock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
     }
@@ -148,6 +184,20 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
     client.off('error', onError);
     if (owned) await client.end();
   }
+}
+
+/**
+ * The publication `walPublication` asks for, or `undefined` for none.
+ *
+ * @throws {@link InvalidOptionsError} on a value that is neither a boolean nor a valid name.
+ */
+function resolveWalPublication(option: unknown, schema: string): string | undefined {
+  if (option === undefined || option === false) return undefined;
+  if (option === true) return walPublicationName(schema);
+  if (typeof option === 'string') return checkReplicationName(option, 'publication');
+  throw new InvalidOptionsError(
+    `migrate: walPublication must be true, false or a publication name, got ${typeof option}.`,
+  );
 }
 
 async function applyPending(client: pg.Client, quoted: string, folder: string, logger: Logger): Promise<string[]> {

@@ -33,6 +33,12 @@ export const SQLSTATE = Object.freeze({
   SERIALIZATION_FAILURE: '40001',
   /** `undefined_table`: the table does not exist. */
   UNDEFINED_TABLE: '42P01',
+  /** `undefined_object`: for example a replication slot or publication that does not exist. */
+  UNDEFINED_OBJECT: '42704',
+  /** `duplicate_object`: for example a replication slot or publication that already exists. */
+  DUPLICATE_OBJECT: '42710',
+  /** `object_in_use`: for example a replication slot another walsender holds. */
+  OBJECT_IN_USE: '55006',
   /** `too_many_connections`. */
   TOO_MANY_CONNECTIONS: '53300',
   /** `lock_not_available`: `lock_timeout` expired while waiting for a lock. */

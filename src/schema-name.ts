@@ -30,3 +30,24 @@ export function quoteSchema(name: string = DEFAULT_SCHEMA): string {
 export function notifyChannel(schema: string): string {
   return `${schema}_outbox`;
 }
+
+/**
+ * The default name of the publication that streams a schema's outbox inserts to the WAL relay
+ * (`<schema>_outbox_events`; docs/wal-source.md, "The writer"). Always a valid publication name:
+ * a schema name (at most 40 characters of `[a-z0-9_]`) plus 14 characters stays within the 63 that
+ * replication names allow.
+ */
+export function walPublicationName(schema: string): string {
+  return `${schema}_outbox_events`;
+}
+
+/**
+ * The default name of the replication slot a WAL relay of a schema reads (`<schema>_relay`;
+ * `outboxkit relay --source wal` without `--wal-slot`; docs/wal-source.md). Always a valid slot
+ * name: a schema name (at most 40 characters of `[a-z0-9_]`) plus 6 characters. Slot names are
+ * unique across the whole PostgreSQL cluster, not per database: two databases of one cluster with
+ * the same schema need `--wal-slot` for one of them.
+ */
+export function walSlotName(schema: string): string {
+  return `${schema}_relay`;
+}

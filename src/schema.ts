@@ -14,6 +14,7 @@
 import { sql } from 'drizzle-orm';
 import {
   bigint,
+  boolean,
   check,
   customType,
   index,
@@ -65,8 +66,8 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
   const schema = pgSchema(schemaName);
 
   /**
-   * Outbox events. `seq` orders events of one key in commit order because the writer takes a
-   * per-key transaction-scoped advisory lock before the identity value is drawn.
+   * Outbox events. `seq` orders events of one key in commit order because the writer locks the
+   * key's row in `outbox_key_locks` before the identity value is drawn.
    */
   const outboxEvents = schema.table(
     'outbox_events',
@@ -107,6 +108,20 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     ],
   );
 
+  /**
+   * The writers' per-key locks: one row per key hash (`hashtextextended(key, 7)`), created by the
+   * first `enqueue()` of the key and row-locked (`INSERT … ON CONFLICT DO UPDATE … WHERE false`)
+   * by every later one until its transaction ends, so that writers of one key draw their `seq` in
+   * commit order. A row lock is kept in the row itself, not in PostgreSQL's shared lock table, so a
+   * transaction may lock any number of keys (an advisory lock per key filled that table: SQLSTATE
+   * 53200 near 14,000 keys with the default max_locks_per_transaction). Created UNLOGGED by
+   * migration 0005 (a lock outlives no transaction, so nothing here needs the WAL; a crash or a
+   * failover empties it). The relay's retention deletes the rows of keys whose events it deletes.
+   */
+  const outboxKeyLocks = schema.table('outbox_key_locks', {
+    keyHash: bigint('key_hash', { mode: 'bigint' }).primaryKey(),
+  });
+
   /** One row per relay lane: who owns it, until when, and the fencing token of that ownership. */
   const relayLanes = schema.table('relay_lanes', {
     lane: smallint('lane').primaryKey(),
@@ -135,6 +150,22 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
      * relays' memory.
      */
     blockedPartitions: jsonb('blocked_partitions').$type<RelayBlockedPartition[]>(),
+  });
+
+  /**
+   * The WAL relays' replication slots (docs/wal-source.md, "Slot loss and resync"): one row per
+   * slot a WAL relay created or checked. `resync_pending` is set before the relay creates (or
+   * recreates) its slot and cleared once every row the table held has been published, so a relay
+   * that dies in between resyncs again at its next start. `resync_reason` says why the last resync
+   * began (`missing`, `lost`, `unrecorded`, `interrupted`); `resync_started_at` and `resynced_at`
+   * when it began and last ended. Added by migration 0006.
+   */
+  const walSlots = schema.table('wal_slots', {
+    slotName: text('slot_name').primaryKey(),
+    resyncPending: boolean('resync_pending').notNull().default(false),
+    resyncReason: text('resync_reason'),
+    resyncStartedAt: timestamp('resync_started_at', { withTimezone: true }),
+    resyncedAt: timestamp('resynced_at', { withTimezone: true }),
   });
 
   /** Idempotency records, scoped by (tenant, operation, key). */
@@ -216,15 +247,27 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     ],
   );
 
-  return { schema, outboxEvents, relayLanes, relayInstances, idempotencyKeys, inbox, consumerProgress };
+  return {
+    schema,
+    outboxEvents,
+    outboxKeyLocks,
+    relayLanes,
+    relayInstances,
+    walSlots,
+    idempotencyKeys,
+    inbox,
+    consumerProgress,
+  };
 }
 
 const tables = outboxkitTables();
 /** The `outboxkit` schema (drizzle-kit reads these top-level exports). */
 export const outboxkitSchema = tables.schema;
 export const outboxEvents = tables.outboxEvents;
+export const outboxKeyLocks = tables.outboxKeyLocks;
 export const relayLanes = tables.relayLanes;
 export const relayInstances = tables.relayInstances;
+export const walSlots = tables.walSlots;
 export const idempotencyKeys = tables.idempotencyKeys;
 export const inbox = tables.inbox;
 export const consumerProgress = tables.consumerProgress;

@@ -1,7 +1,8 @@
 /**
  * Brings up what the integration tests need (PostgreSQL and a real Kafka broker: the local ones,
- * or those named by DATABASE_URL / KAFKA_BROKERS) and prepares a migrated template database that
- * each test file clones.
+ * or those named by DATABASE_URL / KAFKA_BROKERS; and a PostgreSQL at wal_level=logical for the WAL
+ * source's tests, WAL_DATABASE_URL or the project's own cluster on 5433) and prepares a migrated
+ * template database that each test file clones.
  */
 import type { TestProject } from 'vitest/node';
 import pg from 'pg';
@@ -10,7 +11,7 @@ import { migrate } from '../src/migrate.js';
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   const services = await ensureServices((msg) => console.log(`[services] ${msg}`));
-  const { databaseUrl, kafkaBrokers } = services;
+  const { databaseUrl, kafkaBrokers, walDatabaseUrl, walDatabaseError } = services;
   // One template per run: two runs on one server (two developers, or a run beside the demo) do not
   // drop each other's template.
   const TEMPLATE_DB = `outboxkit_template_${process.pid}`;
@@ -31,6 +32,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
   project.provide('databaseUrl', databaseUrl);
   project.provide('kafkaBrokers', kafkaBrokers);
   project.provide('templateDatabase', TEMPLATE_DB);
+  // Not fatal here: only the WAL tests need it, and test/helpers/wal.ts fails them with the reason.
+  project.provide('walDatabaseUrl', walDatabaseUrl);
+  project.provide('walDatabaseError', walDatabaseError ?? null);
   return async () => {
     const c = new pg.Client({ connectionString: databaseUrl });
     try {
@@ -49,5 +53,9 @@ declare module 'vitest' {
     databaseUrl: string;
     kafkaBrokers: string[];
     templateDatabase: string;
+    /** A server at wal_level=logical (scripts/services.ts, ensureWalPostgres). */
+    walDatabaseUrl: string;
+    /** Why {@link walDatabaseUrl} could not be brought up; null when it answered. */
+    walDatabaseError: string | null;
   }
 }

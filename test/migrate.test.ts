@@ -26,6 +26,21 @@ async function tables(schema: string): Promise<string[]> {
 }
 
 describe('migrate()', () => {
+  // The test server runs wal_level = replica (the WAL tests have a cluster of their own): a WAL
+  // publication there would let WAL writers fill a table no WAL relay can read.
+  it('refuses walPublication on a server without wal_level = logical, before writing anything', async () => {
+    const { rows } = await db.pool.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
+    expect(rows[0]!.v).not.toBe('logical');
+    const err = await migrate({ connectionString: db.url, schema: 'walless', walPublication: true }).catch(
+      (e: unknown) => e,
+    );
+    expect(isOutboxkitError(err, 'OUTBOXKIT_UNSUPPORTED_SERVER')).toBe(true);
+    expect((err as Error).message).toMatch(/wal_level = logical.*wal_level = replica/);
+    expect(await tables('walless')).toEqual([]);
+    const pubs = await db.pool.query(`SELECT 1 FROM pg_publication WHERE pubname = 'walless_outbox_events'`);
+    expect(pubs.rowCount).toBe(0);
+  });
+
   it('is a no-op on an up-to-date schema', async () => {
     expect((await migrate({ connectionString: db.url })).applied).toEqual([]);
   });
@@ -46,9 +61,11 @@ describe('migrate()', () => {
       'idempotency_keys',
       'inbox',
       'outbox_events',
+      'outbox_key_locks',
       'outboxkit_migrations',
       'relay_instances',
       'relay_lanes',
+      'wal_slots',
     ]);
   });
 
@@ -63,6 +80,8 @@ describe('migrate()', () => {
       '0002_operation_id',
       '0003_operation_id_backfill',
       '0004_relay_blocked_partitions',
+      '0005_outbox_key_locks',
+      '0006_wal_slots',
     ]);
     expect((await tables('shared_app')).sort()).toContain('outboxkit_migrations');
   });

@@ -1,11 +1,20 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { readDeadLetters, replayDeadLetters } from '../../consumer/dead-letter-replay.js';
 import type { DeadLetterSummary } from '../../consumer/dead-letter.js';
-import { addKafkaOptions, eventIdList, int, kafkaFromOptions } from '../shared.js';
+import {
+  addKafkaOptions,
+  chosenKafkaClient,
+  eventIdList,
+  int,
+  kafkaClientOption,
+  kafkaFromOptions,
+} from '../shared.js';
 import { printJson, printLines } from '../printable.js';
 
-function cliKafka(opts: Record<string, unknown>) {
-  return kafkaFromOptions(opts, { clientId: 'outboxkit-cli' }).client;
+/** The client `--kafka-client` chose, with the Kafka settings of the flags, environment and file. */
+async function cliKafka(opts: Record<string, unknown>) {
+  const { client, resolved } = kafkaFromOptions(opts, { clientId: 'outboxkit-cli' });
+  return (await chosenKafkaClient(opts, client, resolved)).client;
 }
 
 const eventIdHeaderOption = () =>
@@ -48,6 +57,7 @@ export function registerDlq(program: Command): void {
     .description('list dead letters (origin, reason, attempts, failed-at, event id; never the payload)')
     .argument('<dlq-topic>', 'the dead-letter topic, for example orders.dlq');
   addKafkaOptions(list)
+    .addOption(kafkaClientOption())
     .option('--limit <n>', 'most records, from the beginning of the topic', int, 100)
     .option('--json', 'print JSON')
     .addOption(eventIdHeaderOption())
@@ -55,7 +65,7 @@ export function registerDlq(program: Command): void {
     .action(
       async (topic: string, opts: { limit: number; json?: boolean; eventIdHeader: string; timeoutMs: number }) => {
         if (opts.limit < 1) throw new InvalidArgumentError('--limit must be at least 1.');
-        const { records, complete } = await readDeadLetters(cliKafka(opts), topic, {
+        const { records, complete } = await readDeadLetters(await cliKafka(opts), topic, {
           limit: opts.limit,
           eventIdHeader: opts.eventIdHeader,
           timeoutMs: opts.timeoutMs,
@@ -77,6 +87,7 @@ export function registerDlq(program: Command): void {
     )
     .argument('<dlq-topic>', 'the dead-letter topic');
   addKafkaOptions(replay)
+    .addOption(kafkaClientOption())
     .option('--event-id <ids...>', 'event ids (UUIDs) to replay', eventIdList)
     .option('--all', 'every dead letter that has a usable event id')
     .option(
@@ -100,7 +111,7 @@ export function registerDlq(program: Command): void {
       ) => {
         if (!opts.all && !opts.eventId?.length) throw new InvalidArgumentError('Give --event-id <ids...> or --all.');
         if (opts.all && opts.eventId?.length) throw new InvalidArgumentError('Give --event-id or --all, not both.');
-        const result = await replayDeadLetters(cliKafka(opts), topic, {
+        const result = await replayDeadLetters(await cliKafka(opts), topic, {
           eventIds: opts.eventId,
           all: opts.all,
           to: opts.to,

@@ -1,16 +1,21 @@
-import { Option, type Command } from 'commander';
+import { InvalidArgumentError, Option, type Command } from 'commander';
 import pg from 'pg';
 import { pino } from 'pino';
 import client from 'prom-client';
 import { InvalidOptionsError } from '../../src/errors.js';
+import { checkReplicationName } from '../../src/wal-publication.js';
+import { WAL_SLOT_READER_DEFAULTS } from '../../relay/wal/defaults.js';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
 import { DEFAULT_METRICS_HOST, relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
 import {
   addKafkaOptions,
   applicationName,
   bool,
+  chosenKafkaClient,
   databaseOption,
+  drainOnSignals,
   int,
+  kafkaClientOption,
   kafkaFromOptions,
   lifetime,
   listenAddress,
@@ -19,11 +24,57 @@ import {
 } from '../shared.js';
 import { printableJson } from '../printable.js';
 
+/** Where the relay reads the outbox from (`--source`). */
+export const RELAY_SOURCES = ['table', 'wal'] as const;
+
+/** Options (commander attribute names) of the table relay alone: refused with `--source wal`. */
+const TABLE_ONLY = [
+  'relayId',
+  'pollIntervalMs',
+  'leaseMs',
+  'maxAttempts',
+  'holdKeyBehindFailure',
+  'publishedRetentionMs',
+  'cleanupRowsPerSecond',
+  'listen',
+] as const;
+
+/** Options of the WAL relay alone: refused with `--source table`. */
+const WAL_ONLY = ['walSlot', 'walPublication', 'walStatusIntervalMs'] as const;
+
 /**
- * A SIGTERM/SIGINT within this many ms of the first is a repeat of it (a wrapper such as npm
- * forwarding the terminal's signal), not the operator's second signal that forces exit.
+ * Refuses the options of the other source that were given (by flag or environment variable):
+ * they would be ignored, silently.
+ *
+ * @throws {@link InvalidOptionsError} naming each such flag (and its variable, when set there).
  */
-const REPEATED_SIGNAL_MS = 1_000;
+function refuseOtherSourceOptions(command: Command, source: (typeof RELAY_SOURCES)[number]): void {
+  const other = source === 'wal' ? TABLE_ONLY : WAL_ONLY;
+  const given: string[] = [];
+  for (const name of other) {
+    const from = command.getOptionValueSource(name);
+    if (from !== 'cli' && from !== 'env') continue;
+    const option = command.options.find((o) => o.attributeName() === name)!;
+    given.push(from === 'env' ? `${option.long} (set by ${option.envVar})` : option.long!);
+  }
+  if (given.length === 0) return;
+  const otherSource = source === 'wal' ? 'table' : 'wal';
+  throw new InvalidOptionsError(
+    `${given.join(', ')} ${given.length === 1 ? 'applies' : 'apply'} only to --source ${otherSource}, ` +
+      `not to --source ${source}: remove ${given.length === 1 ? 'it' : 'them'}.`,
+  );
+}
+
+/** A replication slot or publication name (`[a-z_][a-z0-9_]{0,62}`), as a usage error. */
+function replicationName(what: 'slot' | 'publication') {
+  return (value: string): string => {
+    try {
+      return checkReplicationName(value, what);
+    } catch (err) {
+      throw new InvalidArgumentError((err as Error).message);
+    }
+  };
+}
 
 /**
  * Builds the relay, its options checked before anything connects or is logged; an invalid one is
@@ -42,7 +93,7 @@ function relayOrFlagError(pool: pg.Pool, build: () => Relay): Relay {
     const flagged = err.message
       .replace(/^createRelay: /, '')
       .replace(
-        /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|relayId|schema)\b(?: \(flag --[a-z-]+\))?/g,
+        /\b(batchSize|maxBatchBytes|pollIntervalMs|leaseMs|brokerTimeoutMs|maxAttempts|publishedRetentionMs|cleanupRowsPerSecond|relayId|schema)\b(?: \(flag --[a-z-]+\))?/g,
         (_match, name: string) => `--${name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`,
       );
     throw new InvalidOptionsError(flagged, { cause: err });
@@ -55,17 +106,52 @@ export function registerRelay(program: Command): void {
     .command('relay')
     .description('run the relay daemon: publish committed outbox events to Kafka')
     .addOption(databaseOption())
-    .addOption(schemaOption());
+    .addOption(schemaOption())
+    .addOption(
+      new Option(
+        '--source <source>',
+        'where the outbox is read: table (lanes and leases), or wal (a logical replication slot; docs/wal-source.md)',
+      )
+        .choices(RELAY_SOURCES)
+        .env('OUTBOXKIT_RELAY_SOURCE')
+        .default('table'),
+    )
+    .addOption(
+      new Option(
+        '--wal-slot <name>',
+        'with --source wal: the replication slot, created if missing (default: <schema>_relay; unique per cluster)',
+      )
+        .env('OUTBOXKIT_WAL_SLOT')
+        .argParser(replicationName('slot')),
+    )
+    .addOption(
+      new Option(
+        '--wal-publication <name>',
+        "with --source wal: the publication of the outbox's inserts, created if missing (default: <schema>_outbox_events)",
+      )
+        .env('OUTBOXKIT_WAL_PUBLICATION')
+        .argParser(replicationName('publication')),
+    )
+    .addOption(
+      new Option(
+        '--wal-status-interval-ms <ms>',
+        "with --source wal: the replication connection's status update interval (well below wal_sender_timeout)",
+      )
+        .env('OUTBOXKIT_WAL_STATUS_INTERVAL_MS')
+        .argParser(int)
+        .default(WAL_SLOT_READER_DEFAULTS.statusIntervalMs),
+    );
   addKafkaOptions(command, { producer: true, clientId: 'outboxkit-relay' })
+    .addOption(kafkaClientOption())
     .addOption(new Option('--relay-id <id>', 'this instance id (default: host-pid-random)').env('OUTBOXKIT_RELAY_ID'))
     .addOption(
-      new Option('--batch-size <rows>', 'most rows per pass')
+      new Option('--batch-size <rows>', 'most rows per pass (--source wal: most events per send)')
         .env('OUTBOXKIT_BATCH_SIZE')
         .argParser(int)
         .default(RELAY_DEFAULTS.batchSize),
     )
     .addOption(
-      new Option('--max-batch-bytes <bytes>', 'most payload bytes per pass')
+      new Option('--max-batch-bytes <bytes>', 'most payload bytes per pass (--source wal: per send)')
         .env('OUTBOXKIT_MAX_BATCH_BYTES')
         .argParser(int)
         .default(RELAY_DEFAULTS.maxBatchBytes),
@@ -109,6 +195,15 @@ export function registerRelay(program: Command): void {
         .argParser(int)
         .default(RELAY_DEFAULTS.publishedRetentionMs),
     )
+    .addOption(
+      new Option(
+        '--cleanup-rows-per-second <n>',
+        'pace of the retention cleanup: published rows deleted per second at most (0: unpaced)',
+      )
+        .env('OUTBOXKIT_CLEANUP_ROWS_PER_SECOND')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.cleanupRowsPerSecond),
+    )
     .addOption(new Option('--listen <bool>', 'wake on NOTIFY').env('OUTBOXKIT_LISTEN').argParser(bool).default(true))
     .addOption(
       new Option('--metrics-port <port>', 'port of /metrics, /healthz, /readyz (0: random, -1: off)')
@@ -132,7 +227,10 @@ export function registerRelay(program: Command): void {
         .env('OUTBOXKIT_LOG_LEVEL')
         .default('info'),
     )
-    .action(async (opts: Record<string, string | number | boolean | undefined>) => {
+    .action(async (opts: Record<string, string | number | boolean | undefined>, self: Command) => {
+      const source = opts.source === 'wal' ? 'wal' : 'table';
+      // Before anything is logged or connects: a flag of the other source would be ignored.
+      refuseOtherSourceOptions(self, source);
       // Log lines carry text from outside (Kafka errors, topics, event types): JSON escapes the C0
       // controls, printableJson the rest a terminal would act on.
       const logger = pino({
@@ -141,11 +239,20 @@ export function registerRelay(program: Command): void {
         hooks: { streamWrite: printableJson },
       });
       // Resolved (and validated) before anything connects; warnings and the redacted settings are logged.
-      const { client: kafkaClient, resolved } = kafkaFromOptions(opts, {
+      const { client: kafkajsClient, resolved } = kafkaFromOptions(opts, {
         clientId: 'outboxkit-relay',
         logger,
         logLevel: 'warn',
       });
+      // The same settings (brokers, TLS, SASL, timeouts) on the chosen library. A missing or
+      // unsupported @platformatic/kafka is a setup error: reported before anything connects.
+      const { client: kafkaClient, library } = await chosenKafkaClient(opts, kafkajsClient, resolved);
+      if (source === 'wal') {
+        // Loaded only for this source: the table relay never loads the replication client.
+        const { runWalRelay } = await import('./relay-wal.js');
+        await runWalRelay({ opts, logger, kafka: kafkaClient, resolved, library });
+        return;
+      }
       const pool = new pg.Pool({
         connectionString: String(opts.databaseUrl),
         max: 4,
@@ -172,10 +279,11 @@ export function registerRelay(program: Command): void {
             maxAttempts: Number(opts.maxAttempts),
             holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
             publishedRetentionMs: Number(opts.publishedRetentionMs),
+            cleanupRowsPerSecond: Number(opts.cleanupRowsPerSecond),
             logger,
           }),
       );
-      logger.info({ kafka: resolved.description }, 'Kafka connection settings');
+      logger.info({ kafka: resolved.description, kafkaClient: library }, 'Kafka connection settings');
       const registry = new client.Registry();
       client.collectDefaultMetrics({ register: registry });
       relayMetrics(relay, pool, registry);
@@ -191,30 +299,11 @@ export function registerRelay(program: Command): void {
         );
       }
       // First SIGTERM/SIGINT drains (the pass in flight finishes, lanes are released); a second
-      // one forces exit. A repeat within REPEATED_SIGNAL_MS of the first is the same request, not a
-      // second one: Ctrl-C under `npm run` reaches the relay twice within milliseconds (from the
-      // terminal to the whole process group, then forwarded by npm). An unref'd watchdog forces
-      // exit if draining hangs.
-      let firstSignalAt: number | undefined;
-      const onSignal = (signal: string) => {
-        if (firstSignalAt !== undefined) {
-          if (Date.now() - firstSignalAt < REPEATED_SIGNAL_MS) {
-            logger.debug({ signal }, 'signal repeated at once (a wrapper forwarding it): still draining');
-            return;
-          }
-          logger.warn({ signal }, 'second signal: exiting now');
-          process.exit(130);
-        }
-        firstSignalAt = Date.now();
-        logger.info({ signal }, 'draining');
-        setTimeout(() => process.exit(1), 35_000).unref();
-        void relay.stop({ timeoutMs: 30_000 }).then(async () => {
-          await pool.end();
-          process.exit(0);
-        });
-      };
-      process.on('SIGTERM', onSignal);
-      process.on('SIGINT', onSignal);
+      // one forces exit. An unref'd watchdog forces exit if draining hangs.
+      drainOnSignals(logger, async () => {
+        await relay.stop({ timeoutMs: 30_000 });
+        await pool.end();
+      });
       lifetime.daemon = true;
       await relay.start();
     });

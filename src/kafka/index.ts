@@ -2,7 +2,9 @@
  * `outboxkit/kafka`: outboxkit's Kafka boundary and its kafkajs adapter.
  *
  * - The interfaces the relay, the dedup consumer and the CLI use (`KafkaClient`, `KafkaProducer`,
- *   `KafkaAdmin`, `GroupConsumer`), and `createKafkajsClient()`, which implements them over kafkajs.
+ *   `KafkaAdmin`, `GroupConsumer`), and `createKafkajsClient()`, which implements them over kafkajs;
+ *   `createPlatformaticClient()` implements the producer and admin over @platformatic/kafka (an
+ *   optional peer dependency, loaded on first connect; docs/kafka.md, "Choosing a client").
  * - `ensureTopics()`, the Kafka settings (`resolveKafkaConfig()`, `kafkaConfigFromEnv()`), kafkajs's
  *   error classification and the fix of its idle timer loop.
  *
@@ -36,6 +38,7 @@ export { firstFailure, isTooLarge, throwIfFailed } from './outcomes.js';
 export { createKafkajsClient } from './kafkajs/client.js';
 export type { KafkajsClientOptions, KafkajsLogLevel } from './kafkajs/client.js';
 export { isRetriableKafkaError } from './kafkajs/errors.js';
+export { createPlatformaticClient } from './platformatic/client.js';
 export { applyKafkajsRequestQueueFix } from './kafkajs/fix.js';
 export type { KafkajsFixOutcome } from './kafkajs/fix.js';
 export { applyKafkajsMetadataFix } from './kafkajs/metadata-fix.js';

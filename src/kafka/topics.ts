@@ -64,11 +64,23 @@ export interface EnsureTopicsResult {
  * @param topics - topic specs (kafkajs's `ITopicConfig` fits): `topic`, `numPartitions` (omitted:
  *   the broker's `num.partitions`), `replicationFactor` (omitted: the broker's
  *   `default.replication.factor`), `configEntries`.
- * @throws {@link InvalidOptionsError} before anything is sent: an illegal topic name, a partition
- *   count or replication factor that is not a positive integer, or one topic given twice with
- *   different settings (the same one twice is asked once).
- * @throws the last error once the retries are spent, or at once a non-retriable kafkajs error
- *   (for example TOPIC_AUTHORIZATION_FAILED, INVALID_REPLICATION_FACTOR, POLICY_VIOLATION).
+ * @throws {@link InvalidOptionsError} before anything is sent: a field a topic spec does not have
+ *   (`partitions` for `numPartitions`: named, with the accepted fields), an illegal topic name, a
+ *   partition count or replication factor that is not a positive integer (or -1), malformed
+ *   `configEntries`, or one topic given twice with different settings (the same one twice is asked
+ *   once).
+ * @throws {@link InvalidOptionsError} at once (no retry, the topic not created) when the broker
+ *   refuses a topic for what it asks: INVALID_CONFIG (a configuration name or value it does not
+ *   take), INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR (more replicas than brokers),
+ *   INVALID_REPLICA_ASSIGNMENT, INVALID_TOPIC_EXCEPTION, POLICY_VIOLATION,
+ *   TOPIC_AUTHORIZATION_FAILED. The message names the topic, the error and the broker's reason
+ *   (`Kafka refused to create topic "t1": INVALID_CONFIG: Unknown topic config name: retention.msx.`);
+ *   kafkajs does not keep the broker's text, so there the reason is kafkajs's (`Configuration is
+ *   invalid`) followed, for INVALID_CONFIG, by the entries the broker refuses when each is asked
+ *   alone (`configEntries refused: retention.msx="1000"`). `cause` is the Kafka client's error.
+ *   Topics before it in `topics` may have been created.
+ * @throws the last error once the retries are spent, or at once another non-retriable error of
+ *   the Kafka client.
  *   A broker that cannot be reached fails after kafkajs's own connection retries (with its
  *   defaults, about 10 s per attempt) on each of these attempts: about a minute in all, unless
  *   `timeoutMs` is given.
@@ -146,31 +158,61 @@ export async function ensureTopics(
   return { created: names.filter((n) => created.has(n)), existing: names.filter((n) => !created.has(n)) };
 }
 
-/** Validates `topics` (see {@link ensureTopics}) and drops repeats of one topic. */
+/** A partition count or replication factor: a positive integer, or -1 for the broker's default (as kafkajs). */
+const COUNT_RULE = "must be a positive integer, or -1 for the broker's default";
+const countOrDefault = z
+  .number({ error: COUNT_RULE })
+  .int({ error: COUNT_RULE })
+  .refine((n) => n === -1 || n >= 1, { error: COUNT_RULE });
+
+/**
+ * One topic of {@link ensureTopics}: the fields of {@link TopicSpec}, no other (`partitions`,
+ * @platformatic/kafka's name for `numPartitions`, or kafkajs's `replicaAssignment`, which outboxkit
+ * does not send, would otherwise be ignored: a topic created with the broker's defaults).
+ */
+const topicSpecSchema = z.strictObject({
+  topic: z
+    .string({ error: 'must be a string' })
+    .refine((name) => KAFKA_TOPIC_NAME.test(name) && name !== '.' && name !== '..', {
+      error:
+        "must be a legal Kafka topic name: 1-249 characters of letters, digits, '.', '_' and '-' (not '.' or '..')",
+    }),
+  numPartitions: countOrDefault.optional(),
+  replicationFactor: countOrDefault.optional(),
+  configEntries: z
+    .array(
+      z.strictObject({ name: z.string({ error: 'must be a string' }), value: z.string({ error: 'must be a string' }) }),
+      {
+        error: 'must be an array of { name, value } strings',
+      },
+    )
+    .optional(),
+} satisfies Record<keyof TopicSpec, z.ZodType>);
+
+/**
+ * Validates `topics` (see {@link ensureTopics}) and drops repeats of one topic.
+ *
+ * @throws {@link InvalidOptionsError} naming the topic (and its index) and the field at fault: an
+ *   unknown field (with the accepted ones), an illegal name, a count that is not a positive integer
+ *   or -1, malformed `configEntries`; or one topic given twice with different settings.
+ */
 function checkTopics(topics: TopicSpec[]): TopicSpec[] {
   if (!Array.isArray(topics))
     throw new InvalidOptionsError('topics must be an array of { topic, numPartitions?, ... }.');
   const byName = new Map<string, TopicSpec>();
-  for (const t of topics) {
-    const name: unknown = t?.topic;
-    if (typeof name !== 'string' || !KAFKA_TOPIC_NAME.test(name) || name === '.' || name === '..') {
-      throw new InvalidOptionsError(
-        `Invalid topic ${JSON.stringify(name)}: Kafka topics are 1-249 characters of letters, digits, '.', '_' and '-'.`,
-      );
+  topics.forEach((t: unknown, i) => {
+    if (typeof t !== 'object' || t === null || Array.isArray(t)) {
+      throw new InvalidOptionsError(`ensureTopics: topics[${i}] must be an object { topic, numPartitions?, ... }.`);
     }
-    for (const field of ['numPartitions', 'replicationFactor'] as const) {
-      const v: unknown = t[field];
-      // -1 asks the broker's default, as kafkajs does.
-      if (v !== undefined && v !== -1 && !(typeof v === 'number' && Number.isInteger(v) && v >= 1)) {
-        throw new InvalidOptionsError(`${field} of topic ${name} must be a positive integer, got ${String(v)}.`);
-      }
+    const name = (t as { topic?: unknown }).topic;
+    const what = `ensureTopics: ${typeof name === 'string' ? `topic ${JSON.stringify(name)} ` : ''}(topics[${i}])`;
+    const spec = parseOptions(topicSpecSchema, t, what);
+    const seen = byName.get(spec.topic);
+    if (seen !== undefined && JSON.stringify(seen) !== JSON.stringify(spec)) {
+      throw new InvalidOptionsError(`Topic ${spec.topic} is given twice with different settings.`);
     }
-    const seen = byName.get(name);
-    if (seen !== undefined && JSON.stringify(seen) !== JSON.stringify(t)) {
-      throw new InvalidOptionsError(`Topic ${name} is given twice with different settings.`);
-    }
-    byName.set(name, t);
-  }
+    byName.set(spec.topic, spec);
+  });
   return [...byName.values()];
 }
 

@@ -10,7 +10,7 @@
  *
  * No import of kafkajs here, not even of its types.
  */
-import { optionNames } from '../errors.js';
+import { optionNames, refuseUnknownOptions } from '../errors.js';
 
 /** A header value as a client takes or gives it. */
 export type RecordHeaderValue = Buffer | string;
@@ -118,6 +118,25 @@ export const PRODUCER_SETTING_NAMES = optionNames<ProducerSettings>({
   onSend: true,
 });
 
+/** {@link ProducerSettings} with the defaults both adapters share filled in. */
+export type ResolvedProducerSettings = Required<
+  Pick<ProducerSettings, 'retries' | 'requestTimeoutMs' | 'compression'>
+> &
+  Omit<ProducerSettings, 'retries' | 'requestTimeoutMs' | 'compression'>;
+
+/**
+ * Checks `settings` for unknown names and fills in the shared defaults (5 retries, a 30_000 ms
+ * request timeout, no compression); the retry delays and metadata age stay the client's own when
+ * absent.
+ *
+ * @throws `InvalidOptionsError` (src/errors.ts) naming an unknown setting.
+ */
+export function resolveProducerSettings(settings: ProducerSettings = {}): ResolvedProducerSettings {
+  refuseUnknownOptions(settings ?? {}, PRODUCER_SETTING_NAMES, 'producer');
+  const { retries = 5, requestTimeoutMs = 30_000, compression = 'none', ...rest } = settings ?? {};
+  return { ...rest, retries, requestTimeoutMs, compression };
+}
+
 /**
  * A producer. Sends are serialised (at most one in flight, whoever calls): an idempotent producer
  * can assign broken sequence numbers under concurrent sends (kafkajs does: test/relay/cases.test.ts,
@@ -213,6 +232,12 @@ export interface KafkaAdmin {
    * (also when another process created it meanwhile). kafkajs resolves `createTopics` to false
    * then; @platformatic/kafka fails with TOPIC_ALREADY_EXISTS, which its adapter turns into
    * `'exists'`.
+   *
+   * @throws `InvalidOptionsError` when the broker refuses the topic for what it asks
+   *   (INVALID_CONFIG, INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT,
+   *   INVALID_TOPIC_EXCEPTION, POLICY_VIOLATION, TOPIC_AUTHORIZATION_FAILED): the message names the
+   *   topic, the error and the reason; `cause` is the client's error (src/kafka/topic-refused.ts).
+   *   Other errors are the client's.
    */
   createTopic(spec: TopicSpec): Promise<'created' | 'exists'>;
   /** Each partition's earliest and log-end offsets (ListOffsets; kafkajs `fetchTopicOffsets`). */
@@ -245,7 +270,7 @@ export interface InboundMessage {
   key: Buffer | null;
   /** Null for a tombstone. */
   value: Buffer | null;
-  /** Raw headers: a repeated name is an array (kafkajs); @platformatic/kafka gives a Map, whose last value wins. */
+  /** Raw headers: a repeated name is an array of its values, in order (both adapters). */
   headers?: RecordHeaders;
   /** Its offset, a decimal string. */
   offset: string;
@@ -289,7 +314,8 @@ export interface InboundBatch {
    * which {@link GroupConsumer.isRebalance} is true means the partitions may go: end the batch
    * by throwing it out of `eachBatch`, the client then commits what is marked and rejoins.
    * kafkajs throttles heartbeats to its interval. @platformatic/kafka heartbeats by itself: its
-   * adapter resolves at once here, and reports a revoked partition through {@link InboundBatch.isActive}.
+   * adapter sends nothing here, and rejects with a rebalance error once the group rebalanced since
+   * the batch began (a revoked partition also shows through {@link InboundBatch.isActive}).
    */
   heartbeat(): Promise<void>;
   /**
@@ -299,9 +325,9 @@ export interface InboundBatch {
   isActive(): boolean;
   /**
    * Pauses this partition: no more fetches of it until the returned function resumes it, from
-   * the first unmarked record. kafkajs pauses the partition itself; @platformatic/kafka has no
-   * per-partition pause on its one stream, so its adapter holds back that partition's records
-   * until resumed and then delivers them again from the first unmarked one.
+   * the first unmarked record. kafkajs pauses the partition itself; @platformatic/kafka's adapter
+   * runs its own fetch loop, which leaves a paused partition out and, on resume, fetches it again
+   * from its first unmarked record.
    */
   pause(): () => void;
 }
@@ -337,8 +363,9 @@ export interface GroupConsumerRun {
   /**
    * Processes one partition's batch. What it throws ends the batch: the client commits what is
    * marked, then rejoins on a rebalance error, restarts the consumer on a retriable error, and
-   * crashes on any other (see {@link GroupConsumerEvents.crash}). @platformatic/kafka delivers one
-   * stream of records for every partition: its adapter groups them by partition into batches.
+   * crashes on any other (see {@link GroupConsumerEvents.crash}). @platformatic/kafka's adapter
+   * fetches with its own loop (the client's one stream has no per-partition pause or seek) and
+   * makes one batch per partition and fetch.
    */
   eachBatch(batch: InboundBatch): Promise<void>;
 }

@@ -4,13 +4,19 @@
 import { joinTransaction, type TransactionHandle } from '../database.js';
 import { z } from 'zod';
 import { InvalidEventError } from '../errors.js';
-import { boolean, fn, integer, parseOptions, SHARED_OPTIONS, value } from '../options.js';
+import { boolean, fn, integer, parseOptions, sentence, SHARED_OPTIONS, value } from '../options.js';
 import { DEFAULT_SCHEMA } from '../constants.js';
 import { notifyChannel, quoteSchema } from '../schema-name.js';
 import { activeContextHeaders } from '../tracing.js';
 import { resolveCloudEventsOptions, type CloudEventsOptions } from './cloud-events.js';
 import { encodeWith, type PayloadEncoder } from './encoding.js';
-import { deleteEventsSql, insertEventsSql, MAX_EVENTS_PER_INSERT, verifyInTransactionSql } from './sql.js';
+import {
+  deleteEventsSql,
+  ENQUEUE_SAVEPOINT,
+  insertEventsSql,
+  MAX_EVENTS_PER_INSERT,
+  verifyInTransactionSql,
+} from './sql.js';
 import {
   completeEvent,
   encodeDefault,
@@ -24,10 +30,42 @@ import {
   type PreparedEvent,
 } from './event.js';
 
+/**
+ * How the relay finds the events a writer writes (docs/wal-source.md):
+ * - `'table'`: the relay polls `outbox_events` (woken by `NOTIFY`), so the writer row-locks each
+ *   key in `outbox_key_locks` to keep per-key commit order;
+ * - `'wal'`: the relay reads the table's inserts from a logical replication slot through a
+ *   publication (`migrate({ walPublication: true })`), which hands over transactions in commit
+ *   order, so the writer takes no key lock and sends no `NOTIFY`.
+ */
+export type OutboxSource = 'table' | 'wal';
+
+/** The values of {@link OutboxSource}. */
+export const OUTBOX_SOURCES = ['table', 'wal'] as const satisfies readonly OutboxSource[];
+
 /** Options of {@link createOutbox}. */
 export interface OutboxOptions {
   /** Schema holding outboxkit's tables. @defaultValue 'outboxkit' */
   schema?: string;
+  /**
+   * Which relay reads the events: `'table'` (the polling relay) or `'wal'` (a relay reading a
+   * logical replication slot, docs/wal-source.md). Both write the same row, with the same
+   * validation and errors, into `<schema>.outbox_events`, which stays the durable copy of each event
+   * until it is published. With `'wal'`:
+   * - no per-key lock: `outbox_key_locks` is not touched, writers of one key never wait for each
+   *   other and never deadlock on the writer's account, and a bulk transaction is bounded only by
+   *   PostgreSQL (per-key order is the commit order the slot delivers);
+   * - no `NOTIFY` (the slot streams each commit; `notify: true` is refused with this source);
+   * - events are inserted in the order given (the table source sorts a call's events by key,
+   *   keeping the given order within a key);
+   * - the database needs `wal_level = logical` and the publication: run `migrate` with
+   *   `walPublication` once. The replication slot is the WAL relay's, which creates it.
+   *
+   * A table relay does not keep per-key order for events written with `'wal'`: switch writers and
+   * relays together.
+   * @defaultValue 'table'
+   */
+  source?: OutboxSource;
   /**
    * Largest payload accepted, in bytes. Keep it below the topic's `max.message.bytes` (Kafka's
    * default is 1,048,588 bytes) minus headers. @defaultValue 1_000_000
@@ -43,7 +81,9 @@ export interface OutboxOptions {
   maxHeaderBytes?: number;
   /**
    * Send `NOTIFY` on the schema's channel so relays wake at once instead of at their next poll.
-   * PostgreSQL folds identical notifications of one transaction into one. @defaultValue true
+   * PostgreSQL folds identical notifications of one transaction into one. Only with
+   * `source: 'table'`: `notify: true` with `source: 'wal'` throws {@link InvalidOptionsError}.
+   * @defaultValue true with `source: 'table'`, false with `source: 'wal'`
    */
   notify?: boolean;
   /**
@@ -83,11 +123,24 @@ export interface Outbox {
   /**
    * Writes events to the outbox inside the caller's transaction.
    *
-   * Per-key order: for each distinct key, a transaction-scoped advisory lock is taken before the
-   * row's sequence value is drawn, so events of one key take their positions in the order their
-   * transactions commit (docs/guarantees.md, G3). Keys are locked in sorted order within a call; two
+   * Per-key order: each distinct key's row in `outbox_key_locks` is row-locked (created on the key's
+   * first event) before the events' sequence values are drawn, and stays locked until the
+   * transaction ends, so events of one key take their positions in the order their transactions
+   * commit (docs/guarantees.md, G3). Keys are locked in sorted order within a call; two
    * transactions that enqueue the same keys in opposite orders across *separate* calls can still
-   * deadlock (PostgreSQL then aborts one with SQLSTATE 40P01, and it can be retried).
+   * deadlock (PostgreSQL then aborts one with SQLSTATE 40P01, and it can be retried). Transactions
+   * with disjoint keys never wait for each other. With `source: 'wal'` nothing is locked: the
+   * replication slot hands the relay whole transactions in commit order, which is the per-key
+   * order; events are inserted in the order given, with no `NOTIFY`, and a transaction may hold
+   * as many events as PostgreSQL takes (100,000 distinct keys tested, test/wal/writer.test.ts).
+   *
+   * Bulk transactions: row locks take no entry in PostgreSQL's shared lock table, so one
+   * transaction may enqueue any number of distinct keys (tested with 100,000 under the default
+   * `max_locks_per_transaction` 64); a call takes `ENQUEUE_LOCK_TABLE_ENTRIES` (15) lock-table
+   * entries at most, whatever its size. Events are written in statements of at most
+   * {@link MAX_EVENTS_PER_INSERT} events. Under REPEATABLE READ or SERIALIZABLE, a transaction
+   * whose snapshot is older than another writer's *first* event of a key it also enqueues fails
+   * with SQLSTATE 40001 (serialization failure): retry it, as those isolation levels require.
    *
    * @param tx - a `pg` client inside BEGIN, or a drizzle transaction (never a pool or the
    *   top-level db).
@@ -101,8 +154,10 @@ export interface Outbox {
    * @throws {@link SchemaMissingError} when outboxkit's tables do not exist (run `outboxkit migrate`).
    */
   enqueue(tx: TransactionHandle, events: OutboxEventInput | readonly OutboxEventInput[]): Promise<EnqueuedEvent[]>;
-  /** The LISTEN/NOTIFY channel relays listen on. */
+  /** The LISTEN/NOTIFY channel relays listen on (notified only with `notify`, never with `source: 'wal'`). */
   readonly channel: string;
+  /** Which relay reads these events ({@link OutboxOptions.source}). */
+  readonly source: OutboxSource;
 }
 
 /** The largest value PostgreSQL stores in one field (1 GB), in bytes: the upper bound of the byte limits. */
@@ -128,9 +183,10 @@ function checkHeaderBytes(e: PreparedEvent, maxHeaderBytes: number): void {
   }
 }
 
-/** Default options of {@link createOutbox}. */
+/** Default options of {@link createOutbox} (`notify` is the table source's; the WAL source's is false). */
 export const OUTBOX_DEFAULTS = Object.freeze({
   schema: DEFAULT_SCHEMA,
+  source: 'table' as OutboxSource,
   maxPayloadBytes: 1_000_000,
   maxHeaderBytes: 16_384,
   notify: true,
@@ -141,15 +197,35 @@ export const OUTBOX_DEFAULTS = Object.freeze({
  * The writer's options, declared once. The byte limits stop at the largest value PostgreSQL stores
  * in one field (1 GB); Kafka's own limits are far below.
  */
-const outboxOptionsSchema = z.strictObject({
-  schema: SHARED_OPTIONS.schema,
-  maxPayloadBytes: integer(1, MAX_FIELD_BYTES).default(OUTBOX_DEFAULTS.maxPayloadBytes),
-  maxHeaderBytes: integer(1, MAX_FIELD_BYTES).default(OUTBOX_DEFAULTS.maxHeaderBytes),
-  notify: boolean().default(OUTBOX_DEFAULTS.notify),
-  encode: fn<PayloadEncoder>('(payload, event) => bytes | { value, contentType }').optional(),
-  cloudEvents: value<CloudEventsOptions>('an object { source }', (v) => typeof v === 'object' && v !== null).optional(),
-  traceContext: boolean().default(OUTBOX_DEFAULTS.traceContext),
-} satisfies Record<keyof OutboxOptions, z.ZodType>);
+const outboxOptionsSchema = z
+  .strictObject({
+    schema: SHARED_OPTIONS.schema,
+    source: z
+      .enum(OUTBOX_SOURCES, { error: `must be ${OUTBOX_SOURCES.map((s) => `'${s}'`).join(' or ')}` })
+      .default(OUTBOX_DEFAULTS.source),
+    maxPayloadBytes: integer(1, MAX_FIELD_BYTES).default(OUTBOX_DEFAULTS.maxPayloadBytes),
+    maxHeaderBytes: integer(1, MAX_FIELD_BYTES).default(OUTBOX_DEFAULTS.maxHeaderBytes),
+    // Its default depends on `source` (resolved in createOutbox()).
+    notify: boolean().optional(),
+    encode: fn<PayloadEncoder>('(payload, event) => bytes | { value, contentType }').optional(),
+    cloudEvents: value<CloudEventsOptions>(
+      'an object { source }',
+      (v) => typeof v === 'object' && v !== null,
+    ).optional(),
+    traceContext: boolean().default(OUTBOX_DEFAULTS.traceContext),
+  } satisfies Record<keyof OutboxOptions, z.ZodType>)
+  .superRefine((o, ctx) => {
+    // A WAL relay is woken by the slot's stream, not by NOTIFY: a NOTIFY would cost every writer a
+    // serialising commit step for nothing (docs/wal-source.md, "The writer").
+    if (o.source === 'wal' && o.notify === true) {
+      ctx.addIssue(
+        sentence(
+          "notify: true cannot be combined with source: 'wal' (a WAL relay reads the replication slot, not NOTIFY); " +
+            'drop notify, or use the table source.',
+        ),
+      );
+    }
+  });
 
 export { notifyChannel };
 
@@ -168,6 +244,10 @@ function compareKeys(a: string | null, b: string | null): number {
 export function createOutbox(options: OutboxOptions = {}): Outbox {
   const resolved = parseOptions(outboxOptionsSchema, options ?? {}, 'createOutbox');
   const table = `${quoteSchema(resolved.schema)}.outbox_events`;
+  const wal = resolved.source === 'wal';
+  // The WAL source locks no key: the slot's commit order is the per-key order.
+  const keyLocks = wal ? null : `${quoteSchema(resolved.schema)}.outbox_key_locks`;
+  const notify = resolved.notify ?? !wal;
   const encoder = resolved.encode;
   const cloudEvents = resolveCloudEventsOptions(resolved.cloudEvents);
   const channel = notifyChannel(resolved.schema);
@@ -205,6 +285,7 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
 
   return {
     channel,
+    source: resolved.source,
     async enqueue(tx, input) {
       const list = Array.isArray(input) ? (input as readonly OutboxEventInput[]) : [input as OutboxEventInput];
       if (list.length === 0) return [];
@@ -214,13 +295,20 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       if (ids.size !== prepared.length)
         throw new InvalidEventError('Two events of one enqueue() call have the same eventId.');
       const db = joinTransaction(tx, 'enqueue()', { verifyInTransaction });
-      // Lock keys in one global order (stable sort keeps the given order within a key).
-      const ordered = [...prepared].sort((a, b) => compareKeys(a.key, b.key));
+      // Lock keys in one global order (stable sort keeps the given order within a key). The WAL
+      // source locks nothing, so it inserts in the given order, which the slot then streams.
+      const ordered = wal ? prepared : [...prepared].sort((a, b) => compareKeys(a.key, b.key));
+      // Only a caller's eventId can exist already (a generated UUIDv7 is new), and a call of one
+      // event that is skipped wrote nothing: only the WAL source's calls of several events with
+      // an explicit id need the savepoint (ENQUEUE_SAVEPOINT says why), so the common call pays
+      // no extra round trip.
+      const savepoint = wal && list.length > 1 && list.some((e) => e.eventId !== undefined);
+      if (savepoint) await db.query(ENQUEUE_SAVEPOINT.begin);
       const seqById = new Map<string, string>();
       for (let i = 0; i < ordered.length; i += MAX_EVENTS_PER_INSERT) {
         const chunk = ordered.slice(i, i + MAX_EVENTS_PER_INSERT);
         const last = i + MAX_EVENTS_PER_INSERT >= ordered.length;
-        const insert = insertEventsSql(table, chunk, resolved.notify && last ? channel : null);
+        const insert = insertEventsSql(table, keyLocks, chunk, notify && last ? channel : null);
         const { rows } = await db.query<{ event_id: string; seq: string }>(insert.text, insert.values, {
           name: insert.name,
         });
@@ -230,8 +318,9 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       // usable). The call writes all or nothing: its other rows, still visible to this transaction
       // only, are deleted again before the error.
       const skipped = prepared.filter((e) => !seqById.has(e.eventId)).map((e) => e.eventId);
+      if (savepoint) await db.query(skipped.length > 0 ? ENQUEUE_SAVEPOINT.undo : ENQUEUE_SAVEPOINT.release);
       if (skipped.length > 0) {
-        if (seqById.size > 0) {
+        if (seqById.size > 0 && !savepoint) {
           const undo = deleteEventsSql(table, [...seqById.values()]);
           await db.query(undo.text, undo.values);
         }

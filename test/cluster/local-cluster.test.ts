@@ -130,10 +130,16 @@ describe.skipIf(!enabled)(
           expect(p.replicas.sort()).toEqual([1, 2, 3]);
           expect(p.leader).toBeOneOf([1, 2, 3]);
         }
-        const topicConfig = await admin.describeConfigs({
-          includeSynonyms: false,
-          resources: [{ type: ConfigResourceTypes.TOPIC, name: topic, configNames: ['min.insync.replicas'] }],
-        });
+        // The same for the node kafkajs sends DescribeConfigs to (seen once: "This server does not
+        // host this topic-partition" right after the leaders were known).
+        const topicConfig = await waitFor(
+          () =>
+            admin.describeConfigs({
+              includeSynonyms: false,
+              resources: [{ type: ConfigResourceTypes.TOPIC, name: topic, configNames: ['min.insync.replicas'] }],
+            }),
+          { timeoutMs: 15_000, intervalMs: 250 },
+        );
         expect(topicConfig.resources[0]?.configEntries[0]?.configValue).toBe('2');
         await admin.deleteTopics({ topics: [topic] });
       } finally {

@@ -163,6 +163,24 @@ export function checkTopic(
 }
 
 /** Records with a Kafka timestamp in [from, to) per second. */
+/**
+ * How the relay kept up in [from, to): the records of `records` published in the window per row of
+ * `written` committed in it (pass both filtered to the same events). About 1 while the relay keeps
+ * up with the writers. One window's value over another's compares the publishing rates with the
+ * writers' own variation taken out: a stream of a few events per second varies by 15 % or more
+ * from one 20 s window to the next (a C25 run read 0.75 from raw rates of 4.1/s and 3.1/s).
+ */
+export function keptUp(
+  records: readonly { timestamp: number }[],
+  written: readonly { committedAt: number }[],
+  from: number,
+  to: number,
+): number {
+  const committed = written.filter((w) => w.committedAt >= from && w.committedAt < to).length;
+  const published = records.filter((r) => r.timestamp >= from && r.timestamp < to).length;
+  return committed === 0 ? Number.NaN : published / committed;
+}
+
 export function ratePerSecond(records: readonly { timestamp: number }[], from: number, to: number): number {
   if (to <= from) return 0;
   return records.filter((r) => r.timestamp >= from && r.timestamp < to).length / ((to - from) / 1000);

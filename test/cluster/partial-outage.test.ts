@@ -28,6 +28,7 @@ import {
   clusterKafka,
   clusterTestDatabase,
   log,
+  keptUp,
   ratePerSecond,
   readBack,
   startWriters as startWritersOn,
@@ -236,13 +237,22 @@ describe.skipIf(!enabled)(
       const liveAudit = auditRecords.filter((r) => r.partition !== deadPartition && unaffected(r));
       const auditBefore = ratePerSecond(liveAudit, startedAt + 5_000, killedAt);
       const auditDuring = ratePerSecond(liveAudit, from, restartedAt);
+      // The publishing rate during over before, each per event written in its window (keptUp).
+      const writtenTo = (topic: string) => writers.written.filter((w) => w.topic === topic && !waits(w.key));
+      const ordersRatio =
+        keptUp(orderRecords.filter(unaffected), writtenTo(orders), from, restartedAt) /
+        keptUp(orderRecords.filter(unaffected), writtenTo(orders), startedAt + 5_000, killedAt);
+      const auditRatio =
+        keptUp(liveAudit, writtenTo(audit), from, restartedAt) /
+        keptUp(liveAudit, writtenTo(audit), startedAt + 5_000, killedAt);
       log(
         `C25: unaffected ${orders}: ${ordersBefore.toFixed(1)}/s before, ${ordersDuring.toFixed(1)}/s during ` +
-          `(ratio ${(ordersDuring / ordersBefore).toFixed(2)}); live ${audit} partitions: ${auditBefore.toFixed(1)}/s before, ` +
-          `${auditDuring.toFixed(1)}/s during (ratio ${(auditDuring / auditBefore).toFixed(2)})`,
+          `(ratio ${(ordersDuring / ordersBefore).toFixed(2)}, per event written ${ordersRatio.toFixed(2)}); ` +
+          `live ${audit} partitions: ${auditBefore.toFixed(1)}/s before, ${auditDuring.toFixed(1)}/s during ` +
+          `(ratio ${(auditDuring / auditBefore).toFixed(2)}, per event written ${auditRatio.toFixed(2)})`,
       );
-      expect(ordersDuring / ordersBefore).toBeGreaterThanOrEqual(MIN_RATIO);
-      expect(auditDuring / auditBefore).toBeGreaterThanOrEqual(MIN_RATIO);
+      expect(ordersRatio).toBeGreaterThanOrEqual(MIN_RATIO);
+      expect(auditRatio).toBeGreaterThanOrEqual(MIN_RATIO);
       // The waiting events went out once the node was back.
       const late = auditRecords.filter((r) => r.partition === deadPartition);
       expect(late.length).toBeGreaterThan(0);
@@ -328,10 +338,14 @@ describe.skipIf(!enabled)(
       await expectNothingCounted(standDowns);
       const before = ratePerSecond(records, startedAt + 5_000, killedAt);
       const during = ratePerSecond(records, electedAt + 3_000, restartedAt);
+      const mine = writers.written.filter((w) => w.topic === orders);
+      const ratio =
+        keptUp(records, mine, electedAt + 3_000, restartedAt) / keptUp(records, mine, startedAt + 5_000, killedAt);
       log(
-        `C26: ${orders}: ${before.toFixed(1)}/s before, ${during.toFixed(1)}/s during (ratio ${(during / before).toFixed(2)})`,
+        `C26: ${orders}: ${before.toFixed(1)}/s before, ${during.toFixed(1)}/s during (ratio ${(during / before).toFixed(2)}, ` +
+          `per event written ${ratio.toFixed(2)})`,
       );
-      expect(during / before).toBeGreaterThanOrEqual(MIN_RATIO);
+      expect(ratio).toBeGreaterThanOrEqual(MIN_RATIO);
 
       // Every event applied exactly once by the consumer.
       const count = async () =>
@@ -414,15 +428,19 @@ describe.skipIf(!enabled)(
       const others = records.filter((r) => !onZero(r.key));
       const before = ratePerSecond(others, startedAt + 5_000, killedAt);
       const during = ratePerSecond(others, shrunkAt + 3_000, restartedAt);
+      const mine = writers.written.filter((w) => w.topic === payments && !onZero(w.key));
+      const ratio =
+        keptUp(others, mine, shrunkAt + 3_000, restartedAt) / keptUp(others, mine, startedAt + 5_000, killedAt);
       // The events of partition 0 written before its replica came back: out within 3 s of it (quiet machine).
       const written = new Map(writers.written.map((w) => [w.n, w]));
       const held = records.filter((r) => r.partition === 0 && written.get(r.n)!.committedAt < rejoinedAt - 1_000);
       const lastOut = Math.max(...held.map((r) => r.timestamp));
       log(
-        `C27: partitions 1-5: ${before.toFixed(1)}/s before, ${during.toFixed(1)}/s during (ratio ${(during / before).toFixed(2)}); ` +
+        `C27: partitions 1-5: ${before.toFixed(1)}/s before, ${during.toFixed(1)}/s during (ratio ${(during / before).toFixed(2)}, ` +
+          `per event written ${ratio.toFixed(2)}); ` +
           `the events partition 0 held were out ${lastOut - rejoinedAt} ms after node 3 rejoined its ISR`,
       );
-      expect(during / before).toBeGreaterThanOrEqual(MIN_RATIO);
+      expect(ratio).toBeGreaterThanOrEqual(MIN_RATIO);
       // 3 s on a quiet machine (issue 16, C27); a loaded 2-core machine gets twice that.
       expect(lastOut - rejoinedAt).toBeLessThan(6_000);
       await relay.stop();
@@ -549,10 +567,11 @@ describe.skipIf(!enabled)(
       await writers.stop();
       await checkPublished(writers.written, orders);
       await expectNothingCounted();
-      // Issue 16 asks for 5 s. Measured here 11-13 s: new producers wait for the transaction
-      // coordinator (its log has replication factor 3, min.isr 2) and a restarted broker may answer
-      // stale metadata (ISR 1) for a few seconds. Bounded generously until that is worked on.
-      expect(resumedAt - acceptAt).toBeLessThan(30_000);
+      // Issue 16 asks for 5 s; a loaded 2-core machine gets twice that. Measured 11-13 s when this
+      // test was written (6c1b5b9); 151 ms and 23 ms in two runs at load average about 5 on a later
+      // tree (dda2dcd; not bisected: metadataMaxAgeMs for producers, 20d85ce, and the producer
+      // replacement after a failed send, b393dd0, came between).
+      expect(resumedAt - acceptAt).toBeLessThan(10_000);
       await relay.stop();
     }, 300_000);
   },

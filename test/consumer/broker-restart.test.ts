@@ -9,13 +9,17 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel } from 'kafkajs';
 import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { createTopicsOn, randomName } from '../helpers/kafka.js';
+import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
+import type { KafkaClient } from '../../src/kafka/types.js';
+import { createTopicsOn, randomName, TEST_KAFKA_CLIENT } from '../helpers/kafka.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { ConsumerRegistry, record, TestProducer } from './support.js';
 
 let db: TestDatabase;
 let broker: ScratchBroker;
 let kafka: Kafka;
+/** The client of the consumer under test: kafkajs, or @platformatic/kafka with `OUTBOXKIT_KAFKA_CLIENT=platformatic`. */
+let consumerKafka: Kafka | KafkaClient;
 // A port per Kafka line and process, away from test/relay/broker-restart.test.ts's range.
 const PORT = 19_292 + Number(process.pid % 50) * 2;
 
@@ -28,6 +32,14 @@ beforeAll(async () => {
     logLevel: logLevel.NOTHING,
     retry: { initialRetryTime: 100, retries: 3 },
   });
+  consumerKafka =
+    TEST_KAFKA_CLIENT === 'platformatic'
+      ? createPlatformaticClient({
+          clientId: 'consumer-broker-restart',
+          brokers: broker.brokers,
+          retry: { initialRetryTime: 100, retries: 3 },
+        })
+      : kafka;
 }, 120_000);
 afterAll(async () => {
   await broker?.destroy();
@@ -47,7 +59,7 @@ describe('dedup consumer: broker killed and restarted', () => {
     ]);
     const applied = new Set<string>();
     const consumer = consumers.create({
-      kafka,
+      kafka: consumerKafka,
       topics: [topic],
       database: db.pool,
       sessionTimeoutMs: 6_000,

@@ -196,7 +196,7 @@ describe('createDedupConsumer', () => {
     const observed: { outcome: string; inboxCommitted: boolean; committedOffset: number }[] = [];
     const consumer = createDedupConsumer({
       ...FAST,
-      kafka: consumers.kafka,
+      kafka: consumers.client,
       groupId,
       topics: [own!],
       database: db.pool,

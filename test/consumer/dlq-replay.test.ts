@@ -56,7 +56,7 @@ describe('G5 · dlq list and replay', () => {
     ]);
     await waitFor(() => seen.deadLettered.length === 2, { message: 'two dead letters' });
 
-    const { records, complete } = await readDeadLetters(consumers.kafka, `${topic}.dlq`);
+    const { records, complete } = await readDeadLetters(consumers.client, `${topic}.dlq`);
     expect(complete).toBe(true);
     expect(records.map((r) => r.summary.eventId).sort()).toEqual([a, b].sort());
     const summaryA = records.find((r) => r.summary.eventId === a)!.summary;
@@ -74,7 +74,7 @@ describe('G5 · dlq list and replay', () => {
     expect(JSON.stringify(summaryA)).not.toContain(SECRET);
 
     failing = false;
-    const first = await replayDeadLetters(consumers.kafka, `${topic}.dlq`, { eventIds: [a!] });
+    const first = await replayDeadLetters(consumers.client, `${topic}.dlq`, { eventIds: [a!] });
     expect(first.replayed).toEqual([expect.objectContaining({ eventId: a, topic })]);
     await waitFor(() => seen.applied.length === 1);
     expect(seen.applied[0]!.event.id).toBe(a);
@@ -85,12 +85,12 @@ describe('G5 · dlq list and replay', () => {
     expect(seen.applied[0]!.event.headers['event-type']).toBe('test.event');
     expect(await effectsOf(b!)).toBe(0);
 
-    const all = await replayDeadLetters(consumers.kafka, `${topic}.dlq`, { all: true });
+    const all = await replayDeadLetters(consumers.client, `${topic}.dlq`, { all: true });
     expect(all.replayed.map((r) => r.eventId).sort()).toEqual([a, b].sort());
     await waitFor(() => seen.applied.length === 2 && seen.duplicates.length === 1);
 
     // Replaying everything again: both come back as duplicates, no effect runs twice.
-    await replayDeadLetters(consumers.kafka, `${topic}.dlq`, { all: true });
+    await replayDeadLetters(consumers.client, `${topic}.dlq`, { all: true });
     await waitFor(() => seen.duplicates.length === 3);
     await waitFor(() => committedAtLogEnd(consumers.kafka, consumer.groupId, topic!));
     expect(seen.applied).toHaveLength(2);
@@ -116,7 +116,7 @@ describe('G5 · dlq list and replay', () => {
     } finally {
       await p.disconnect();
     }
-    const result = await replayDeadLetters(kafka, dlq!, { all: true, to: topic! });
+    const result = await replayDeadLetters(consumers.client, dlq!, { all: true, to: topic! });
     expect(result.replayed).toEqual([{ eventId: id, topic: topic!, dlqPartition: 0, dlqOffset: '0' }]);
     expect(result.skipped).toEqual([
       expect.objectContaining({ dlqOffset: '1', why: expect.stringContaining('without its value') }),
@@ -125,12 +125,12 @@ describe('G5 · dlq list and replay', () => {
 
   it('reports requested event ids that are not dead-lettered, and reads an empty topic at once', async () => {
     const [topic] = await createTopicsWithDlq(['dlq-empty']);
-    expect(await readDeadLetters(consumers.kafka, `${topic}.dlq`)).toEqual({ records: [], complete: true });
-    const result = await replayDeadLetters(consumers.kafka, `${topic}.dlq`, {
+    expect(await readDeadLetters(consumers.client, `${topic}.dlq`)).toEqual({ records: [], complete: true });
+    const result = await replayDeadLetters(consumers.client, `${topic}.dlq`, {
       eventIds: ['0190a6e2-8f4b-7cc3-9d2e-0123456789ab'],
     });
     expect(result).toEqual({ replayed: [], skipped: [], notFound: ['0190a6e2-8f4b-7cc3-9d2e-0123456789ab'] });
-    await expect(readDeadLetters(consumers.kafka, `${topic}.nope`)).rejects.toMatchObject({
+    await expect(readDeadLetters(consumers.client, `${topic}.nope`)).rejects.toMatchObject({
       code: 'OUTBOXKIT_TOPIC_MISSING',
     });
   });
@@ -164,7 +164,7 @@ describe('G5 · dlq list and replay', () => {
     const replay = spawnCli(['dlq', 'replay', `${topic}.dlq`, '--all', '--to', other!]);
     expect((await replay.exited).code).toBe(0);
     expect(replay.output.join('')).toContain(`replayed ${id} -> ${other}`);
-    const { records } = await readDeadLetters(consumers.kafka, other!);
+    const { records } = await readDeadLetters(consumers.client, other!);
     expect(records.map((r) => [r.summary.eventId, r.message.value?.toString()])).toEqual([
       [id, JSON.stringify({ secret: SECRET })],
     ]);

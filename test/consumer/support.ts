@@ -14,7 +14,8 @@ import {
 } from '../../consumer/index.js';
 import type { DatabaseHandle } from '../../src/database.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/outbox/event.js';
-import { createTopics, randomName, testKafka } from '../helpers/kafka.js';
+import type { KafkaClient } from '../../src/kafka/types.js';
+import { createTopics, randomName, testConsumerKafka, testKafka } from '../helpers/kafka.js';
 import { waitFor } from '../helpers/wait-for.js';
 
 /** Settings that keep the tests fast: short fetch waits and heartbeats, tiny retry delays. */
@@ -34,11 +35,14 @@ type Overrides<D extends DatabaseHandle> = Omit<DedupConsumerOptions<D>, 'kafka'
 /** Starts consumers with {@link FAST} settings and stops all of them in `stopAll()` (afterEach). */
 export class ConsumerRegistry {
   readonly #started: DedupConsumer[] = [];
+  /** kafkajs, for the tests' own queries (offsets, topics). */
   readonly kafka: Kafka = testKafka('outboxkit-consumer-test');
+  /** The client the consumers under test run on (TEST_KAFKA_CLIENT: kafkajs or @platformatic/kafka). */
+  readonly client: Kafka | KafkaClient = testConsumerKafka('outboxkit-consumer-test');
 
   /** Creates a consumer (random group unless given) without starting it. */
   create<D extends DatabaseHandle>(options: Overrides<D>): DedupConsumer {
-    const consumer = createDedupConsumer<D>({ ...FAST, kafka: this.kafka, groupId: randomName('group'), ...options });
+    const consumer = createDedupConsumer<D>({ ...FAST, kafka: this.client, groupId: randomName('group'), ...options });
     this.#started.push(consumer);
     return consumer;
   }

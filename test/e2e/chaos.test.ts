@@ -77,8 +77,9 @@ describe.concurrent('chaos harness', () => {
       '--seconds',
       '12',
       '--faults',
-      '3',
-      // Faults that make Kafka redeliver (the sabotaged dedup shows only on a redelivery).
+      '4',
+      // Faults that make Kafka redeliver (the sabotaged dedup shows only on a redelivery): the
+      // consumer's after-commit crash point is armed twice first, then the relay's after-send.
       '--kinds',
       'crash-point,kill-consumer',
       '--seed',
@@ -88,8 +89,11 @@ describe.concurrent('chaos harness', () => {
       // Lost events are never shipped: stop waiting for them soon.
       '--drain-stall-ms',
       '8000',
+      '--verbose',
     ]);
-    const tail = stdout.split('\n').slice(-60).join('\n');
+    // The report, and the harness's timeline (each fault, each crash) when an assertion fails.
+    const lines = stdout.split('\n');
+    const tail = [...lines.filter((l) => l.startsWith('[chaos')).slice(-40), ...lines.slice(-60)].join('\n');
     expect(code, tail).toBe(1);
     expect(stdout).toMatch(/^SABOTAGED RUN \(test-only: no-dedup, lose-events\)/m);
     // lose-events: committed events that never reached Kafka, so never applied either.

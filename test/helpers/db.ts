@@ -69,3 +69,12 @@ export async function createDatabaseOn(
     },
   };
 }
+
+/** Outbox rows of `topic` not yet published, in the default schema. */
+export async function pendingOn(pool: pg.Pool, topic: string): Promise<number> {
+  const { rows } = await pool.query<{ n: number }>(
+    'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NULL',
+    [topic],
+  );
+  return rows[0]!.n;
+}

@@ -5,6 +5,8 @@ import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel, type ITopicConfig } from 'kafkajs';
 import { inject } from 'vitest';
 import { ensureTopics } from '../../src/kafka/topics.js';
+import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
+import type { KafkaClient } from '../../src/kafka/types.js';
 
 /** A random name with a readable prefix, for topics and consumer groups. */
 export function randomName(prefix: string): string {
@@ -14,6 +16,32 @@ export function randomName(prefix: string): string {
 /** A kafkajs client on the test broker. */
 export function testKafka(clientId = 'outboxkit-test'): Kafka {
   return new Kafka({ clientId, brokers: inject('kafkaBrokers'), logLevel: logLevel.NOTHING });
+}
+
+/**
+ * The client library the relay tests run on: `OUTBOXKIT_KAFKA_CLIENT=platformatic` runs them on
+ * @platformatic/kafka (docs/kafka.md, "Choosing a client"), anything else on kafkajs.
+ */
+export const TEST_KAFKA_CLIENT: 'kafkajs' | 'platformatic' =
+  process.env.OUTBOXKIT_KAFKA_CLIENT === 'platformatic' ? 'platformatic' : 'kafkajs';
+
+/**
+ * A client on the test broker for the product under test (the relay): a kafkajs `Kafka`, or an
+ * outboxkit {@link KafkaClient} over @platformatic/kafka when {@link TEST_KAFKA_CLIENT} says so.
+ */
+export function testRelayKafka(clientId = 'outboxkit-test'): Kafka | KafkaClient {
+  return TEST_KAFKA_CLIENT === 'platformatic'
+    ? createPlatformaticClient({ clientId, brokers: inject('kafkaBrokers') })
+    : testKafka(clientId);
+}
+
+/**
+ * A client on the test broker for the dedup consumer under test: a kafkajs `Kafka`, or an outboxkit
+ * {@link KafkaClient} over @platformatic/kafka when {@link TEST_KAFKA_CLIENT} says so (the
+ * consumer's group member, dead-letter producer and admin then all run on it).
+ */
+export function testConsumerKafka(clientId = 'outboxkit-consumer-test'): Kafka | KafkaClient {
+  return testRelayKafka(clientId);
 }
 
 /**
@@ -111,6 +139,18 @@ export async function topicExists(topic: string): Promise<boolean> {
   await admin.connect();
   try {
     return (await admin.listTopics()).includes(topic);
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+/** Messages written to `topic` (the sum of its partitions' high watermarks), on `kafka`'s cluster. */
+export async function messagesIn(topic: string, kafka: Kafka = testKafka()): Promise<number> {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    const offsets = await admin.fetchTopicOffsets(topic);
+    return offsets.reduce((n, p) => n + Number(p.high), 0);
   } finally {
     await admin.disconnect();
   }

@@ -1,7 +1,7 @@
 /** Starts relays for a test and stops every one of them afterwards (a leaked relay fails the test). */
 import { afterEach } from 'vitest';
 import { Relay, type RelayOptions } from '../../relay/index.js';
-import { testKafka } from './kafka.js';
+import { testRelayKafka } from './kafka.js';
 
 const running = new Set<Relay>();
 
@@ -14,7 +14,8 @@ afterEach(async () => {
 });
 
 /**
- * Starts a relay on the test database with fast test timings: a 2 s lease, and a broker timeout
+ * Starts a relay on the test database with fast test timings, on the client library
+ * `OUTBOXKIT_KAFKA_CLIENT` names (kafkajs by default: test/helpers/kafka.ts): a 2 s lease, and a broker timeout
  * below it (1.5 s: createRelay refuses one that is not). A test that sets `leaseMs` below 1.5 s
  * sets `brokerTimeoutMs` too.
  */
@@ -24,7 +25,7 @@ export async function startRelay(
 ): Promise<Relay & { stopAndForget(): Promise<void> }> {
   const relay = new Relay({
     connectionString: url,
-    kafka: testKafka('outboxkit-test-relay'),
+    kafka: testRelayKafka('outboxkit-test-relay'),
     pollIntervalMs: 100,
     leaseMs: 2_000,
     brokerTimeoutMs: 1_500,

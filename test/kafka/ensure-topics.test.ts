@@ -4,11 +4,12 @@
  * retry can fix. Its retries of the errors a restarting broker answers are exercised by
  * test/relay/broker-restart.test.ts (topics created while the broker comes back).
  */
-import { describe, expect, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
 import { isOutboxkitError } from '../../src/errors.js';
 import { ensureTopics } from '../../src/kafka/topics.js';
+import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
 import { spawnCli } from '../helpers/processes.js';
-import { randomName, testKafka } from '../helpers/kafka.js';
+import { randomName, testKafka, topicExists } from '../helpers/kafka.js';
 
 describe('ensureTopics', () => {
   it('creates the missing topics with their partitions and leaders, and leaves existing ones as they are', async () => {
@@ -80,7 +81,13 @@ describe('ensureTopics', () => {
         { topic: good, numPartitions: 1 },
         { topic: good, numPartitions: 2 },
       ],
-    ]) {
+      // Fields a topic spec does not have: kafkajs's createTopics names, a typo, a bad configEntries.
+      [{ topic: good, partitions: 3 }],
+      [{ topic: good, numPartitions: 3, replicaAssignment: [] }],
+      [{ topic: good, replicationFactr: 1 }],
+      [{ topic: good, configEntries: [{ name: 'retention.ms', value: 1 }] }],
+      [{ topic: good, configEntries: [{ name: 'retention.ms', value: '1', sensitive: true }] }],
+    ] as never[]) {
       const err = await ensureTopics(kafka, bad).then(
         () => undefined,
         (e: unknown) => e,
@@ -97,12 +104,30 @@ describe('ensureTopics', () => {
     expect(await ensureTopics(kafka, [{ topic: good }, { topic: good }])).toEqual({ created: [good], existing: [] });
   });
 
+  it('names an unknown field of a topic and the accepted ones (partitions for numPartitions made 1 partition)', async () => {
+    const topic = randomName('ensure-unknown');
+    await expect(
+      ensureTopics(testKafka(), [
+        { topic: randomName('ensure-known'), numPartitions: 1 },
+        { topic, partitions: 3 } as never,
+      ]),
+    ).rejects.toThrow(
+      `ensureTopics: topic "${topic}" (topics[1]): unknown option "partitions"; ` +
+        'the options are topic, numPartitions, replicationFactor, configEntries.',
+    );
+    await expect(ensureTopics(testKafka(), [{ topic, numPartitions: 0 }])).rejects.toThrow(
+      `ensureTopics: topic "${topic}" (topics[0]): numPartitions must be a positive integer, or -1 for the broker's default, got 0.`,
+    );
+  });
+
   it('the CLI names the broker\'s reason for a refused topic (not only "Topic creation errors")', async () => {
     const topic = randomName('ensure-cli');
     const cli = spawnCli(['topics', 'ensure', topic, '--replication-factor', '3']);
     const { code } = await cli.exited;
     expect(code).toBe(1);
-    expect(cli.output.join('')).toMatch(new RegExp(`Topic creation errors \\(${topic}: INVALID_REPLICATION_FACTOR`));
+    expect(cli.output.join('')).toContain(
+      `OUTBOXKIT_INVALID_OPTIONS: Kafka refused to create topic "${topic}": INVALID_REPLICATION_FACTOR`,
+    );
   });
 
   it('timeoutMs bounds the whole call against a broker that refuses connections (BrokerUnavailableError with the cause)', async () => {
@@ -137,17 +162,48 @@ describe('ensureTopics', () => {
     expect(Date.now() - started).toBeLessThan(20_000);
   });
 
-  it('a non-retriable error (a replication factor above the brokers) fails at once, without retries', async () => {
-    const started = Date.now();
-    const err = await ensureTopics(testKafka(), [{ topic: randomName('ensure-rf'), replicationFactor: 3 }]).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(err).toBeDefined();
-    expect(JSON.stringify((err as { errors?: unknown }).errors ?? err)).toMatch(
-      /INVALID_REPLICATION_FACTOR|replication/i,
-    );
-    // The backoff of 5 retries would take about 6 s.
-    expect(Date.now() - started).toBeLessThan(5_000);
-  });
+  // A topic the broker refuses for what it asks: InvalidOptionsError naming the topic, the
+  // broker's error and its reason (kafkajs drops the broker's message: the adapter names the refused
+  // configuration entries itself), the client's error as cause, at once (no retries), nothing created.
+  for (const client of ['kafkajs', 'platformatic'] as const) {
+    const kafka = () =>
+      client === 'kafkajs'
+        ? testKafka()
+        : createPlatformaticClient({ clientId: 'outboxkit-test', brokers: inject('kafkaBrokers') });
+    const refused = async (spec: Record<string, unknown>) => {
+      const started = Date.now();
+      const err = await ensureTopics(kafka(), [spec as never]).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS'), String(err)).toBe(true);
+      expect((err as Error).cause).toBeDefined();
+      // The backoff of 5 retries would take about 6 s.
+      expect(Date.now() - started).toBeLessThan(5_000);
+      expect(await topicExists(spec.topic as string)).toBe(false);
+      return (err as Error).message;
+    };
+
+    it(`${client}: a bad configuration entry is named, and nothing is created`, async () => {
+      const topic = randomName('ensure-bad-config');
+      const message = await refused({
+        topic,
+        numPartitions: 1,
+        configEntries: [
+          { name: 'retention.ms', value: '1000' },
+          { name: 'retention.msx', value: '1000' },
+        ],
+      });
+      expect(message).toContain(`Kafka refused to create topic "${topic}": INVALID_CONFIG: `);
+      expect(message).toContain('retention.msx');
+      expect(message).not.toMatch(/retention\.ms[^x]/);
+    });
+
+    it(`${client}: a replication factor above the brokers is named, and nothing is created`, async () => {
+      const topic = randomName('ensure-rf');
+      const message = await refused({ topic, numPartitions: 1, replicationFactor: 3 });
+      expect(message).toContain(`Kafka refused to create topic "${topic}": INVALID_REPLICATION_FACTOR: `);
+      expect(message).toMatch(client === 'kafkajs' ? /Replication-factor is invalid/ : /replication factor of 3/);
+    });
+  }
 });

@@ -5,7 +5,7 @@ import { inject } from 'vitest';
 import { createOutbox, enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createKafkajsProducer } from '../../relay/index.js';
 import { createKafkajsClient } from '../../src/kafka/kafkajs/client.js';
-import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { createTestDatabase, pendingOn, type TestDatabase } from '../helpers/db.js';
 import { createDedupConsumer } from '../../consumer/index.js';
 import { createTopics, createTopicsOn, randomName, readTopic, testKafka } from '../helpers/kafka.js';
 import { startRelay } from '../helpers/relay.js';
@@ -20,13 +20,7 @@ afterAll(async () => {
   await db.drop();
 });
 
-async function pending(topic: string): Promise<number> {
-  const { rows } = await db.pool.query<{ n: number }>(
-    'SELECT count(*)::int AS n FROM outboxkit.outbox_events WHERE topic = $1 AND published_at IS NULL',
-    [topic],
-  );
-  return rows[0]!.n;
-}
+const pending = (topic: string) => pendingOn(db.pool, topic);
 
 describe('C05 crash between the broker ack and marking the rows', () => {
   it('republishes with the same event id and key after a SIGKILL; nothing is lost; the dedup consumer applies each once', async () => {

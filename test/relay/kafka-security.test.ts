@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Relay } from '../../relay/index.js';
 import { enqueue, kafkaConfigFromEnv } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
-import { randomName } from '../helpers/kafka.js';
+import { messagesIn as messagesInOn, randomName } from '../helpers/kafka.js';
 import { kill, spawnCli, spawnRelay } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { startSecureBroker, type SecureBroker } from './secure-broker.js';
@@ -52,17 +52,7 @@ async function createTopic(prefix: string): Promise<string> {
   return topic;
 }
 
-/** Messages written to `topic` (sum of high watermarks). */
-async function messagesIn(topic: string): Promise<number> {
-  const admin = scramKafka().admin();
-  await admin.connect();
-  try {
-    const offsets = await admin.fetchTopicOffsets(topic);
-    return offsets.reduce((n, p) => n + Number(p.high), 0);
-  } finally {
-    await admin.disconnect();
-  }
-}
+const messagesIn = (topic: string) => messagesInOn(topic, scramKafka());
 
 async function enqueueEvents(topic: string, n: number): Promise<void> {
   const c: PoolClient = await db.pool.connect();

@@ -102,6 +102,19 @@ describe('chooseCrashPoint', () => {
     expect(chooseCrashPoint(seededRandom(1), counts, () => false, new Set())).toBeUndefined();
   });
 
+  it('arms a witness listed twice twice, then the next witness', () => {
+    const counts = stats({});
+    const first = ['consumer:after-commit', 'relay:after-send', 'consumer:after-commit'];
+    const armed: string[] = [];
+    for (let i = 0; i < 4; i++) {
+      const cp = chooseCrashPoint(seededRandom(i), counts, all, new Set(), first)!;
+      counts.get(cp.point)!.armed++;
+      armed.push(cp.point);
+    }
+    expect(armed.slice(0, 3)).toEqual(['consumer:after-commit', 'relay:after-send', 'consumer:after-commit']);
+    expect(first).not.toContain(armed[3]);
+  });
+
   it("arms a sabotaged run's witnesses first", () => {
     for (let seed = 0; seed < 20; seed++)
       expect(chooseCrashPoint(seededRandom(seed), stats({}), all, new Set(), ['consumer:after-commit'])!.point).toBe(
@@ -223,6 +236,9 @@ describe('chaos options', () => {
 
   it('--record-progress: mixed by default (odd members), all or none', () => {
     expect(resolveChaosOptions({}).recordProgress).toBe('mixed');
+    // Progress would skip the redeliveries the no-dedup sabotage must show (one run in six passed).
+    expect(resolveChaosOptions({ sabotage: ['no-dedup'] }).recordProgress).toBe('none');
+    expect(resolveChaosOptions({ sabotage: ['no-dedup'], recordProgress: 'all' }).recordProgress).toBe('all');
     expect([1, 2, 3, 4].map((n) => recordsProgress('mixed', n))).toEqual([true, false, true, false]);
     expect([1, 2].map((n) => recordsProgress('all', n))).toEqual([true, true]);
     expect([1, 2].map((n) => recordsProgress('none', n))).toEqual([false, false]);

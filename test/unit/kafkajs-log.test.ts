@@ -23,4 +23,38 @@ describe('kafkajs logs through the CLI logger', () => {
       ['error', 'kafkajs: Failed to send messages'],
     ]);
   });
+
+  it("keeps kafkajs's namespace and the entry's fields (broker, clientId), and drops its timestamp and logger name", () => {
+    const seen: [string, Record<string, unknown>, string][] = [];
+    const at = (level: string) => (fields: Record<string, unknown>, message?: string) =>
+      void seen.push([level, fields, message ?? '']);
+    const logger = { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') } as Logger;
+    const entry = kafkajsLogCreator(logger)(logLevel.DEBUG);
+    entry({
+      namespace: 'Connection',
+      level: logLevel.ERROR,
+      label: 'ERROR',
+      log: {
+        timestamp: 'now',
+        logger: 'kafkajs',
+        message: 'Connection error: connect ECONNREFUSED 127.0.0.1:1',
+        broker: '127.0.0.1:1',
+        clientId: 'outboxkit-relay',
+      },
+    });
+    entry({
+      namespace: '',
+      level: logLevel.DEBUG,
+      label: 'DEBUG',
+      log: { timestamp: 'now', logger: 'kafkajs', message: 'm' },
+    });
+    expect(seen).toEqual([
+      [
+        'error',
+        { namespace: 'Connection', broker: '127.0.0.1:1', clientId: 'outboxkit-relay' },
+        'kafkajs: Connection error: connect ECONNREFUSED 127.0.0.1:1',
+      ],
+      ['debug', {}, 'kafkajs: m'],
+    ]);
+  });
 });

@@ -89,13 +89,16 @@ describe('relay', () => {
       resolveRelayOptions({ pool: deadPool(), kafka, batchSise: 1, leaseMS: 5 } as RelayOptions),
     );
     expect((err as Error).message).toMatch(/^createRelay: unknown options "batchSise", "leaseMS"; the options are /);
-    expect((err as Error).message).toContain('connectionString, pool, brokers, kafka, producer, producerOptions');
-    expect((err as Error).message).toContain('cleanupBatchSize, logger.');
+    expect((err as Error).message).toContain(
+      'connectionString, pool, brokers, kafka, kafkaClient, producer, producerOptions',
+    );
+    expect((err as Error).message).toContain('cleanupBatchSize, cleanupRowsPerSecond, logger.');
     const every: Required<RelayOptions> = {
       connectionString: UNREACHABLE,
       pool: deadPool(),
       brokers: ['127.0.0.1:1'],
       kafka,
+      kafkaClient: 'kafkajs',
       producer: nullProducer,
       producerOptions: { retries: 1, requestTimeoutMs: 1_000, compression: 0 },
       schema: 'outboxkit',
@@ -114,6 +117,7 @@ describe('relay', () => {
       publishedRetentionMs: 0,
       cleanupIntervalMs: 1_000,
       cleanupBatchSize: 1,
+      cleanupRowsPerSecond: 0,
       logger: noopLogger,
     };
     expect(resolveRelayOptions(every).leaseMs).toBe(2_000);

@@ -1,9 +1,11 @@
 /**
  * The kafkajs {@link KafkaAdmin}: a kafkajs admin client in outboxkit's shapes. Errors are
- * kafkajs's, as they come.
+ * kafkajs's, as they come, except a topic the broker refuses to create (`createTopic`):
+ * `InvalidOptionsError` (../topic-refused.ts).
  */
 import type { Admin, ConfigResourceTypes, Kafka } from 'kafkajs';
-import type { KafkaAdmin } from '../types.js';
+import type { KafkaAdmin, TopicSpec } from '../types.js';
+import { TOPIC_REFUSAL_CODES, topicRefusedError } from '../topic-refused.js';
 import { commitGroupOffsetsOutsideGroup, groupOffsetsOf } from './group-offsets.js';
 
 /**
@@ -41,6 +43,52 @@ async function waitForLeaders(admin: Admin, topic: string): Promise<void> {
     }
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
+}
+
+/** A topic's error in kafkajs's "Topic creation errors" (KafkaJSAggregateError of KafkaJSCreateTopicError). */
+interface CreateTopicError {
+  type?: unknown;
+  code?: unknown;
+  message?: unknown;
+}
+
+/** The refusal (see {@link TOPIC_REFUSAL_CODES}) among `err`'s per-topic errors, if any. */
+function refusalOf(err: unknown): { type: string; message: string } | undefined {
+  const errors = (err as { errors?: unknown } | null)?.errors;
+  if (!Array.isArray(errors)) return undefined;
+  for (const e of errors as CreateTopicError[]) {
+    if (typeof e?.code === 'number' && TOPIC_REFUSAL_CODES.has(e.code)) {
+      return { type: String(e.type), message: typeof e.message === 'string' ? e.message : '' };
+    }
+  }
+  return undefined;
+}
+
+/**
+ * `err` itself, or for a refusal of the topic (see {@link TOPIC_REFUSAL_CODES}) an
+ * `InvalidOptionsError` naming it. kafkajs keeps the error's name but drops the broker's message
+ * (its CreateTopics parser reads only the error code), so for INVALID_CONFIG each configuration
+ * entry is asked alone (`validateOnly`, nothing created) to name the ones the broker refuses.
+ */
+async function refusedOr(admin: Admin, spec: TopicSpec, err: unknown): Promise<unknown> {
+  const refusal = refusalOf(err);
+  if (!refusal) return err;
+  let reason = refusal.message;
+  const entries = spec.configEntries ?? [];
+  if (refusal.type === 'INVALID_CONFIG' && entries.length > 0) {
+    const refused: string[] = [];
+    for (const entry of entries) {
+      const alone = await admin
+        .createTopics({ validateOnly: true, topics: [{ ...spec, configEntries: [entry] }] })
+        .then(
+          () => undefined,
+          (e: unknown) => refusalOf(e),
+        );
+      if (alone?.type === 'INVALID_CONFIG') refused.push(`${entry.name}=${JSON.stringify(entry.value)}`);
+    }
+    if (refused.length > 0) reason = `${reason.replace(/\.$/, '')} (configEntries refused: ${refused.join(', ')})`;
+  }
+  return topicRefusedError(spec.topic, refusal.type, reason, err);
 }
 
 /** A kafkajs-backed {@link KafkaAdmin} (see `KafkaClient.admin`). */
@@ -82,7 +130,11 @@ export function kafkajsAdmin(kafka: Kafka): KafkaAdmin {
     async createTopic(spec) {
       // One topic per request: kafkajs resolves false when the topic exists, but fails the whole
       // request when only some of its topics exist.
-      const created = await admin.createTopics({ waitForLeaders: false, topics: [spec] });
+      const created = await admin
+        .createTopics({ waitForLeaders: false, topics: [spec] })
+        .catch(async (err: unknown) => {
+          throw await refusedOr(admin, spec, err);
+        });
       if (created) await waitForLeaders(admin, spec.topic);
       return created ? 'created' : 'exists';
     },

@@ -7,7 +7,7 @@ import { InvalidOptionsError, optionNames, refuseUnknownOptions } from '../../er
 import type { Logger } from '../../logger.js';
 import type { KafkaClient } from '../types.js';
 import { kafkajsAdmin } from './admin.js';
-import { isRetriableKafkaError } from './errors.js';
+import { isRetriableKafkaError, withUnreachableMessage } from './errors.js';
 import { applyKafkajsRequestQueueFix } from './fix.js';
 import { applyKafkajsMetadataFix } from './metadata-fix.js';
 import { kafkajsGroupConsumer } from './group-consumer.js';
@@ -73,6 +73,8 @@ export function isKafkajsKafka(value: unknown): value is Kafka {
 export function createKafkajsClient(kafka: Kafka | KafkaConfig, options: KafkajsClientOptions = {}): KafkaClient {
   refuseUnknownOptions(options ?? {}, CLIENT_OPTION_NAMES, 'createKafkajsClient');
   let instance: Kafka;
+  // Named in the error of a connect that reached none of them (unknown for an instance: kafkajs's error names one).
+  let brokers: readonly string[] | undefined;
   if (isKafkajsKafka(kafka)) {
     if (options.logger !== undefined || options.logLevel !== undefined) {
       throw new InvalidOptionsError(
@@ -87,6 +89,7 @@ export function createKafkajsClient(kafka: Kafka | KafkaConfig, options: Kafkajs
         `createKafkajsClient: logLevel must be one of ${Object.keys(LOG_LEVELS).join(', ')}, got ${JSON.stringify(level)}.`,
       );
     }
+    if (Array.isArray(kafka.brokers)) brokers = kafka.brokers;
     instance = new Kafka({
       ...kafka,
       logLevel: LOG_LEVELS[level],
@@ -99,13 +102,32 @@ export function createKafkajsClient(kafka: Kafka | KafkaConfig, options: Kafkajs
   }
   applyKafkajsRequestQueueFix();
   applyKafkajsMetadataFix();
+  const reached = <T extends { connect(): Promise<void> }>(client: T): T =>
+    namingUnreachable(client, (err) => withUnreachableMessage(err, brokers));
   return {
-    producer: (settings) => kafkajsProducer(instance, settings),
-    admin: () => kafkajsAdmin(instance),
-    groupConsumer: (settings) => kafkajsGroupConsumer(instance, settings),
+    producer: (settings) => reached(kafkajsProducer(instance, settings)),
+    admin: () => reached(kafkajsAdmin(instance)),
+    groupConsumer: (settings) => reached(kafkajsGroupConsumer(instance, settings)),
     isRetriable: isRetriableKafkaError,
     partitionForKey: kafkajsPartitionForKey,
   };
+}
+
+/**
+ * `client` with its `connect()` rejecting with `rename(err)` instead of `err`: brokers that could
+ * not be reached at all then reject with `BrokerUnavailableError` naming them (see
+ * {@link withUnreachableMessage}), on both clients alike. The object is changed in place.
+ */
+export function namingUnreachable<T extends { connect(): Promise<void> }>(
+  client: T,
+  rename: (err: unknown) => unknown,
+): T {
+  const connect = client.connect.bind(client);
+  client.connect = () =>
+    connect().catch((err: unknown) => {
+      throw rename(err);
+    });
+  return client;
 }
 
 /** `kafka` as a {@link KafkaClient}: a client as it is, a kafkajs `Kafka` instance through {@link createKafkajsClient}. */

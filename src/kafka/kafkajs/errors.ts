@@ -9,6 +9,7 @@
  * healthy events. The dedup consumer reads the same distinction for its dead-letter sends.
  */
 import type { KafkaFailure } from '../types.js';
+import { brokersUnreachableError, UNREACHABLE_SOCKET_CODES } from '../unreachable.js';
 
 /** Kafka protocol error types that are a property of the record or its topic. */
 export const RECORD_ERROR_TYPES = new Set([
@@ -117,4 +118,36 @@ const MEMBERSHIP_LOST = new Set([
 export function losesPartitions(err: unknown): boolean {
   const type = (err as { type?: unknown } | null)?.type;
   return typeof type === 'string' && MEMBERSHIP_LOST.has(type);
+}
+
+/**
+ * `err` itself, or, when it says that no broker could be reached (a KafkaJSConnectionError with a
+ * socket code of {@link UNREACHABLE_SOCKET_CODES}, as it comes or as the cause of
+ * KafkaJSNumberOfRetriesExceeded, with no protocol answer in the chain), a `BrokerUnavailableError`
+ * saying so with the addresses and the socket's reason (src/kafka/unreachable.ts). kafkajs's own
+ * message is `Connection error: connect ECONNREFUSED 127.0.0.1:1`, kept as `cause`.
+ *
+ * @param brokers - the client's bootstrap brokers when known (a client made from a config); else
+ *   the broker kafkajs's error names.
+ */
+export function withUnreachableMessage(err: unknown, brokers?: readonly string[]): unknown {
+  const seen = new Set<unknown>();
+  let current: unknown = err;
+  while (current && typeof current === 'object' && !seen.has(current)) {
+    seen.add(current);
+    const e = current as { name?: unknown; type?: unknown; code?: unknown; broker?: unknown; message?: unknown };
+    // A protocol error: a broker answered.
+    if (typeof e.type === 'string') return err;
+    if (e.name === 'KafkaJSConnectionError') {
+      if (typeof e.code !== 'string' || !UNREACHABLE_SOCKET_CODES.has(e.code)) return err;
+      const reason = String(e.message).replace(/^Connection error: /, '');
+      const named = brokers?.length ? brokers : typeof e.broker === 'string' ? [e.broker] : [];
+      return brokersUnreachableError(named, [reason], err);
+    }
+    if (e.name !== 'KafkaJSNumberOfRetriesExceeded') return err;
+    current =
+      (current as { cause?: unknown; originalError?: unknown }).cause ??
+      (current as { originalError?: unknown }).originalError;
+  }
+  return err;
 }

@@ -11,12 +11,19 @@ import type { Logger } from '../../logger.js';
  */
 const FINITE_RETRIES_WARNING = 'Limiting retries for the idempotent producer may invalidate EoS guarantees';
 
-/** kafkajs log entries through a pino-style logger, at the client's `logLevel` and above. */
+/**
+ * kafkajs log entries through a pino-style logger, at the client's `logLevel` and above (kafkajs
+ * filters by level before it calls the creator): ERROR to `error`, WARN to `warn`, INFO to `info`,
+ * DEBUG to `debug`. The message reads `kafkajs: <message>`; the entry's fields are kept (`broker`,
+ * `clientId`, `stack`, `retryCount`...), with kafkajs's `namespace` (`Connection`, `BrokerPool`,
+ * `Producer`...), which kafkajs's console logger shows as `[Connection]`.
+ */
 export function kafkajsLogCreator(logger: Logger): logCreator {
   let finiteRetriesWarned = false;
   return () =>
-    ({ level, log }) => {
-      const { message, timestamp: _t, logger: _l, ...fields } = log as Record<string, unknown>;
+    ({ namespace, level, log }) => {
+      const { message, timestamp: _t, logger: _l, ...rest } = log as Record<string, unknown>;
+      const fields = namespace ? { namespace, ...rest } : rest;
       const text = `kafkajs: ${String(message)}`;
       if (level === kafkaLogLevel.WARN && message === FINITE_RETRIES_WARNING) {
         if (finiteRetriesWarned) return logger.debug(fields, text);

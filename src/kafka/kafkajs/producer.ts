@@ -5,9 +5,9 @@
  */
 import { CompressionTypes, Partitioners, type Kafka, type Producer, type ProducerConfig } from 'kafkajs';
 import { BrokerUnavailableError, optionNames, refuseUnknownOptions } from '../../errors.js';
-import { throwIfFailed } from '../outcomes.js';
+import { serialisedSends, throwIfFailed } from '../outcomes.js';
 import {
-  PRODUCER_SETTING_NAMES,
+  resolveProducerSettings,
   type CompressionCodec,
   type KafkaAdmin,
   type KafkaClient,
@@ -16,7 +16,6 @@ import {
   type OutboundRecord,
   type ProducerMessage,
   type ProducerSettings,
-  type SendResult,
 } from '../types.js';
 import { kafkajsAdmin } from './admin.js';
 import { failureOf } from './errors.js';
@@ -88,16 +87,8 @@ const CODECS: Record<CompressionCodec, CompressionTypes> = {
  * @throws {@link InvalidOptionsError} naming an unknown setting (before creating the producer).
  */
 export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): KafkaProducer {
-  refuseUnknownOptions(settings ?? {}, PRODUCER_SETTING_NAMES, 'producer');
-  const {
-    retries = 5,
-    retryInitialMs,
-    retryMaxMs,
-    requestTimeoutMs = 30_000,
-    compression = 'none',
-    metadataMaxAgeMs,
-    onSend,
-  } = settings;
+  const { retries, retryInitialMs, retryMaxMs, requestTimeoutMs, compression, metadataMaxAgeMs, onSend } =
+    resolveProducerSettings(settings);
   // The partition kafkajs chose for each message of a send (its last choice, retries included).
   const assigned = new WeakMap<object, number>();
   const makeProducer = (): Producer =>
@@ -145,8 +136,6 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
     if (closed) await producer.disconnect().catch(() => undefined);
   };
   const probes = prober(() => kafkajsAdmin(kafka));
-  let tail: Promise<unknown> = Promise.resolve();
-
   return {
     connect: () => {
       closed = false;
@@ -162,46 +151,35 @@ export function kafkajsProducer(kafka: Kafka, settings: ProducerSettings = {}): 
       }
     },
     probe: () => probes.probe(),
-    send(records) {
-      const run = async (): Promise<SendResult> => {
-        const byTopic = new Map<string, ProducerMessage[]>();
-        for (const r of records) {
-          let list = byTopic.get(r.topic);
-          if (!list) byTopic.set(r.topic, (list = []));
-          list.push({
-            key: r.key,
-            value: r.value,
-            headers: r.headers,
-            ...(r.partition === undefined ? {} : { partition: r.partition }),
-          });
-        }
-        const began = performance.now();
-        let failure: KafkaFailure | undefined;
-        try {
-          if (suspect && !closed) await replaceProducer();
-          const answers = await producer.sendBatch({
-            acks: -1,
-            timeout: requestTimeoutMs,
-            compression: codec,
-            topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
-          });
-          const missing = unacknowledgedPartitions(byTopic, (m) => assigned.get(m), answers);
-          if (missing.length > 0) failure = notAcknowledged(missing);
-        } catch (err) {
-          failure = failureOf(err);
-        }
-        if (failure) suspect = true;
-        try {
-          onSend?.({ records: records.length, durationMs: performance.now() - began, ok: failure === undefined });
-        } catch {
-          // metrics must never fail a send
-        }
-        return { outcomes: records.map(() => (failure ? { ok: false, failure } : { ok: true })) };
-      };
-      const result = tail.then(run, run);
-      tail = result.catch(() => undefined);
-      return result;
-    },
+    send: serialisedSends(onSend, async (records) => {
+      const byTopic = new Map<string, ProducerMessage[]>();
+      for (const r of records) {
+        let list = byTopic.get(r.topic);
+        if (!list) byTopic.set(r.topic, (list = []));
+        list.push({
+          key: r.key,
+          value: r.value,
+          headers: r.headers,
+          ...(r.partition === undefined ? {} : { partition: r.partition }),
+        });
+      }
+      let failure: KafkaFailure | undefined;
+      try {
+        if (suspect && !closed) await replaceProducer();
+        const answers = await producer.sendBatch({
+          acks: -1,
+          timeout: requestTimeoutMs,
+          compression: codec,
+          topicMessages: [...byTopic].map(([topic, messages]) => ({ topic, messages })),
+        });
+        const missing = unacknowledgedPartitions(byTopic, (m) => assigned.get(m), answers);
+        if (missing.length > 0) failure = notAcknowledged(missing);
+      } catch (err) {
+        failure = failureOf(err);
+      }
+      if (failure) suspect = true;
+      return failure;
+    }),
   };
 }
 

@@ -5,7 +5,8 @@
  * producers are scripted (pure logic: the relay's use of a real broker is tested in test/relay/).
  */
 import { describe, expect, it } from 'vitest';
-import { BrokerHealth, type HealthClock } from '../../../relay/broker-health.js';
+import { BrokerHealth, withDeadline, type HealthClock } from '../../../relay/broker-health.js';
+import { BrokerUnavailableError } from '../../../src/errors.js';
 import { noopLogger } from '../../../src/logger.js';
 import type { KafkaProducer } from '../../../src/kafka/types.js';
 
@@ -237,5 +238,21 @@ describe('BrokerHealth', () => {
     m.advance(LEASE_MS * 2);
     expect(due()).toBe(0);
     await h.close();
+  });
+});
+
+describe('withDeadline', () => {
+  it("says the table relay's course by default, and the caller's when given (the WAL relay has no leaseMs)", async () => {
+    const never = new Promise<never>(() => {});
+    const table = await withDeadline(never, 5, 'a send').catch((err: unknown) => err);
+    expect(table).toBeInstanceOf(BrokerUnavailableError);
+    expect((table as Error).message).toBe(
+      'Kafka did not answer a send within brokerTimeoutMs (5 ms): the broker counts as unreachable; ' +
+        'the relay backs off, reconnects, and stands down after leaseMs of failing.',
+    );
+    const wal = await withDeadline(never, 5, 'a send', 'the WAL relay holds its stream.').catch((err: unknown) => err);
+    expect((wal as Error).message).toMatch(/unreachable; the WAL relay holds its stream\.$/);
+    expect((wal as Error).message).not.toContain('leaseMs');
+    await expect(withDeadline(Promise.resolve(7), 5, 'a send')).resolves.toBe(7);
   });
 });

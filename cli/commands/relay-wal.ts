@@ -1,0 +1,247 @@
+/**
+ * `outboxkit relay --source wal`: the WAL relay daemon (relay/wal/wal-relay.ts;
+ * docs/wal-source.md). Loaded by cli/commands/relay.ts for this source only, after the shared
+ * flags (Kafka connection, client library, logging) were resolved there.
+ *
+ * What it adds to `createWalRelay()`: it creates the publication when missing, keeps
+ * trying while another reader holds the slot (a second relay waits as a standby; no lease yet),
+ * serves `/metrics`, `/healthz` and `/readyz`, and drains on SIGTERM/SIGINT as the table relay.
+ */
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import client from 'prom-client';
+import { fullJitterBackoffMs } from '../../src/backoff.js';
+import { withTimeout } from '../../src/deadline.js';
+import { InvalidOptionsError, isOutboxkitError } from '../../src/errors.js';
+import type { ResolvedKafkaConfig } from '../../src/kafka/config.js';
+import type { KafkaClient } from '../../src/kafka/types.js';
+import type { Logger } from '../../src/logger.js';
+import { quoteSchema, walPublicationName, walSlotName } from '../../src/schema-name.js';
+import { refreshedAtMostEvery, serveMetrics, type WalRelayReadiness } from '../../relay/metrics.js';
+import { ensurePublication } from '../../relay/wal/slot-sql.js';
+import { createWalRelay, WAL_RELAY_DEFAULTS, type WalRelay, type WalRelayEvents } from '../../relay/wal/wal-relay.js';
+import { applicationName, drainOnSignals, lifetime, q, withSchemaHint } from '../shared.js';
+
+/** How old, at most, the answer of `/readyz` about the replication stream is, in ms. */
+const STREAM_CHECK_REFRESH_MS = 1_000;
+/** Longest wait for PostgreSQL's answer to the readiness query, in ms. */
+const READINESS_TIMEOUT_MS = 2_000;
+
+/**
+ * Whether the slot is read by a walsender of the connection named `applicationName`: this
+ * relay's own, not another reader's.
+ */
+const STREAM_SQL = `SELECT EXISTS (
+  SELECT 1 FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+   WHERE s.slot_name = $1 AND a.application_name = $2) AS streaming`;
+
+/** The flags `createWalRelay()` options come from, to name them in errors. */
+const OPTION_FLAGS: Record<string, string> = {
+  batchSize: '--batch-size',
+  maxBatchBytes: '--max-batch-bytes',
+  brokerTimeoutMs: '--broker-timeout-ms',
+  statusIntervalMs: '--wal-status-interval-ms',
+  slot: '--wal-slot',
+  publication: '--wal-publication',
+  schema: '--schema',
+};
+
+/**
+ * The replication connection's configuration: `url` with `application_name` set to `name`, so the
+ * readiness query can tell this relay's walsender from another reader's. In the URL, since pg lets
+ * a URL's parameters win over the configuration's (an `application_name` there is replaced).
+ */
+export function replicationConnection(url: string, name: string): pg.ClientConfig {
+  if (!/^postgres(ql)?:\/\//i.test(url)) return { connectionString: url, application_name: name };
+  const at = url.indexOf('?');
+  const params = new URLSearchParams(at === -1 ? '' : url.slice(at + 1));
+  params.set('application_name', name);
+  return { connectionString: `${at === -1 ? url : url.slice(0, at)}?${params.toString()}` };
+}
+
+/** Runs the WAL relay daemon from the `outboxkit relay` options; returns once it streams. */
+export async function runWalRelay(args: {
+  opts: Record<string, string | number | boolean | undefined>;
+  logger: Logger;
+  kafka: KafkaClient;
+  resolved: ResolvedKafkaConfig;
+  library: string;
+}): Promise<void> {
+  const { opts, logger, kafka, resolved, library } = args;
+  const schema = String(opts.schema);
+  quoteSchema(schema); // the default names are made from it: checked first
+  const slot = opts.walSlot === undefined ? walSlotName(schema) : String(opts.walSlot);
+  const publication = opts.walPublication === undefined ? walPublicationName(schema) : String(opts.walPublication);
+  const url = String(opts.databaseUrl);
+  const streamName = `outboxkit-wal-relay-${randomBytes(4).toString('hex')}`;
+  const build = (): WalRelay => {
+    try {
+      return createWalRelay({
+        connection: replicationConnection(url, streamName),
+        schema,
+        slot,
+        publication,
+        kafka,
+        producerOptions: resolved.producer,
+        batchSize: Number(opts.batchSize),
+        maxBatchBytes: Number(opts.maxBatchBytes),
+        brokerTimeoutMs: Number(opts.brokerTimeoutMs),
+        statusIntervalMs: Number(opts.walStatusIntervalMs),
+        logger,
+      });
+    } catch (err) {
+      if (!(err instanceof InvalidOptionsError)) throw err;
+      // The operator gave flags, not createWalRelay()'s options: named by flag.
+      const flagged = err.message
+        .replace(/^createWalRelay: /, '')
+        .replace(
+          /\b(batchSize|maxBatchBytes|brokerTimeoutMs|statusIntervalMs|slot|publication|schema)\b/g,
+          (name) => OPTION_FLAGS[name]!,
+        );
+      throw new InvalidOptionsError(flagged, { cause: err });
+    }
+  };
+  // Options checked before anything connects (this relay is not started; each attempt makes one).
+  build();
+
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: 2,
+    keepAlive: true,
+    fallback_application_name: applicationName('relay'),
+  });
+  pool.on('error', (err) => logger.warn({ err }, 'idle PostgreSQL connection failed'));
+  let relay: WalRelay | undefined;
+  let stopping = false;
+  let cancelSleep: (() => void) | undefined;
+  try {
+    await prepare(pool, { schema, publication, logger });
+    logger.info({ kafka: resolved.description, kafkaClient: library, slot, publication, schema }, 'WAL relay settings');
+
+    // Metrics and readiness, fed by whichever relay runs.
+    const registry = new client.Registry();
+    client.collectDefaultMetrics({ register: registry });
+    const counters = walCounters(registry);
+    let kafkaFailing = false;
+    const port = Number(opts.metricsPort);
+    if (port >= 0) {
+      const streaming = refreshedAtMostEvery(STREAM_CHECK_REFRESH_MS, async () => {
+        const { rows } = await pool.query<{ streaming: boolean }>(STREAM_SQL, [slot, streamName]);
+        return rows[0]?.streaming === true;
+      });
+      const readiness = async (): Promise<WalRelayReadiness> => {
+        const answer = await withTimeout(streaming(), READINESS_TIMEOUT_MS, () => new Error('timeout')).then(
+          (stream) => ({ database: true, stream }),
+          () => ({ database: false, stream: false }),
+        );
+        const kafkaOk = !kafkaFailing;
+        return { ready: answer.database && answer.stream && kafkaOk && !stopping, ...answer, kafka: kafkaOk };
+      };
+      const server = await serveMetrics(registry, port, readiness, { host: String(opts.metricsHost) });
+      const address = server.address();
+      logger.info(
+        typeof address === 'object' && address ? { host: address.address, port: address.port } : { port },
+        'metrics and health endpoints listening',
+      );
+    }
+
+    drainOnSignals(logger, async () => {
+      stopping = true;
+      cancelSleep?.();
+      await relay?.stop({ timeoutMs: 30_000 });
+      await pool.end();
+    });
+
+    // A relay per attempt (one runs once): another reader may hold the slot for a while.
+    for (let attempt = 1; ; attempt++) {
+      if (stopping) return;
+      const current = build();
+      relay = current;
+      current.on('wal:published', ({ events, parked }) => {
+        kafkaFailing = false;
+        counters.published.inc(events);
+        counters.parked.inc(parked);
+      });
+      current.on('wal:error', ({ what }) => {
+        if (what === 'send') kafkaFailing = true;
+        counters.errors.inc({ what });
+      });
+      try {
+        await current.start();
+        break;
+      } catch (err) {
+        if (stopping || !isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED') || !err.retriable) throw err;
+        const delayMs =
+          WAL_RELAY_DEFAULTS.retryInitialMs +
+          fullJitterBackoffMs(attempt, WAL_RELAY_DEFAULTS.retryInitialMs, WAL_RELAY_DEFAULTS.retryMaxMs);
+        logger.warn(
+          { err, attempt, delayMs, slot },
+          'the replication slot cannot be read now (another reader holds it?); retrying',
+        );
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, delayMs);
+          cancelSleep = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        cancelSleep = undefined;
+      }
+    }
+  } catch (err) {
+    await pool.end().catch(() => undefined);
+    throw withSchemaHint(err, schema);
+  }
+  lifetime.daemon = true;
+  // An error the relay cannot retry (the slot was dropped, a row it cannot read) ends the process.
+  relay.ended.catch(async (err: unknown) => {
+    if (stopping) return;
+    logger.error({ err }, 'WAL relay stopped on an error it cannot retry; exiting');
+    await pool.end().catch(() => undefined);
+    process.exit(1);
+  });
+}
+
+/**
+ * Checks the schema, then creates the publication when missing (the relay refuses to start
+ * without it; the slot is the relay's own: it creates it, and resyncs, when missing).
+ */
+async function prepare(pool: pg.Pool, o: { schema: string; publication: string; logger: Logger }): Promise<void> {
+  const table = `${quoteSchema(o.schema)}.outbox_events`;
+  await pool.query(`SELECT 1 FROM ${table} LIMIT 0`);
+  // Checked before creating: CREATE PUBLICATION needs privileges a relay's role may lack.
+  const { rowCount } = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [o.publication]);
+  if (rowCount === 0 && (await ensurePublication(q(pool), o.publication, [`${o.schema}.outbox_events`]))) {
+    o.logger.info({ publication: o.publication }, 'publication created');
+  }
+}
+
+/**
+ * The WAL relay's counters on `registry`. Each `what` of the errors counter starts at 0, so a
+ * scrape lists them before the first failure (a labelled counter without values is not printed).
+ */
+function walCounters(registry: client.Registry) {
+  const counters = {
+    published: new client.Counter({
+      name: 'outboxkit_relay_published_total',
+      help: 'Outbox events published to Kafka and acknowledged by the broker.',
+      registers: [registry],
+    }),
+    parked: new client.Counter({
+      name: 'outboxkit_wal_relay_parked_total',
+      help: 'Outbox events the WAL relay parked (Kafka refused them for themselves).',
+      registers: [registry],
+    }),
+    errors: new client.Counter({
+      name: 'outboxkit_wal_relay_errors_total',
+      help: 'Failures the WAL relay retries: sends to Kafka, database statements, the replication stream.',
+      labelNames: ['what'],
+      registers: [registry],
+    }),
+  };
+  for (const what of WAL_ERROR_KINDS) counters.errors.labels(what).inc(0);
+  return counters;
+}
+
+/** The `what` of the WAL relay's `wal:error` event (relay/wal/wal-relay.ts). */
+const WAL_ERROR_KINDS: readonly WalRelayEvents['wal:error'][0]['what'][] = ['send', 'database', 'stream'];

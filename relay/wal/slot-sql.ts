@@ -1,0 +1,160 @@
+/**
+ * The WAL source's setup statements: the logical replication slot the reader reads
+ * (docs/wal-source.md); the publication's are src/wal-publication.ts's, re-exported here. One
+ * builder per statement returning `{ text, values }`, and the function that runs it; each creator is idempotent and safe
+ * to run from several processes at once (it creates, and takes "already exists" as success, rather
+ * than checking first: a check-then-create races with a second relay starting beside it).
+ */
+import type { Queryable } from '../../src/database.js';
+import { InvalidOptionsError } from '../../src/errors.js';
+import { SQLSTATE, sqlStateOf, type SqlStatement } from '../../src/postgres.js';
+import { parseLsn } from './lsn.js';
+import { checkReplicationName } from '../../src/wal-publication.js';
+
+export { checkReplicationName, createPublicationSql, ensurePublication } from '../../src/wal-publication.js';
+
+/**
+ * `pg_create_logical_replication_slot(slot, 'pgoutput')`: a persistent slot (not temporary: it
+ * must outlive the reader's connection, so a restarted reader resumes where the last one
+ * confirmed). The call waits for transactions running at that moment to end (it needs a
+ * consistent starting point), so it is not run on a hot path.
+ */
+export function createLogicalSlotSql(slot: string): SqlStatement {
+  return {
+    text: `SELECT lsn::text AS lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')`,
+    values: [checkReplicationName(slot, 'slot')],
+  };
+}
+
+/**
+ * Creates the logical slot (plugin pgoutput) in the connected database unless it exists. The slot
+ * retains WAL from then on until a reader confirms past it, so create it where a WAL relay will
+ * read it; rows inserted before it existed are not streamed. Needs a role with `REPLICATION` (or
+ * a superuser); waits for the transactions running at that moment to end.
+ *
+ * @param slot - 1-63 of `[a-z0-9_]`, not starting with a digit; unique in the whole cluster.
+ * @returns whether this call created it.
+ * @throws {@link InvalidOptionsError} when the name is invalid, or a slot of that name exists
+ *   with another plugin or in another database (it cannot be read as this one).
+ * @throws pg's error when PostgreSQL refuses (no `REPLICATION`: SQLSTATE 42501; `wal_level` not
+ *   logical: 55000; no free slot: 53400).
+ */
+export async function ensureLogicalSlot(db: Queryable, slot: string): Promise<boolean> {
+  const { text, values } = createLogicalSlotSql(slot);
+  try {
+    await db.query(text, values);
+    return true;
+  } catch (err) {
+    // Same reason as ensurePublication(): "already exists" (42710) is success, but only for a
+    // slot this reader can use.
+    if (sqlStateOf(err) !== SQLSTATE.DUPLICATE_OBJECT) throw err;
+  }
+  const state = await readSlot(db, slot);
+  if (state !== undefined && (state.plugin !== 'pgoutput' || !state.inThisDatabase)) {
+    throw new InvalidOptionsError(
+      `Replication slot ${slot} exists ${state.inThisDatabase ? `with plugin ${state.plugin}` : 'in another database'}; ` +
+        'the WAL source needs a pgoutput slot in its own database. Choose another slot name.',
+    );
+  }
+  return false;
+}
+
+/** A replication slot as pg_replication_slots shows it. */
+export interface SlotState {
+  plugin: string;
+  /** Whether the slot belongs to the database of the connection that read it. */
+  inThisDatabase: boolean;
+  /** Where a new reader starts (the last confirmed commit end), in bytes. */
+  confirmedFlushLsn: bigint;
+  /** Whether a walsender holds it now. */
+  active: boolean;
+  /** The PID of that walsender (for pg_terminate_backend), if any. */
+  activePid: number | null;
+  /** `reserved`, `extended`, `unreserved` or `lost` (PostgreSQL 13+). */
+  walStatus: string | null;
+}
+
+/** Reads one slot's row of pg_replication_slots. */
+export function readSlotSql(slot: string): SqlStatement {
+  return {
+    text: `SELECT plugin, database = current_database() AS in_this_database,
+                  confirmed_flush_lsn::text AS confirmed_flush_lsn, active, active_pid, wal_status
+             FROM pg_replication_slots WHERE slot_name = $1`,
+    values: [slot],
+  };
+}
+
+/** The slot's state, or `undefined` when no slot has that name. */
+export async function readSlot(db: Queryable, slot: string): Promise<SlotState | undefined> {
+  const { text, values } = readSlotSql(slot);
+  const { rows } = await db.query<{
+    plugin: string | null;
+    in_this_database: boolean | null;
+    confirmed_flush_lsn: string | null;
+    active: boolean;
+    active_pid: number | null;
+    wal_status: string | null;
+  }>(text, values);
+  const row = rows[0];
+  if (row === undefined) return undefined;
+  return {
+    plugin: row.plugin ?? '',
+    inThisDatabase: row.in_this_database === true,
+    // NULL for a physical slot only; a logical one always has a confirmed position.
+    confirmedFlushLsn: row.confirmed_flush_lsn === null ? 0n : parseLsn(row.confirmed_flush_lsn),
+    active: row.active,
+    activePid: row.active_pid,
+    walStatus: row.wal_status,
+  };
+}
+
+/** `pg_drop_replication_slot(slot)`: fails with 55006 while a walsender holds it, 42704 when it is gone. */
+export function dropSlotSql(slot: string): SqlStatement {
+  return { text: 'SELECT pg_drop_replication_slot($1)', values: [checkReplicationName(slot, 'slot')] };
+}
+
+/** A slot's row of `<schema>.wal_slots` (migration 0006): the WAL relay's durable resync marker. */
+export interface WalSlotMarker {
+  /** Set before the slot is (re)created, cleared once the resync published the table's rows. */
+  resyncPending: boolean;
+  /** Why the last resync began. */
+  resyncReason: string | null;
+}
+
+/** Reads `slot`'s row of `<schema>.wal_slots`; `schema` is quoted. */
+export function readSlotMarkerSql(schema: string, slot: string): SqlStatement {
+  return {
+    text: `SELECT resync_pending, resync_reason FROM ${schema}.wal_slots WHERE slot_name = $1`,
+    values: [slot],
+  };
+}
+
+/** The slot's marker, or `undefined` when no relay recorded the slot. */
+export async function readSlotMarker(db: Queryable, schema: string, slot: string): Promise<WalSlotMarker | undefined> {
+  const { text, values } = readSlotMarkerSql(schema, slot);
+  const { rows } = await db.query<{ resync_pending: boolean; resync_reason: string | null }>(text, values);
+  const row = rows[0];
+  return row === undefined ? undefined : { resyncPending: row.resync_pending, resyncReason: row.resync_reason };
+}
+
+/**
+ * Marks a resync of `slot` pending (inserting its row if need be), with its reason and start time.
+ * Committed before the slot is created, so a relay that dies before the resync ends finds it.
+ */
+export function markResyncPendingSql(schema: string, slot: string, reason: string): SqlStatement {
+  return {
+    text: `INSERT INTO ${schema}.wal_slots (slot_name, resync_pending, resync_reason, resync_started_at)
+           VALUES ($1, true, $2, now())
+           ON CONFLICT (slot_name) DO UPDATE
+             SET resync_pending = true, resync_reason = excluded.resync_reason, resync_started_at = now()`,
+    values: [slot, reason],
+  };
+}
+
+/** Clears the pending resync of `slot` once every row it had to publish is published or parked. */
+export function clearResyncPendingSql(schema: string, slot: string): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.wal_slots SET resync_pending = false, resynced_at = now() WHERE slot_name = $1`,
+    values: [slot],
+  };
+}

@@ -1,0 +1,1072 @@
+/**
+ * The WAL relay: publishes the outbox rows that a logical replication slot streams, in commit
+ * order, to Kafka, and confirms the slot past a transaction only once Kafka acknowledged all its
+ * events (docs/wal-source.md, "The relay").
+ *
+ * How it runs: the slot reader (./slot-reader.ts) hands over committed transactions one at a time;
+ * the relay decodes their `outbox_events` rows (./outbox-row.ts) into the records the table relay
+ * builds from the same rows (relay/record.ts) and queues them, holding the reader while the queue
+ * is full (memory bound: about one batch queued beside the one in flight). One publisher loop
+ * takes what waits, several small transactions together up to `batchSize` events and
+ * `maxBatchBytes`, sends it, deletes the acknowledged rows in one statement, then confirms each
+ * transaction's commit end LSN in commit order. A crash anywhere before the confirmation
+ * redelivers the transactions to the next reader: duplicates with the same `event-id`, never a
+ * loss (G3 at least once).
+ *
+ * The slot and the resync: before each reader starts (at start, and after a lost replication
+ * connection) the relay checks its slot in pg_replication_slots and its row of `wal_slots`. A slot
+ * that is missing or lost (`wal_status = 'lost'`) is created again, and every row still in the
+ * outbox table is then published from the table, in seq order, through the same send, park and
+ * delete path, before the new reader streams anything: rows committed before the slot's consistent
+ * point are in no stream. The resync is marked pending in `wal_slots` before the slot is created
+ * and cleared once it ends, so a relay that dies in between resyncs again at its next start. A
+ * slot no relay recorded (created by hand, or before migration 0006) is resynced once too. Rows
+ * that the resync publishes and the stream then brings again are later duplicates with the same
+ * `event-id` (docs/wal-source.md, "Slot loss and resync").
+ *
+ * Failures (this slice): a broker failure (connection, timeout, partition without a leader) holds
+ * the whole stream and retries with full-jitter backoff, confirming nothing; the reader keeps the
+ * walsender alive meanwhile. A record Kafka refuses for itself (too large, topic missing or
+ * forbidden) is parked in its row (`parked_at`, `last_error`; `outboxkit parked list`) and the
+ * stream goes on. Not yet: per-partition isolation (G7: only the events of a partition that cannot
+ * take writes wait), held keys behind a parked event, the standby lease.
+ */
+import { EventEmitter } from 'node:events';
+import pg from 'pg';
+import { z } from 'zod';
+import {
+  InvalidOptionsError,
+  LifecycleError,
+  UnsupportedServerError,
+  WalStreamError,
+  isOutboxkitError,
+  schemaMissingOr,
+} from '../../src/errors.js';
+import type { Logger } from '../../src/logger.js';
+import * as option from '../../src/options.js';
+import { quoteSchema } from '../../src/schema-name.js';
+import { fullJitterBackoffMs } from '../../src/backoff.js';
+import { crashPoint } from '../../src/crash-point.js';
+import type { Queryable } from '../../src/database.js';
+import { createKafkajsClient, kafkaClientOf, type Kafka } from '../../src/kafka/kafkajs/client.js';
+import { RELAY_PRODUCER_RETRY } from '../../src/kafka/kafkajs/producer.js';
+import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
+import { loadPlatformaticKafka } from '../../src/kafka/platformatic/load.js';
+import { firstFailure } from '../../src/kafka/outcomes.js';
+import { readTopicLimits, recordBytes, splitByTopicLimit } from '../../src/kafka/topic-limits.js';
+import type { KafkaClient, KafkaFailure, KafkaProducer, OutboundRecord } from '../../src/kafka/types.js';
+import { withDeadline } from '../broker-health.js';
+
+/** What the WAL relay does when Kafka does not answer in time (the message of {@link withDeadline}'s error). */
+const WAL_RELAY_ON_TIMEOUT = 'the WAL relay holds its stream (nothing is confirmed) and retries with backoff.';
+import {
+  RELAY_DEFAULTS,
+  RELAY_KAFKA_OPTIONS_SHAPE,
+  RELAY_PRODUCER_DEFAULTS,
+  RELAY_PRODUCER_OPTIONS_SCHEMA,
+  type RelayOptions,
+} from '../options.js';
+import { toRecord } from '../record.js';
+import { deleteRelayed, maxSeq, parkRelayed, readResync, transactionsVisible } from '../sql.js';
+import { decodeOutboxRow } from './outbox-row.js';
+import {
+  createWalSlotReader,
+  WAL_SLOT_READER_DEFAULTS,
+  type WalSlotReader,
+  type WalTransaction,
+} from './slot-reader.js';
+import {
+  clearResyncPendingSql,
+  dropSlotSql,
+  ensureLogicalSlot,
+  markResyncPendingSql,
+  readSlot,
+  readSlotMarker,
+} from './slot-sql.js';
+import { SQLSTATE, sqlStateOf } from '../../src/postgres.js';
+
+/** Options of {@link createWalRelay}. */
+export interface WalRelayOptions {
+  /**
+   * PostgreSQL: a connection string or pg's client configuration. Used for the replication
+   * connection (the role needs `REPLICATION`) and for a small pool that deletes and parks rows.
+   */
+  connection: string | pg.ClientConfig;
+  /** Schema holding outboxkit's tables; only its `outbox_events` rows are published. @defaultValue 'outboxkit' */
+  schema?: string;
+  /**
+   * The logical slot (pgoutput) to read. The relay creates it when it is missing, and drops and
+   * creates it again when it is lost, then publishes the rows the table holds (the resync); one
+   * created beforehand (`ensureLogicalSlot()`) is resynced once, at the relay's first start on it.
+   * 1-63 of `[a-z0-9_]`, not starting with a digit, unique in the PostgreSQL cluster;
+   * `outboxkit relay --source wal` defaults it to `walSlotName(schema)`, `<schema>_relay`.
+   */
+  slot: string;
+  /**
+   * The publication streaming `<schema>.outbox_events` inserts (`migrate({ walPublication: true })`
+   * or `ensurePublication()`; default name `walPublicationName(schema)`, `<schema>_outbox_events`).
+   */
+  publication: string;
+  /** Kafka brokers, `host:port`. Required unless `kafka` is given. */
+  brokers?: string[];
+  /** A Kafka client instead of `brokers`: a kafkajs `Kafka`, or an outboxkit `KafkaClient`. */
+  kafka?: Kafka | KafkaClient;
+  /** The client library made from `brokers`, as the table relay's option. @defaultValue 'kafkajs' */
+  kafkaClient?: RelayOptions['kafkaClient'];
+  /** Tunable producer settings, as the table relay's option; never its safety settings. */
+  producerOptions?: RelayOptions['producerOptions'];
+  /** Most events in one send; transactions waiting are put together up to it. @defaultValue 500 */
+  batchSize?: number;
+  /**
+   * Most record bytes in one send (and in the queue beside it), in bytes; one transaction larger
+   * than this goes alone, in several sends. Keep it below the topics' `max.message.bytes` (also
+   * read from each topic and kept 10 % below). @defaultValue 900_000
+   */
+  maxBatchBytes?: number;
+  /**
+   * Longest wait for Kafka, in ms: a send's acknowledgement, a producer's connect. Past it the send
+   * counts as a broker failure (held and retried). @defaultValue 5_000
+   */
+  brokerTimeoutMs?: number;
+  /**
+   * Backoff after a broker failure (and a failed delete, park or stream start): the first delay,
+   * in ms, full jitter. @defaultValue 200
+   */
+  retryInitialMs?: number;
+  /** Backoff cap, in ms (at least `retryInitialMs`). @defaultValue 10_000 */
+  retryMaxMs?: number;
+  /** The slot reader's status update interval, in ms (keep it well below `wal_sender_timeout`). @defaultValue 10_000 */
+  statusIntervalMs?: number;
+  /**
+   * Logger. Also gets kafkajs's own log entries (warn and above) of the kafkajs client made from
+   * `brokers`, as the table relay's (docs/kafka.md, "kafkajs's log"). @defaultValue no-op
+   */
+  logger?: Logger;
+}
+
+/** Defaults of {@link WalRelayOptions}. */
+export const WAL_RELAY_DEFAULTS = Object.freeze({
+  batchSize: RELAY_DEFAULTS.batchSize,
+  maxBatchBytes: RELAY_DEFAULTS.maxBatchBytes,
+  brokerTimeoutMs: RELAY_DEFAULTS.brokerTimeoutMs,
+  retryInitialMs: RELAY_DEFAULTS.retryInitialMs,
+  retryMaxMs: RELAY_DEFAULTS.retryMaxMs,
+  statusIntervalMs: WAL_SLOT_READER_DEFAULTS.statusIntervalMs,
+});
+
+const optionsSchema = z
+  .strictObject({
+    connection: option.value<string | pg.ClientConfig>(
+      'a connection string or a pg client configuration',
+      (v) => typeof v === 'string' || (typeof v === 'object' && v !== null),
+    ),
+    schema: option.SHARED_OPTIONS.schema,
+    slot: z.string({ error: 'must be a string' }),
+    publication: z.string({ error: 'must be a string' }),
+    ...RELAY_KAFKA_OPTIONS_SHAPE,
+    producerOptions: RELAY_PRODUCER_OPTIONS_SCHEMA.optional(),
+    batchSize: option.integer(1).default(WAL_RELAY_DEFAULTS.batchSize),
+    maxBatchBytes: option.integer(1).default(WAL_RELAY_DEFAULTS.maxBatchBytes),
+    brokerTimeoutMs: option.integer(100).default(WAL_RELAY_DEFAULTS.brokerTimeoutMs),
+    ...option.retryDelays({ initialMs: WAL_RELAY_DEFAULTS.retryInitialMs, maxMs: WAL_RELAY_DEFAULTS.retryMaxMs }, 1),
+    statusIntervalMs: option.integer(10, 3_600_000).default(WAL_RELAY_DEFAULTS.statusIntervalMs),
+    logger: option.SHARED_OPTIONS.logger,
+  } satisfies Record<keyof WalRelayOptions, z.ZodType>)
+  .superRefine((o, ctx) => {
+    option.retryDelaysInOrder(o, ctx);
+    if (!o.kafka && !(o.brokers && o.brokers.length > 0)) {
+      ctx.addIssue(option.sentence('The WAL relay needs `brokers` or `kafka`.'));
+    }
+    if (o.kafkaClient !== 'kafkajs' && o.kafka) {
+      ctx.addIssue(
+        option.sentence('kafkaClient chooses the client made from `brokers`; with `kafka` it would be ignored.'),
+      );
+    }
+  });
+
+/**
+ * Why a WAL relay resyncs (docs/wal-source.md, "Slot loss and resync"):
+ * - `missing`: the slot does not exist (the relay's first start, a slot dropped, a promoted
+ *   standby: PostgreSQL 15 has no failover slots); the relay creates it;
+ * - `lost`: PostgreSQL invalidated it (`wal_status = 'lost'`, past `max_slot_wal_keep_size`); the
+ *   relay drops it and creates it again;
+ * - `unrecorded`: the slot exists but no relay recorded it in `wal_slots` (created by hand, or
+ *   before migration 0006), so rows may predate it;
+ * - `interrupted`: a resync began and did not end (the relay stopped or died during it).
+ */
+export type WalResyncReason = 'missing' | 'lost' | 'unrecorded' | 'interrupted';
+
+/**
+ * Events a WAL relay emits (`wal:action` names); `relay.on(name, listener)`. LSNs are PostgreSQL's
+ * text form (`0/19782D0`, possibly zero-padded).
+ */
+export interface WalRelayEvents {
+  /** A batch was settled: `events` acknowledged by Kafka, `parked` parked, `deleted` rows deleted, `transactions` confirmed up to `lsn`. */
+  'wal:published': [{ events: number; parked: number; deleted: number; transactions: number; lsn: string }];
+  /** An event Kafka refused for itself was parked in its row. */
+  'wal:parked': [{ seq: string; eventId?: string; error: string }];
+  /** A send failed for the broker's sake (held, retried after `delayMs`), or a statement or the stream failed. */
+  'wal:error': [{ error: Error; attempt: number; delayMs: number; what: 'send' | 'database' | 'stream' }];
+  /**
+   * A resync ended: the rows of the outbox table, read in seq order, were published (`events`;
+   * `deleted` rows deleted) or parked (`parked`) before the stream starts; `durationMs` in ms. It
+   * began with a warning in the log naming the slot and the reason.
+   */
+  'wal:resync': [
+    { slot: string; reason: WalResyncReason; events: number; parked: number; deleted: number; durationMs: number },
+  ];
+}
+
+/** A WAL relay. Make one with {@link createWalRelay}; it runs once. */
+export interface WalRelay extends EventEmitter<WalRelayEvents> {
+  /**
+   * Checks the schema, connects the producer (or keeps trying in the background when Kafka does
+   * not answer), checks the slot and starts reading it. A slot that is missing or lost is created
+   * (again) here; the resync it needs then runs in the background, and the reader starts after it.
+   *
+   * @throws {@link SchemaMissingError} when `<schema>.outbox_events` or `<schema>.wal_slots` does
+   *   not exist (migrate first).
+   * @throws {@link WalStreamError} (retriable) when another reader holds the slot, another relay
+   *   is checking or resyncing it, or PostgreSQL cannot be reached; (not retriable) when the
+   *   publication does not exist.
+   * @throws {@link InvalidOptionsError} when a slot of that name exists with another plugin or in
+   *   another database.
+   * @throws {@link LifecycleError} on a second call.
+   * @throws {@link KafkaClientUnavailableError} with `kafkaClient: 'platformatic'` when
+   *   @platformatic/kafka is not installed.
+   */
+  start(): Promise<void>;
+  /**
+   * Stops: takes nothing more from the stream, waits up to `timeoutMs` for the batch in flight
+   * (one held by a broker failure is abandoned, unconfirmed: it comes again), stops the reader and
+   * disconnects. Idempotent and memoised.
+   *
+   * @param options.timeoutMs - in ms. @defaultValue 10_000
+   */
+  stop(options?: { timeoutMs?: number }): Promise<void>;
+  /**
+   * Rejects when the relay stopped on an error it cannot retry (the publication was dropped, a row
+   * without a readable seq, a slot of that name taken by another plugin); resolves after `stop()`.
+   * A lost replication connection is retried (the slot checked, and recreated and resynced when it
+   * is gone), not reported here. Awaiting it is optional.
+   */
+  readonly ended: Promise<void>;
+  /**
+   * Counters for tests and metrics: events `published` (resyncs included) and `parked`, rows
+   * `deleted`, the last `confirmedLsn`, transactions `queued`; `resyncs` ended, the events they
+   * published (`resynced`), and whether one is running (`resyncing`).
+   */
+  stats(): {
+    published: number;
+    parked: number;
+    deleted: number;
+    confirmedLsn: string;
+    queued: number;
+    resyncs: number;
+    resynced: number;
+    resyncing: boolean;
+  };
+}
+
+/** A resync to run: why, and the session holding the slot's advisory lock until it ends. */
+interface ResyncPlan {
+  reason: WalResyncReason;
+  lock: pg.Client;
+}
+
+interface QueuedItem {
+  seq: string;
+  eventId?: string;
+  record?: OutboundRecord;
+  /** Why the row could not be decoded: parked as it comes. */
+  error?: string;
+  bytes: number;
+  /**
+   * The writer's transaction id, for rows from the stream (none for a resync's, read from the
+   * table): its commit can reach the relay before other sessions see it (see settle()).
+   */
+  xid?: number;
+}
+
+interface QueuedTransaction {
+  reader: WalSlotReader;
+  commitEndLsn: string;
+  items: QueuedItem[];
+  bytes: number;
+}
+
+/**
+ * Makes a WAL relay (docs/wal-source.md, "The relay"): it reads `<schema>.outbox_events` inserts
+ * from a logical replication slot, publishes them to Kafka in commit order, deletes the published
+ * rows and confirms the slot past them. Call `start()` to run it, `stop()` to end it. Needs
+ * PostgreSQL at `wal_level = logical`, a role with `REPLICATION`, outboxkit's migrations and the
+ * publication (`migrate({ walPublication: true })` or `ensurePublication()`;
+ * `outboxkit relay --source wal` creates it when missing). The relay creates its slot when missing
+ * and resyncs the rows already in the table. Writers use `createOutbox({ source: 'wal' })`.
+ * Defaults: {@link WAL_RELAY_DEFAULTS}.
+ *
+ * Not yet (docs/wal-source.md): per-partition isolation (a broker failure holds the whole stream),
+ * held keys behind a parked event, a standby lease.
+ *
+ * @throws {@link InvalidOptionsError} for invalid or unknown options (nothing is connected then).
+ */
+export function createWalRelay(options: WalRelayOptions): WalRelay {
+  return new WalRelayImpl(options);
+}
+
+class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
+  private readonly o: ReturnType<typeof resolve>;
+  private readonly log: Logger;
+  private readonly q: string;
+  private readonly connection: pg.ClientConfig;
+  private readonly client: KafkaClient;
+  /** As given (validated by the schema): typed as the producer takes them. */
+  private readonly producerOptions: WalRelayOptions['producerOptions'];
+  private pool: pg.Pool | undefined;
+  private db: Queryable | undefined;
+  private reader: WalSlotReader | undefined;
+  private producerConnecting: Promise<KafkaProducer> | undefined;
+  private readonly topicLimits = new Map<string, number>();
+  private readonly queue: QueuedTransaction[] = [];
+  private queuedEvents = 0;
+  private queuedBytes = 0;
+  /** Wakes the publisher loop (a transaction was queued, or stop()). */
+  private wakePublisher: (() => void) | undefined;
+  /** Wake the handlers that wait for room in the queue. */
+  private roomWaiters: (() => void)[] = [];
+  /** Cuts a backoff short on stop(). */
+  private cancelSleep: (() => void) | undefined;
+  private started = false;
+  private stopping = false;
+  private stopPromise: Promise<void> | undefined;
+  private loopDone: Promise<void> | undefined;
+  private streamDone: Promise<void> | undefined;
+  private readonly counts = { published: 0, parked: 0, deleted: 0, resyncs: 0, resynced: 0 };
+  private resyncing = false;
+  /** The session holding the slot's advisory lock during a check and resync (ended by shutDown()). */
+  private slotLock: pg.Client | undefined;
+  /** Sends (stream batches and resync pages) run one at a time, in this chain. */
+  private sendTurn: Promise<unknown> = Promise.resolve();
+  private confirmedLsn = '0/0';
+  private resolveEnded!: () => void;
+  private rejectEnded!: (err: unknown) => void;
+  readonly ended: Promise<void>;
+
+  constructor(options: WalRelayOptions) {
+    super();
+    this.o = resolve(options);
+    this.producerOptions = options.producerOptions;
+    this.log = this.o.logger;
+    this.q = quoteSchema(this.o.schema);
+    this.connection =
+      typeof this.o.connection === 'string' ? { connectionString: this.o.connection } : { ...this.o.connection };
+    this.client = this.o.kafka
+      ? kafkaClientOf(this.o.kafka)
+      : this.o.kafkaClient === 'platformatic'
+        ? createPlatformaticClient({ clientId: 'outboxkit-wal-relay', brokers: this.o.brokers! })
+        : createKafkajsClient(
+            { clientId: 'outboxkit-wal-relay', brokers: this.o.brokers! },
+            // As the table relay: kafkajs's entries to the logger given, else to kafkajs's console logger.
+            { logLevel: 'warn', ...(options.logger ? { logger: options.logger } : {}) },
+          );
+    this.ended = new Promise<void>((res, rej) => {
+      this.resolveEnded = res;
+      this.rejectEnded = rej;
+    });
+    this.ended.catch(() => {});
+  }
+
+  async start(): Promise<void> {
+    if (this.started) throw new LifecycleError('WalRelay.start() was called twice; make a new relay.');
+    this.started = true;
+    if (this.o.kafkaClient === 'platformatic') await loadPlatformaticKafka();
+    const pool = new pg.Pool({ ...this.connection, max: 2, application_name: 'outboxkit-wal-relay' });
+    pool.on('error', (err) => this.log.warn({ err }, 'idle PostgreSQL connection failed'));
+    this.pool = pool;
+    this.db = {
+      query: async <R>(text: string, values: readonly unknown[] = []) => {
+        const result = await pool.query(text, [...values]);
+        return { rows: result.rows as R[], rowCount: result.rowCount ?? 0 };
+      },
+    };
+    let resync: ResyncPlan | undefined;
+    try {
+      await pool.query(`SELECT 1 FROM ${this.q}.outbox_events LIMIT 0`);
+      // A server that cannot decode its WAL: no retry can help (the slot cannot be made).
+      const level = await pool.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
+      if (level.rows[0]?.v !== 'logical') {
+        throw new UnsupportedServerError(
+          `The WAL relay needs wal_level = logical, and this server runs wal_level = ${level.rows[0]?.v ?? 'unknown'}: ` +
+            'set wal_level = logical in postgresql.conf and restart PostgreSQL, or run the table relay (docs/wal-source.md).',
+        );
+      }
+      // The broker may be down at start: the relay starts anyway and its sends back off.
+      await this.producer().catch((err: unknown) =>
+        this.log.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
+      );
+      const publication = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [this.o.publication]);
+      if (publication.rowCount !== 1) {
+        // Checked here: with a resync to run, the reader (which would refuse it) starts later.
+        throw new WalStreamError(
+          `Publication ${this.o.publication} does not exist; create it with migrate({ walPublication }) or ensurePublication().`,
+          { retriable: false },
+        );
+      }
+      resync = await this.checkSlot();
+      // With a resync to run, the reader starts after it (watchStream()).
+      if (resync === undefined) this.reader = await this.startReader();
+    } catch (err) {
+      await this.shutDown();
+      throw schemaMissingOr(err, this.o.schema);
+    }
+    this.loopDone = this.publishLoop().catch((err: unknown) => this.fail(err));
+    this.streamDone = this.watchStream(this.reader, resync).catch((err: unknown) => this.fail(err));
+    this.log.info({ slot: this.o.slot, schema: this.o.schema, resync: resync?.reason }, 'WAL relay started');
+  }
+
+  stop(options: { timeoutMs?: number } = {}): Promise<void> {
+    this.stopPromise ??= (async () => {
+      this.stopping = true;
+      this.wakeAll();
+      if (this.loopDone) {
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([
+          Promise.all([this.loopDone, this.sendTurn]),
+          new Promise((r) => (timer = setTimeout(r, options.timeoutMs ?? 10_000))),
+        ]);
+        clearTimeout(timer);
+      }
+      await this.shutDown();
+      await this.streamDone;
+      this.log.info({ slot: this.o.slot, confirmedLsn: this.confirmedLsn }, 'WAL relay stopped');
+      this.resolveEnded();
+    })();
+    return this.stopPromise;
+  }
+
+  stats() {
+    return { ...this.counts, confirmedLsn: this.confirmedLsn, queued: this.queue.length, resyncing: this.resyncing };
+  }
+
+  private fail(err: unknown): void {
+    if (this.stopping) return;
+    this.log.error({ err }, 'WAL relay stopped on an error it cannot retry');
+    this.rejectEnded(err);
+    void this.stop();
+  }
+
+  private wakeAll(): void {
+    this.wakePublisher?.();
+    this.cancelSleep?.();
+    for (const w of this.roomWaiters.splice(0)) w();
+  }
+
+  private async shutDown(): Promise<void> {
+    await this.reader?.stop({ timeoutMs: 1_000 }).catch(() => undefined);
+    await this.slotLock?.end().catch(() => undefined);
+    this.slotLock = undefined;
+    const connecting = this.producerConnecting;
+    this.producerConnecting = undefined;
+    if (connecting) await this.disconnectQuietly(connecting);
+    await this.pool?.end().catch(() => undefined);
+    this.pool = undefined;
+  }
+
+  // ---- the stream ----
+
+  private async startReader(): Promise<WalSlotReader> {
+    const reader: WalSlotReader = createWalSlotReader({
+      connection: this.connection,
+      slot: this.o.slot,
+      publication: this.o.publication,
+      statusIntervalMs: this.o.statusIntervalMs,
+      logger: this.log,
+      handler: (tx) => this.onTransaction(reader, tx),
+    });
+    await reader.start();
+    return reader;
+  }
+
+  /**
+   * Runs the resync start() planned, if any, then watches the reader: a lost connection
+   * (retriable) is followed, after backoff, by a check of the slot (recreated and resynced when it
+   * is missing or lost) and a new reader from the slot's confirmed position; the transactions the
+   * lost one had queued are dropped (the new one hands them over again). An error it cannot retry
+   * ends the relay.
+   */
+  private async watchStream(first: WalSlotReader | undefined, firstResync: ResyncPlan | undefined): Promise<void> {
+    let reader = first;
+    let resync = firstResync;
+    let attempt = 0;
+    for (;;) {
+      if (reader !== undefined) {
+        try {
+          await reader.ended;
+          return; // stopped
+        } catch (err) {
+          if (this.stopping) return;
+          if (!isOutboxkitError(err) || !err.retriable) throw err;
+          this.dropQueued(reader);
+          attempt++;
+          const delayMs = this.backoffMs(attempt);
+          this.log.warn({ err, attempt, delayMs }, 'replication stream lost; reading the slot again after backoff');
+          this.emit('wal:error', { error: err, attempt, delayMs, what: 'stream' });
+          await this.sleep(delayMs);
+        }
+      }
+      // A new reader, until one starts (another reader may hold the slot for a while); the slot
+      // is checked first, and a resync runs to its end before any streamed event is published.
+      for (;;) {
+        if (this.stopping) return;
+        try {
+          const plan = resync ?? (await this.checkSlot());
+          resync = undefined;
+          if (plan !== undefined && !(await this.resync(plan))) return; // stopped during it
+          if (this.stopping) return;
+          reader = await this.startReader();
+          this.reader = reader;
+          attempt = 0;
+          break;
+        } catch (err) {
+          if (!isOutboxkitError(err) || !err.retriable) throw err;
+          attempt++;
+          const delayMs = this.backoffMs(attempt);
+          this.emit('wal:error', { error: err, attempt, delayMs, what: 'stream' });
+          await this.sleep(delayMs);
+        }
+      }
+      if (this.stopping) await reader.stop({ timeoutMs: 1_000 });
+    }
+  }
+
+  // ---- the slot and the resync ----
+
+  /**
+   * Checks the slot under a session advisory lock of its own (one relay checks or resyncs a slot
+   * at a time) and prepares the resync it needs: marks it pending in `wal_slots` (committed), then
+   * drops a lost slot and creates a missing one. The marker comes first, so a crash anywhere
+   * after it leaves a resync pending for the next start.
+   *
+   * @returns the resync to run (holding the lock until it ends), or undefined when the slot is
+   *   healthy and recorded.
+   * @throws {@link WalStreamError} (retriable) when another relay holds the lock or another reader
+   *   the slot, or PostgreSQL fails; {@link InvalidOptionsError} for a slot of another plugin or
+   *   database; {@link SchemaMissingError} when `wal_slots` does not exist.
+   */
+  private async checkSlot(): Promise<ResyncPlan | undefined> {
+    const slot = this.o.slot;
+    const client = new pg.Client({ ...this.connection, application_name: 'outboxkit-wal-relay' });
+    client.on('error', (err) => this.log.warn({ err }, 'slot check connection failed'));
+    const db: Queryable = {
+      query: async <R>(text: string, values: readonly unknown[] = []) => {
+        const result = await client.query(text, [...values]);
+        return { rows: result.rows as R[], rowCount: result.rowCount ?? 0 };
+      },
+    };
+    let keep = false;
+    try {
+      await client.connect();
+      const { rows } = await db.query<{ locked: boolean }>(
+        'SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS locked',
+        [`outboxkit.wal_slots:${slot}`],
+      );
+      if (rows[0]?.locked !== true) {
+        throw new WalStreamError(`Another WAL relay is checking or resyncing slot ${slot}; retry later.`, {
+          retriable: true,
+        });
+      }
+      const state = await readSlot(db, slot);
+      if (state !== undefined && (state.plugin !== 'pgoutput' || !state.inThisDatabase)) {
+        throw new InvalidOptionsError(
+          `Replication slot ${slot} exists ${state.inThisDatabase ? `with plugin ${state.plugin}` : 'in another database'}; ` +
+            'the WAL source needs a pgoutput slot in its own database. Choose another slot name.',
+        );
+      }
+      const marker = await readSlotMarker(db, this.q, slot);
+      const reason: WalResyncReason | undefined =
+        state === undefined
+          ? 'missing'
+          : state.walStatus === 'lost'
+            ? 'lost'
+            : marker === undefined
+              ? 'unrecorded'
+              : marker.resyncPending
+                ? 'interrupted'
+                : undefined;
+      if (reason === undefined) return undefined;
+      if (state?.active === true && reason !== 'missing') {
+        // Another reader streams it (a lost slot cannot be dropped while held, and a resync beside
+        // a reader would publish out of order): wait for it to go.
+        throw new WalStreamError(
+          `Replication slot ${slot} needs a resync (${reason}) but another reader holds it (PID ${state.activePid ?? '?'}); retrying.`,
+          { retriable: true },
+        );
+      }
+      this.log.warn(
+        { slot, reason, walStatus: state?.walStatus, previousReason: marker?.resyncReason },
+        reason === 'missing' || reason === 'lost'
+          ? `replication slot ${reason}: creating it, then publishing every row of the outbox table before streaming (resync)`
+          : `replication slot needs a resync (${reason}): publishing every row of the outbox table before streaming`,
+      );
+      if (reason !== 'interrupted') {
+        const mark = markResyncPendingSql(this.q, slot, reason);
+        await db.query(mark.text, mark.values);
+      }
+      if (reason === 'lost') {
+        const drop = dropSlotSql(slot);
+        await db.query(drop.text, drop.values).catch((err: unknown) => {
+          if (sqlStateOf(err) !== SQLSTATE.UNDEFINED_OBJECT) throw err;
+        });
+      }
+      if (reason === 'missing' || reason === 'lost') await ensureLogicalSlot(db, slot);
+      await crashPoint('wal-relay:slot-created');
+      keep = true;
+      this.slotLock = client;
+      return { reason, lock: client };
+    } catch (err) {
+      const e = schemaMissingOr(err, this.o.schema);
+      if (isOutboxkitError(e)) throw e;
+      throw new WalStreamError(`Checking replication slot ${slot} failed: ${String(err)}`, {
+        cause: err,
+        retriable: true,
+      });
+    } finally {
+      if (!keep) await client.end().catch(() => undefined);
+    }
+  }
+
+  /**
+   * The resync: publishes every row neither published nor parked with a seq up to the table's
+   * highest when it begins (every row committed before the slot's consistent point is among
+   * them), in seq order, `batchSize` rows (and `maxBatchBytes`) at a time, through the stream's
+   * send, park and delete path; then clears the marker and releases the lock.
+   *
+   * @returns false when the relay stopped before it ended (the marker stays: the next start
+   *   resyncs again).
+   */
+  private async resync(plan: ResyncPlan): Promise<boolean> {
+    const began = Date.now();
+    const totals = { events: 0, parked: 0, deleted: 0 };
+    this.resyncing = true;
+    try {
+      const through = await this.withDatabaseRetry(() => maxSeq(this.db!, this.q));
+      if (through === undefined) return false;
+      let after = '0';
+      for (;;) {
+        const rows = await this.withDatabaseRetry(() =>
+          readResync(this.db!, this.q, {
+            afterSeq: after,
+            throughSeq: through,
+            maxRows: this.o.batchSize,
+            maxBytes: this.o.maxBatchBytes,
+          }),
+        );
+        if (rows === undefined) return false;
+        if (rows.length === 0) break;
+        const items = rows.map((row): QueuedItem => {
+          const record = toRecord(row);
+          return { seq: row.seq, eventId: row.event_id, record, bytes: recordBytes(record) };
+        });
+        const settled = await this.exclusive(() => this.settle(items));
+        if (settled === undefined) return false;
+        this.count(settled);
+        totals.events += settled.events;
+        totals.parked += settled.parked;
+        totals.deleted += settled.deleted;
+        after = rows[rows.length - 1]!.seq;
+        this.log.debug({ slot: this.o.slot, ...settled, throughSeq: after }, 'WAL resync page settled');
+      }
+      const clear = clearResyncPendingSql(this.q, this.o.slot);
+      if ((await this.withDatabaseRetry(() => this.db!.query(clear.text, clear.values))) === undefined) return false;
+      const durationMs = Date.now() - began;
+      this.counts.resyncs += 1;
+      this.counts.resynced += totals.events;
+      this.log.warn({ slot: this.o.slot, reason: plan.reason, ...totals, durationMs }, 'WAL relay resync done');
+      this.emit('wal:resync', { slot: this.o.slot, reason: plan.reason, ...totals, durationMs });
+      return true;
+    } finally {
+      this.resyncing = false;
+      if (this.slotLock === plan.lock) this.slotLock = undefined;
+      await plan.lock.end().catch(() => undefined);
+    }
+  }
+
+  private count(settled: { events: number; parked: number; deleted: number }): void {
+    this.counts.published += settled.events;
+    this.counts.parked += settled.parked;
+    this.counts.deleted += settled.deleted;
+  }
+
+  /** Runs `send` after the sends before it: stream batches and resync pages never overlap. */
+  private exclusive<T>(send: () => Promise<T>): Promise<T> {
+    const turn = this.sendTurn.then(send);
+    this.sendTurn = turn.catch(() => undefined);
+    return turn;
+  }
+
+  private dropQueued(reader: WalSlotReader): void {
+    for (let i = this.queue.length - 1; i >= 0; i--) {
+      const tx = this.queue[i]!;
+      if (tx.reader !== reader) continue;
+      this.queue.splice(i, 1);
+      this.queuedEvents -= tx.items.length;
+      this.queuedBytes -= tx.bytes;
+    }
+    for (const w of this.roomWaiters.splice(0)) w();
+  }
+
+  /**
+   * The reader's handler: queues the transaction's outbox rows and returns, or waits while the
+   * queue holds a batch's worth already (back-pressure: the reader then hands over nothing more and
+   * PostgreSQL's sending waits).
+   */
+  private async onTransaction(reader: WalSlotReader, tx: WalTransaction): Promise<void> {
+    const items: QueuedItem[] = [];
+    let bytes = 0;
+    for (const event of tx.events) {
+      if (event.kind !== 'row' || event.table !== 'outbox_events' || event.schema !== this.o.schema) continue;
+      const decoded = decodeOutboxRow(event.row);
+      if (!decoded.ok) {
+        if (decoded.seq === undefined) {
+          // Neither publishable nor parkable: the relay stops rather than skip it (G5).
+          throw new WalStreamError(
+            `A row of ${this.o.schema}.outbox_events from slot ${this.o.slot} cannot be read (${decoded.error}); ` +
+              "the WAL relay stopped without confirming its transaction. Check that the table has outboxkit's shape.",
+            { retriable: false },
+          );
+        }
+        items.push({ seq: decoded.seq, error: decoded.error, bytes: 0, xid: tx.xid });
+        continue;
+      }
+      const record = toRecord(decoded.row);
+      const size = recordBytes(record);
+      items.push({ seq: decoded.row.seq, eventId: decoded.row.event_id, record, bytes: size, xid: tx.xid });
+      bytes += size;
+    }
+    if (items.length === 0) {
+      // Nothing of the outbox (another table of the publication): settled as it arrives; the
+      // reader never confirms past a transaction before it that is not.
+      reader.confirm(tx.commitEndLsn);
+      return;
+    }
+    this.queue.push({ reader, commitEndLsn: tx.commitEndLsn, items, bytes });
+    this.queuedEvents += items.length;
+    this.queuedBytes += bytes;
+    this.wakePublisher?.();
+    while (
+      !this.stopping &&
+      this.queue.length > 0 &&
+      (this.queuedEvents >= this.o.batchSize || this.queuedBytes >= this.o.maxBatchBytes) &&
+      this.queue.some((t) => t.reader === reader)
+    ) {
+      await new Promise<void>((r) => this.roomWaiters.push(r));
+    }
+  }
+
+  // ---- publishing ----
+
+  private async publishLoop(): Promise<void> {
+    while (!this.stopping) {
+      if (this.queue.length === 0) {
+        await new Promise<void>((r) => (this.wakePublisher = r));
+        this.wakePublisher = undefined;
+        continue;
+      }
+      // Whole transactions, as many as wait, up to the bounds (at least one).
+      const batch: QueuedTransaction[] = [];
+      let events = 0;
+      let bytes = 0;
+      while (this.queue.length > 0) {
+        const next = this.queue[0]!;
+        if (
+          batch.length > 0 &&
+          (events + next.items.length > this.o.batchSize || bytes + next.bytes > this.o.maxBatchBytes)
+        ) {
+          break;
+        }
+        batch.push(this.queue.shift()!);
+        events += next.items.length;
+        bytes += next.bytes;
+        this.queuedEvents -= next.items.length;
+        this.queuedBytes -= next.bytes;
+      }
+      for (const w of this.roomWaiters.splice(0)) w();
+      await this.exclusive(() => this.publish(batch));
+    }
+  }
+
+  /**
+   * Settles the batch's events in commit order (settle()), then confirms the batch's transactions.
+   * Returns without confirming when the relay stops meanwhile (the transactions come again to the
+   * next reader).
+   */
+  private async publish(batch: readonly QueuedTransaction[]): Promise<void> {
+    const settled = await this.settle(batch.flatMap((tx) => tx.items));
+    if (settled === undefined) return;
+    for (const tx of batch) tx.reader.confirm(tx.commitEndLsn);
+    const lsn = batch[batch.length - 1]!.commitEndLsn;
+    this.confirmedLsn = lsn;
+    const { events, parked, deleted } = settled;
+    this.count(settled);
+    this.log.debug({ events, parked, deleted, transactions: batch.length, lsn }, 'WAL batch settled');
+    this.emit('wal:published', { events, parked, deleted, transactions: batch.length, lsn });
+  }
+
+  /**
+   * Sends the items' events in their order, parks those Kafka refuses for themselves, and deletes
+   * the acknowledged rows (the stream's batches and the resync's pages alike); the caller counts.
+   *
+   * @returns the counts, or undefined when the relay stopped before the rows were deleted.
+   */
+  private async settle(items: QueuedItem[]): Promise<{ events: number; parked: number; deleted: number } | undefined> {
+    const acked: string[] = [];
+    let parked = 0;
+    let attempt = 0;
+    /** Items before this index go one per send: their chunk was refused for a record's sake. */
+    let singlesUntil = 0;
+    let i = 0;
+    while (i < items.length) {
+      if (this.stopping) return undefined;
+      const item = items[i]!;
+      if (item.record === undefined) {
+        if (!(await this.park(item, item.error ?? 'not decodable'))) return undefined;
+        parked++;
+        i++;
+        continue;
+      }
+      let end = i + 1;
+      if (i >= singlesUntil) {
+        while (end < items.length && end - i < this.o.batchSize && items[end]!.record !== undefined) end++;
+      }
+      const records = items.slice(i, end).map((it) => it.record!);
+      const chunk = splitByTopicLimit(records, await this.limits(records))[0]!;
+      await crashPoint('wal-relay:before-send');
+      const failure = await this.send(chunk);
+      if (failure === undefined) {
+        for (let k = i; k < i + chunk.length; k++) acked.push(items[k]!.seq);
+        i += chunk.length;
+        attempt = 0;
+        continue;
+      }
+      if (failure.kind === 'record') {
+        attempt = 0;
+        if (chunk.length > 1) {
+          // kafkajs fails a request as a whole: find the record at fault one send at a time.
+          singlesUntil = i + chunk.length;
+          continue;
+        }
+        if (!(await this.park(item, `${failure.code ?? 'error'}: ${failure.error.message}`))) return undefined;
+        parked++;
+        i++;
+        continue;
+      }
+      // kafkajs retries an unknown topic as the broker's failure until its retries or our deadline
+      // end: when the cluster answers and a topic of the chunk is missing, its events are parked.
+      if (await this.parkMissingTopics(items.slice(i, i + chunk.length))) {
+        attempt = 0;
+        continue;
+      }
+      // The broker's failure: the stream holds, nothing is confirmed; the same events go again.
+      attempt++;
+      const delayMs = this.backoffMs(attempt);
+      this.log.warn({ err: failure.error, attempt, delayMs }, 'send to Kafka failed; holding the stream and retrying');
+      this.emit('wal:error', { error: failure.error, attempt, delayMs, what: 'send' });
+      await this.sleep(delayMs);
+    }
+    await crashPoint('wal-relay:after-send');
+    // After the acknowledgement and before the confirmation: a crash in between republishes.
+    let deleted = await this.withDatabaseRetry(() => deleteRelayed(this.db!, this.q, acked));
+    if (deleted === undefined) return undefined;
+    if (deleted < acked.length) {
+      // Fewer rows than acknowledged: a writer's transaction can reach the stream before other
+      // sessions see it committed (its commit record is flushed, and so decoded, before it leaves
+      // the server's list of running transactions), and a DELETE then passes over its rows. Once
+      // the batch's transactions are visible, the same DELETE takes what is left; rows still absent
+      // were deleted already (a resync published them before the stream brought them again).
+      const xids = items.filter((it) => it.xid !== undefined).map((it) => it.xid!);
+      if (!(await this.waitVisible(xids))) return undefined;
+      const again = await this.withDatabaseRetry(() => deleteRelayed(this.db!, this.q, acked));
+      if (again === undefined) return undefined;
+      deleted += again;
+    }
+    await crashPoint('wal-relay:after-delete');
+    return { events: acked.length, parked, deleted };
+  }
+
+  /**
+   * Marks the items whose topic does not exist for parking (as they come, in order), when the
+   * cluster answers a topic listing within `brokerTimeoutMs`; true when it marked any.
+   */
+  private async parkMissingTopics(items: QueuedItem[]): Promise<boolean> {
+    const admin = this.client.admin();
+    let existing: Set<string>;
+    try {
+      await withDeadline(admin.connect(), this.o.brokerTimeoutMs, 'an admin connect', WAL_RELAY_ON_TIMEOUT);
+      existing = new Set(
+        await withDeadline(admin.listTopics(), this.o.brokerTimeoutMs, 'a topic listing', WAL_RELAY_ON_TIMEOUT),
+      );
+    } catch {
+      return false; // the cluster does not answer: a broker failure
+    } finally {
+      void withDeadline(admin.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT).catch(
+        () => undefined,
+      );
+    }
+    let marked = false;
+    for (const item of items) {
+      if (item.record === undefined || existing.has(item.record.topic)) continue;
+      item.error =
+        `UNKNOWN_TOPIC_OR_PARTITION: topic ${item.record.topic} does not exist ` +
+        '(outboxkit does not create topics; create it, then retry the parked event)';
+      item.record = undefined;
+      marked = true;
+    }
+    return marked;
+  }
+
+  /** Parks `item`'s row with `error`; false when the relay stopped before it could. */
+  private async park(item: QueuedItem, error: string): Promise<boolean> {
+    let done = await this.withDatabaseRetry(() => parkRelayed(this.db!, this.q, { seq: item.seq, error }));
+    if (done === undefined) return false;
+    if (!done && item.xid !== undefined) {
+      // Not seen: its transaction may not be visible yet (see settle()); once it is, again.
+      if (!(await this.waitVisible([item.xid]))) return false;
+      done = await this.withDatabaseRetry(() => parkRelayed(this.db!, this.q, { seq: item.seq, error }));
+      if (done === undefined) return false;
+    }
+    this.log.warn({ seq: item.seq, eventId: item.eventId, topic: item.record?.topic, error }, 'event parked');
+    this.emit('wal:parked', { seq: item.seq, eventId: item.eventId, error });
+    return true;
+  }
+
+  /** Runs `statement` until it succeeds (backoff between tries); undefined when the relay stops first. */
+  /**
+   * Waits until every transaction of `xids` (32-bit ids from the stream, committed) is visible to
+   * a new snapshot of the relay's connection, polling every few ms (`transactionsVisible()`).
+   *
+   * @returns false when the relay stopped meanwhile.
+   */
+  private async waitVisible(xids: readonly number[]): Promise<boolean> {
+    if (xids.length === 0) return true;
+    for (let attempt = 0; ; attempt++) {
+      const visible = await this.withDatabaseRetry(() => transactionsVisible(this.db!, xids));
+      if (visible === undefined) return false;
+      if (visible) return true;
+      if (this.stopping) return false;
+      await this.sleep(Math.min(2 ** attempt, 50));
+    }
+  }
+
+  private async withDatabaseRetry<T>(statement: () => Promise<T>): Promise<T | undefined> {
+    for (let attempt = 1; ; attempt++) {
+      if (this.stopping) return undefined;
+      try {
+        return await statement();
+      } catch (err) {
+        const error = err instanceof Error ? err : new Error(String(err));
+        const delayMs = this.backoffMs(attempt);
+        this.log.warn({ err: error, attempt, delayMs }, 'WAL relay statement failed; retrying');
+        this.emit('wal:error', { error, attempt, delayMs, what: 'database' });
+        await this.sleep(delayMs);
+      }
+    }
+  }
+
+  /** One send; any failure to get an answer (connect, timeout, exception) is the broker's. */
+  private async send(chunk: readonly OutboundRecord[]): Promise<KafkaFailure | undefined> {
+    let failure: KafkaFailure | undefined;
+    try {
+      const producer = await this.producer();
+      failure = firstFailure(
+        await withDeadline(producer.send(chunk), this.o.brokerTimeoutMs, 'a send', WAL_RELAY_ON_TIMEOUT),
+      );
+    } catch (err) {
+      failure = { kind: 'broker', error: err instanceof Error ? err : new Error(String(err)) };
+    }
+    // After a broker failure the producer's connections and sequence numbers are suspect: a new one.
+    if (failure?.kind === 'broker') this.dropProducer();
+    return failure;
+  }
+
+  /** The connected producer, connecting one (within `brokerTimeoutMs`) if there is none. */
+  private producer(): Promise<KafkaProducer> {
+    if (this.producerConnecting) return this.producerConnecting;
+    const producer = this.client.producer({
+      ...RELAY_PRODUCER_DEFAULTS,
+      ...this.producerOptions,
+      ...RELAY_PRODUCER_RETRY,
+    });
+    const connect = producer.connect();
+    const connecting = withDeadline(connect, this.o.brokerTimeoutMs, 'a producer connect', WAL_RELAY_ON_TIMEOUT).then(
+      () => producer,
+      (err: unknown) => {
+        if (this.producerConnecting === connecting) this.producerConnecting = undefined;
+        // A connect that succeeds after the deadline must not leave a connection behind.
+        void connect.then(() => producer.disconnect()).catch(() => undefined);
+        throw err;
+      },
+    );
+    this.producerConnecting = connecting;
+    return connecting;
+  }
+
+  private dropProducer(): void {
+    const connecting = this.producerConnecting;
+    this.producerConnecting = undefined;
+    if (connecting) void this.disconnectQuietly(connecting);
+  }
+
+  private async disconnectQuietly(connecting: Promise<KafkaProducer>): Promise<void> {
+    await connecting
+      .then((p) => withDeadline(p.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT))
+      .catch(() => undefined);
+  }
+
+  /** `max.message.bytes` of the records' topics (read once per topic), kept 10 % below and under `maxBatchBytes`. */
+  private async limits(records: readonly OutboundRecord[]): Promise<(topic: string) => number> {
+    const fallback = this.o.maxBatchBytes;
+    const unknown = [...new Set(records.map((r) => r.topic))].filter((t) => !this.topicLimits.has(t));
+    if (unknown.length > 0) {
+      const admin = this.client.admin();
+      try {
+        await withDeadline(admin.connect(), this.o.brokerTimeoutMs, 'an admin connect', WAL_RELAY_ON_TIMEOUT);
+        const read = await withDeadline(
+          readTopicLimits(admin, unknown),
+          this.o.brokerTimeoutMs,
+          'a config read',
+          WAL_RELAY_ON_TIMEOUT,
+        );
+        for (const [topic, bytes] of read) this.topicLimits.set(topic, bytes);
+      } catch (err) {
+        // The broker's answer to the send decides; a record too large is then found one by one.
+        this.log.debug({ err, topics: unknown }, 'could not read max.message.bytes; using maxBatchBytes');
+      } finally {
+        void withDeadline(admin.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT).catch(
+          () => undefined,
+        );
+      }
+    }
+    return (topic) => Math.min(fallback, Math.floor((this.topicLimits.get(topic) ?? fallback) * 0.9));
+  }
+
+  private backoffMs(attempt: number): number {
+    return this.o.retryInitialMs + fullJitterBackoffMs(attempt, this.o.retryInitialMs, this.o.retryMaxMs);
+  }
+
+  /** Waits `ms`, or less when stop() comes. */
+  private async sleep(ms: number): Promise<void> {
+    if (this.stopping) return;
+    await new Promise<void>((r) => {
+      const timer = setTimeout(r, ms);
+      this.cancelSleep = () => {
+        clearTimeout(timer);
+        r();
+      };
+    });
+    this.cancelSleep = undefined;
+  }
+}
+
+function resolve(options: WalRelayOptions) {
+  return option.parseOptions(optionsSchema, options, 'createWalRelay');
+}

@@ -1,0 +1,261 @@
+/**
+ * `outboxkit relay --source wal` and `outboxkit migrate --wal-publication` as child processes,
+ * against the PostgreSQL at wal_level=logical (test/helpers/wal.ts) and the real broker:
+ * migrate creates the publication; the relay creates its slot (`<schema>_relay` by default) and
+ * publishes the event written before it (the resync), then what the WAL writer commits, in commit
+ * order; reports readiness by its own replication
+ * connection, drains on SIGTERM with exit 0; a second relay waits while the first holds the slot
+ * and takes over after it. Flags of the other source, and bad slot or publication names, are
+ * refused before anything connects.
+ */
+import { randomBytes } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOutbox } from '../../src/outbox/enqueue.js';
+import { withPgTransaction } from '../../src/database.js';
+import type { TestDatabase } from '../helpers/db.js';
+import { createTopics, readTopic } from '../helpers/kafka.js';
+import { finished, spawnCli, type Spawned } from '../helpers/processes.js';
+import { waitFor } from '../helpers/wait-for.js';
+import { createWalTestDatabase } from '../helpers/wal.js';
+
+/** A schema of its own: the default slot name (`<schema>_relay`) is unique in the cluster. */
+const SCHEMA = `w_${randomBytes(4).toString('hex')}`;
+const UNREACHABLE = 'postgres://127.0.0.1:1/none';
+
+let db: TestDatabase;
+beforeAll(async () => {
+  db = await createWalTestDatabase({ poolSize: 3 });
+}, 30_000);
+afterAll(async () => {
+  await db?.drop();
+});
+
+const cli = (args: string[], env?: Record<string, string>) => finished(spawnCli(args, env));
+
+/** `outboxkit relay --source wal` on the test database, with its metrics on a random port. */
+function spawnWalRelay(): Spawned {
+  return spawnCli([
+    'relay',
+    '--source',
+    'wal',
+    '--database-url',
+    db.url,
+    '--schema',
+    SCHEMA,
+    '--broker-timeout-ms',
+    '3000',
+    '--wal-status-interval-ms',
+    '1000',
+    '--metrics-port',
+    '0',
+    '--log-level',
+    'info',
+  ]);
+}
+
+/** The first log line of `relay` holding `text`, parsed. */
+async function logLine(relay: Spawned, text: string, timeoutMs = 20_000): Promise<Record<string, unknown>> {
+  const line = await waitFor(
+    () =>
+      relay.stdout
+        .join('')
+        .split('\n')
+        .find((l) => l.includes(text)),
+    { timeoutMs, message: () => `log line "${text}" (${relay.output.join('').slice(-3000)})` },
+  );
+  return JSON.parse(line) as Record<string, unknown>;
+}
+
+async function readyz(port: number): Promise<{ status: number; body: string }> {
+  const res = await fetch(`http://127.0.0.1:${port}/readyz`);
+  return { status: res.status, body: await res.text() };
+}
+
+/** Waits until `/readyz` answers `status`; returns its body. */
+async function readyzBecomes(port: number, status: number): Promise<string> {
+  return waitFor(
+    async () => {
+      const r = await readyz(port);
+      return r.status === status ? r.body : undefined;
+    },
+    { timeoutMs: 15_000, message: `/readyz on port ${port} answers ${status}` },
+  );
+}
+
+const outbox = createOutbox({ source: 'wal', schema: SCHEMA });
+
+describe('outboxkit migrate --wal-publication', () => {
+  it('creates the default publication, then a named one, and reports them', async () => {
+    const first = await cli(['migrate', '--database-url', db.url, '--schema', SCHEMA, '--wal-publication', '--json']);
+    expect(first.code, first.stderr).toBe(0);
+    const out = JSON.parse(first.stdout) as { applied: string[]; walPublication: unknown };
+    expect(out.applied.length).toBeGreaterThan(0);
+    expect(out.walPublication).toEqual({ name: `${SCHEMA}_outbox_events`, created: true });
+
+    const second = await cli([
+      'migrate',
+      '--database-url',
+      db.url,
+      '--schema',
+      SCHEMA,
+      '--wal-publication',
+      'named_pub',
+      '--json',
+    ]);
+    expect(second.code, second.stderr).toBe(0);
+    expect(JSON.parse(second.stdout)).toEqual({ applied: [], walPublication: { name: 'named_pub', created: true } });
+
+    const { rows } = await db.pool.query<{ pubname: string; tables: string[]; pubinsert: boolean; pubdelete: boolean }>(
+      `SELECT p.pubname, p.pubinsert, p.pubdelete,
+              array_agg(t.schemaname || '.' || t.tablename) AS tables
+         FROM pg_publication p JOIN pg_publication_tables t USING (pubname)
+        GROUP BY 1, 2, 3 ORDER BY 1`,
+    );
+    expect(rows).toEqual([
+      { pubname: 'named_pub', pubinsert: true, pubdelete: false, tables: [`${SCHEMA}.outbox_events`] },
+      { pubname: `${SCHEMA}_outbox_events`, pubinsert: true, pubdelete: false, tables: [`${SCHEMA}.outbox_events`] },
+    ]);
+  });
+});
+
+describe('outboxkit relay --source wal', () => {
+  // Breaches caught: the WAL source not reachable from the CLI, events out of commit order, a
+  // relay reported ready while another holds the slot (or not ready while it streams), a
+  // SIGTERM that does not drain to exit 0, a standby that never takes the slot over.
+  it('publishes in commit order, drains on SIGTERM, and a second relay takes the slot over', async () => {
+    const [topic] = await createTopics(['wal-cli'], { partitions: 1 });
+    const write = (c: Parameters<typeof outbox.enqueue>[0], n: number) =>
+      outbox.enqueue(c, [{ topic: topic!, key: 'k', type: 'test.event', payload: { n } }]);
+    // Written before the relay (and its slot) exists: published by its first resync.
+    await withPgTransaction(db.pool, (c) => write(c, 0));
+    const first = spawnWalRelay();
+    await logLine(first, 'WAL relay started');
+    const port1 = Number((await logLine(first, 'metrics and health endpoints listening')).port);
+    const slot = await db.pool.query<{ slot_name: string }>(
+      `SELECT slot_name FROM pg_replication_slots WHERE database = current_database()`,
+    );
+    expect(slot.rows).toEqual([{ slot_name: `${SCHEMA}_relay` }]);
+
+    // Two transactions that commit in the opposite order of their inserts, then one more.
+    const a = await db.pool.connect();
+    const b = await db.pool.connect();
+    try {
+      await a.query('BEGIN');
+      await write(a, 2);
+      await b.query('BEGIN');
+      await write(b, 1);
+      await b.query('COMMIT');
+      await a.query('COMMIT');
+    } finally {
+      a.release();
+      b.release();
+    }
+    await withPgTransaction(db.pool, (c) => write(c, 3));
+    const n = (all: { value: Buffer | null }[]) => all.map((m) => (JSON.parse(m.value!.toString()) as { n: number }).n);
+    const firstRead = await readTopic(
+      topic!,
+      (m) => m,
+      (all) => all.length >= 4,
+      20_000,
+    );
+    expect(n(firstRead)).toEqual([0, 1, 2, 3]);
+    expect(await readyzBecomes(port1, 200)).toBe('ready\n');
+    // The counters, each kind of error listed at 0 before any failure.
+    const metrics = await (await fetch(`http://127.0.0.1:${port1}/metrics`)).text();
+    expect(metrics).toMatch(/^outboxkit_relay_published_total [1-9]\d*$/m);
+    for (const what of ['send', 'database', 'stream']) {
+      expect(metrics).toMatch(new RegExp(`^outboxkit_wal_relay_errors_total\\{what="${what}"\\} \\d+$`, 'm'));
+    }
+
+    // A second relay on the same slot: it waits, and is not ready.
+    const second = spawnWalRelay();
+    await logLine(second, 'cannot be read now');
+    const port2 = Number((await logLine(second, 'metrics and health endpoints listening')).port);
+    expect(await readyzBecomes(port2, 503)).toBe('not ready: replication stream down\n');
+    expect((await readyz(port1)).status).toBe(200);
+
+    first.proc.kill('SIGTERM');
+    const exit = await first.exited;
+    const log = first.output.join('');
+    expect(exit, log.slice(-3000)).toEqual({ code: 0, signal: null });
+    expect(log).toContain('"msg":"draining"');
+    expect(log).toContain('"msg":"WAL relay stopped"');
+
+    // Written while the slot is free: the second relay publishes them once it holds it.
+    await withPgTransaction(db.pool, (c) => write(c, 4));
+    await withPgTransaction(db.pool, (c) => write(c, 5));
+    await logLine(second, 'WAL relay started');
+    const all = await readTopic(
+      topic!,
+      (m) => m,
+      (got) => got.length >= 6,
+      20_000,
+    );
+    expect(n(all)).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(await readyzBecomes(port2, 200)).toBe('ready\n');
+    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${SCHEMA}.outbox_events`);
+    expect(rows[0]!.n).toBe(0); // published rows are deleted
+
+    second.proc.kill('SIGTERM');
+    expect(await second.exited).toEqual({ code: 0, signal: null });
+  }, 90_000);
+});
+
+describe('relay flags of the other source, and replication names, are refused before connecting', () => {
+  it('exit 1 with one message naming the flag (all run at once)', async () => {
+    const refused: [string[], Record<string, string>, string][] = [
+      [
+        ['relay', '--source', 'wal', '--lease-ms', '2000', '--listen', 'false'],
+        {},
+        'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --lease-ms, --listen apply only to --source table, not to --source wal: remove them.\n',
+      ],
+      [
+        ['relay', '--source', 'wal'],
+        { OUTBOXKIT_POLL_INTERVAL_MS: '100' },
+        'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --poll-interval-ms (set by OUTBOXKIT_POLL_INTERVAL_MS) applies only to --source table, not to --source wal: remove it.\n',
+      ],
+      [
+        ['relay', '--wal-slot', 'some_slot'],
+        {},
+        'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --wal-slot applies only to --source wal, not to --source table: remove it.\n',
+      ],
+      [
+        ['relay', '--source', 'wal', '--wal-status-interval-ms', '1'],
+        {},
+        'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --wal-status-interval-ms must be an integer from 10 to 3600000, got 1.\n',
+      ],
+    ];
+    // Usage errors (commander's, with the usage line after them).
+    const usage: [string[], string][] = [
+      [
+        ['relay', '--source', 'wal', '--wal-slot', 'Bad-Slot'],
+        "error: option '--wal-slot <name>' argument 'Bad-Slot' is invalid. Invalid slot name \"Bad-Slot\"",
+      ],
+      [
+        ['migrate', '--wal-publication', 'no-dash'],
+        "error: option '--wal-publication [name]' argument 'no-dash' is invalid. Invalid publication name \"no-dash\"",
+      ],
+    ];
+    const [refusedRuns, usageRuns] = await Promise.all([
+      Promise.all(
+        refused.map(([args, env]) => cli([...args, '--database-url', UNREACHABLE, '--metrics-port', '-1'], env)),
+      ),
+      Promise.all(usage.map(([args]) => cli([...args, '--database-url', UNREACHABLE]))),
+    ]);
+    refused.forEach(([args, , expected], i) => {
+      const r = refusedRuns[i]!;
+      expect({ args, code: r.code, stdout: r.stdout, stderr: r.stderr }).toEqual({
+        args,
+        code: 1,
+        stdout: '',
+        stderr: expected,
+      });
+    });
+    usage.forEach(([args, expected], i) => {
+      const r = usageRuns[i]!;
+      expect({ args, code: r.code }).toEqual({ args, code: 1 });
+      expect(r.stderr).toContain(expected);
+      expect(r.stderr).not.toContain('ECONNREFUSED');
+    });
+  });
+});

@@ -1,0 +1,300 @@
+/**
+ * The WAL relay's slot check and resync (relay/wal/wal-relay.ts; docs/wal-source.md, "Slot loss and
+ * resync") against the real PostgreSQL at wal_level=logical and the real Kafka broker: rows written
+ * before the relay's slot existed, or while it was dropped, are published from the table, in seq
+ * order, before the stream's events; a slot made by hand is resynced once; a relay SIGKILLed inside
+ * a resync (a real child process) leaves it pending, and the next relay publishes every row. Each
+ * test names the breach it catches.
+ *
+ * Topics have one partition, so the topic's order is the order of the relay's sends.
+ */
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { beforeAll, describe, expect, inject, it } from 'vitest';
+
+import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
+import { createWalRelay, type WalRelay, type WalRelayEvents, type WalRelayOptions } from '../../relay/wal/wal-relay.js';
+import { isOutboxkitError } from '../../src/errors.js';
+import { createOutbox } from '../../src/outbox/enqueue.js';
+import { withPgTransaction } from '../../src/database.js';
+import type { Logger } from '../../src/logger.js';
+import type { TestDatabase } from '../helpers/db.js';
+import { createTopics, messagesIn, readTopic } from '../helpers/kafka.js';
+import { waitFor } from '../helpers/wait-for.js';
+import { randomSlotName, slotActive, walRelayTestFile } from '../helpers/wal.js';
+
+const PUBLICATION = 'outboxkit_wal_resync';
+const CHILD = path.resolve('test/wal/fixtures/wal-relay-child.ts');
+const outbox = createOutbox({ source: 'wal' });
+
+/** The migrated database, and what each test started (stopped and dropped after it). */
+const file = walRelayTestFile(PUBLICATION);
+const { relays, slots, children } = file;
+let db: TestDatabase;
+beforeAll(() => {
+  db = file.db;
+});
+
+/** A slot name for one test, dropped after it (the relay creates the slot). */
+function newSlot(): string {
+  const slot = randomSlotName('resync');
+  slots.push(slot);
+  return slot;
+}
+
+interface Seen {
+  resyncs: WalRelayEvents['wal:resync'][0][];
+  warnings: string[];
+  pages: number[];
+}
+
+function makeRelay(slot: string, options: Partial<WalRelayOptions> = {}): { relay: WalRelay; seen: Seen } {
+  const seen: Seen = { resyncs: [], warnings: [], pages: [] };
+  const logger: Logger = {
+    debug: (obj, msg) => {
+      if (msg === 'WAL resync page settled') seen.pages.push(Number(obj.events));
+    },
+    info: () => {},
+    warn: (_obj, msg) => seen.warnings.push(msg),
+    error: () => {},
+  };
+  const relay = createWalRelay({
+    connection: db.url,
+    slot,
+    publication: PUBLICATION,
+    brokers: inject('kafkaBrokers'),
+    statusIntervalMs: 200,
+    brokerTimeoutMs: 3_000,
+    retryInitialMs: 50,
+    retryMaxMs: 500,
+    logger,
+    ...options,
+  });
+  relay.on('wal:resync', (r) => seen.resyncs.push(r));
+  relays.push(relay);
+  return { relay, seen };
+}
+
+async function startRelay(slot: string, options: Partial<WalRelayOptions> = {}) {
+  const made = makeRelay(slot, options);
+  await made.relay.start();
+  return made;
+}
+
+/** Enqueues `events` in one transaction through the WAL writer; returns their event ids. */
+async function enqueue(topic: string, events: { key: string | null; payload: unknown }[]): Promise<string[]> {
+  const written = await withPgTransaction(db.pool, (c) =>
+    outbox.enqueue(
+      c,
+      events.map((e) => ({ ...e, topic, type: 'test.event' })),
+    ),
+  );
+  return written.map((e) => e.eventId);
+}
+
+/** `n` events over three keys, one or two per transaction; their ids in seq order. */
+async function enqueueMany(topic: string, n: number, tag: string): Promise<string[]> {
+  const ids: string[] = [];
+  for (let i = 0; i < n; i += 2) {
+    const events = [{ key: `k${i % 3}`, payload: `${tag}-${i}` }];
+    if (i + 1 < n) events.push({ key: `k${(i + 1) % 3}`, payload: `${tag}-${i + 1}` });
+    ids.push(...(await enqueue(topic, events)));
+  }
+  return ids;
+}
+
+/** Event ids of every message in `topic`, in its order, once it holds at least `count`. */
+async function eventIds(topic: string, count: number): Promise<string[]> {
+  const messages = await readTopic(
+    topic,
+    ({ headers }) => headers['event-id']!,
+    (all) => all.length >= count,
+    20_000,
+  );
+  return messages;
+}
+
+/** The ids in the order of their first appearance. */
+function firsts(ids: string[]): string[] {
+  return [...new Set(ids)];
+}
+
+async function rowsLeft(): Promise<number> {
+  const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outboxkit.outbox_events');
+  return rows[0]!.n;
+}
+
+async function marker(slot: string): Promise<{ resync_pending: boolean; resync_reason: string | null } | undefined> {
+  const { rows } = await db.pool.query<{ resync_pending: boolean; resync_reason: string | null }>(
+    'SELECT resync_pending, resync_reason FROM outboxkit.wal_slots WHERE slot_name = $1',
+    [slot],
+  );
+  return rows[0];
+}
+
+async function slotExists(slot: string): Promise<boolean> {
+  const { rowCount } = await db.pool.query('SELECT 1 FROM pg_replication_slots WHERE slot_name = $1', [slot]);
+  return rowCount === 1;
+}
+
+describe('WAL relay resync', () => {
+  // Breach caught: rows written before the relay's slot existed never published (they are in no
+  // stream), published out of seq order, or after streamed events; the whole table read at once
+  // instead of in pages of batchSize; the slot not created by the relay.
+  it('creates a missing slot and publishes the rows written before it, in order, before streaming', async () => {
+    const [topic] = await createTopics(['wal-resync-first'], { partitions: 1 });
+    const slot = newSlot();
+    const before = await enqueueMany(topic!, 11, 'before');
+    const { relay, seen } = await startRelay(slot, { batchSize: 4 });
+    await waitFor(() => seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no resync' });
+    expect(seen.resyncs[0]).toMatchObject({ slot, reason: 'missing', events: 11, parked: 0, deleted: 11 });
+    expect(seen.warnings.some((w) => /replication slot missing/.test(w))).toBe(true);
+    expect(seen.pages).toEqual([4, 4, 3]);
+    expect(await marker(slot)).toEqual({ resync_pending: false, resync_reason: 'missing' });
+    expect(await rowsLeft()).toBe(0);
+
+    const after = await enqueueMany(topic!, 3, 'after');
+    await waitFor(() => relay.stats().published === 14, { timeoutMs: 15_000, message: 'new rows not streamed' });
+    // Nothing twice: the pre-slot rows are in no stream, the later ones in no resync.
+    expect(await eventIds(topic!, 14)).toEqual([...before, ...after]);
+    expect(relay.stats()).toMatchObject({ resyncs: 1, resynced: 11, resyncing: false });
+  });
+
+  // Breach caught: a slot dropped while the relay was stopped (a promoted standby has none) taken
+  // as an error or silently recreated, losing the rows written meanwhile; no warning or event.
+  it('recreates a slot dropped while the relay was stopped and publishes the rows written meanwhile', async () => {
+    const [topic] = await createTopics(['wal-resync-dropped'], { partitions: 1 });
+    const slot = newSlot();
+    const first = await startRelay(slot);
+    await waitFor(() => first.seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no first resync' });
+    expect(first.seen.resyncs[0]).toMatchObject({ reason: 'missing', events: 0 });
+    const streamed = await enqueueMany(topic!, 2, 'streamed');
+    await waitFor(() => first.relay.stats().published === 2, { timeoutMs: 15_000, message: 'not streamed' });
+    await first.relay.stop();
+    await waitFor(async () => !(await slotActive(db.pool, slot)), { timeoutMs: 10_000, message: 'slot busy' });
+    await db.pool.query('SELECT pg_drop_replication_slot($1)', [slot]);
+
+    const meanwhile = await enqueueMany(topic!, 5, 'meanwhile');
+    const second = await startRelay(slot);
+    await waitFor(() => second.seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no resync after the drop' });
+    expect(second.seen.resyncs[0]).toMatchObject({ slot, reason: 'missing', events: 5 });
+    expect(second.seen.warnings.some((w) => /resync/.test(w))).toBe(true);
+    expect(await slotExists(slot)).toBe(true);
+    const later = await enqueueMany(topic!, 2, 'later');
+    await waitFor(() => second.relay.stats().published === 7, { timeoutMs: 15_000, message: 'not streamed after' });
+    expect(await eventIds(topic!, 9)).toEqual([...streamed, ...meanwhile, ...later]);
+  });
+
+  // Breach caught: a running relay whose replication connection is lost and whose slot is gone
+  // meanwhile stopping (the reader's "slot does not exist"), or recreating the slot without
+  // publishing the rows written while there was none.
+  it('checks the slot before reading again after a lost connection, and resyncs when it is gone', async () => {
+    const [topic] = await createTopics(['wal-resync-reconnect'], { partitions: 1 });
+    const slot = newSlot();
+    // A long first backoff after the loss: the window in which the test drops the slot.
+    const { relay, seen } = await startRelay(slot, { retryInitialMs: 1_500, retryMaxMs: 2_000 });
+    await waitFor(() => seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no first resync' });
+    const streamed = await enqueueMany(topic!, 1, 'streamed');
+    await waitFor(() => relay.stats().published === 1, { timeoutMs: 15_000, message: 'not streamed' });
+    await db.pool.query('SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1', [
+      slot,
+    ]);
+    await waitFor(async () => !(await slotActive(db.pool, slot)), { timeoutMs: 5_000, message: 'slot busy' });
+    await db.pool.query('SELECT pg_drop_replication_slot($1)', [slot]);
+    const meanwhile = await enqueueMany(topic!, 3, 'meanwhile');
+    await waitFor(() => seen.resyncs.length === 2, { timeoutMs: 15_000, message: 'no resync after the loss' });
+    expect(seen.resyncs[1]).toMatchObject({ reason: 'missing', events: 3 });
+    const later = await enqueueMany(topic!, 1, 'later');
+    await waitFor(() => relay.stats().published === 5, { timeoutMs: 15_000, message: 'not streamed after' });
+    expect(await eventIds(topic!, 5)).toEqual([...streamed, ...meanwhile, ...later]);
+  });
+
+  // Breach caught: a missing publication found only by the reader after a resync (start()
+  // resolving, then `ended` rejecting), or a slot created (and WAL retained) for a relay that
+  // cannot stream.
+  it('refuses to start without its publication, before creating the slot', async () => {
+    const slot = newSlot();
+    const { relay } = makeRelay(slot, { publication: 'outboxkit_no_such_publication' });
+    const err = await relay.start().catch((e: unknown) => e);
+    expect(isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED')).toBe(true);
+    expect((err as { retriable: boolean }).retriable).toBe(false);
+    expect(await slotExists(slot)).toBe(false);
+  });
+
+  // Breach caught: a slot created by hand after rows were written (rows older than it) trusted as
+  // it is, losing those rows; or the rows the stream brings again published before the resync's.
+  it('resyncs once a slot it did not record, then streams (duplicates after, never a loss)', async () => {
+    const [topic] = await createTopics(['wal-resync-unrecorded'], { partitions: 1 });
+    const slot = newSlot();
+    const older = await enqueueMany(topic!, 3, 'older');
+    await ensureLogicalSlot(db.pool, slot);
+    const newer = await enqueueMany(topic!, 3, 'newer');
+    const { relay, seen } = await startRelay(slot);
+    await waitFor(() => seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no resync' });
+    expect(seen.resyncs[0]).toMatchObject({ reason: 'unrecorded', events: 6 });
+    // The stream brings the newer rows again (same event-ids), after the resync's copies.
+    await waitFor(() => relay.stats().published === 9, { timeoutMs: 15_000, message: 'stream not read' });
+    const ids = await eventIds(topic!, 9);
+    expect(ids).toEqual([...older, ...newer, ...newer]);
+    await relay.stop();
+    // Recorded now: the next relay streams without a resync.
+    const next = await startRelay(slot);
+    const last = await enqueueMany(topic!, 1, 'last');
+    await waitFor(() => next.relay.stats().published === 1, { timeoutMs: 15_000, message: 'not streamed' });
+    expect(next.seen.resyncs).toEqual([]);
+    expect((await eventIds(topic!, 10)).slice(9)).toEqual(last);
+  });
+
+  // Breach caught: a relay that dies inside a resync (after creating the slot, before its marker
+  // is cleared) leaves rows that the next relay, finding the slot in place, never publishes.
+  for (const crash of [
+    { point: 'wal-relay:slot-created', after: 1, sent: 0 },
+    { point: 'wal-relay:after-send', after: 2, sent: 8 },
+  ]) {
+    it(`still publishes every row after a SIGKILL inside a resync (${crash.point} #${crash.after})`, async () => {
+      const [topic] = await createTopics(['wal-resync-crash'], { partitions: 1 });
+      const slot = newSlot();
+      const ids = await enqueueMany(topic!, 12, 'pre');
+      const proc = spawn(process.execPath, ['--import', 'tsx', CHILD], {
+        env: {
+          ...process.env,
+          TEST_DATABASE_URL: db.url,
+          SLOT: slot,
+          PUBLICATION,
+          KAFKA_BROKERS: inject('kafkaBrokers').join(','),
+          BATCH_SIZE: '4',
+          OUTBOXKIT_CRASH_POINT: crash.point,
+          OUTBOXKIT_CRASH_AFTER: String(crash.after),
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      children.push(proc);
+      let out = '';
+      proc.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+      proc.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+      const exit = await new Promise<NodeJS.Signals | null>((r) => proc.once('exit', (_c, signal) => r(signal)));
+      expect(exit, `child: ${out}`).toBe('SIGKILL');
+      // The slot exists, the resync is still marked pending, and only its first pages went out.
+      expect(await slotExists(slot)).toBe(true);
+      expect(await marker(slot)).toEqual({ resync_pending: true, resync_reason: 'missing' });
+      expect(await messagesIn(topic!)).toBe(crash.sent);
+      await waitFor(async () => !(await slotActive(db.pool, slot)), { timeoutMs: 10_000, message: 'slot busy' });
+
+      const { relay, seen } = await startRelay(slot, { batchSize: 4 });
+      await waitFor(() => seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no resync after the crash' });
+      expect(seen.resyncs[0]).toMatchObject({ reason: 'interrupted' });
+      const after = await enqueueMany(topic!, 1, 'after');
+      await waitFor(() => relay.stats().published === seen.resyncs[0]!.events + 1, {
+        timeoutMs: 15_000,
+        message: 'not streamed after the resync',
+      });
+      const all = await eventIds(topic!, crash.sent + seen.resyncs[0]!.events + 1);
+      // Every row at least once, in seq order of first appearance; the crashed relay's last page
+      // (sent, not deleted) again.
+      expect(firsts(all)).toEqual([...ids, ...after]);
+      expect(all.slice(0, crash.sent)).toEqual(ids.slice(0, crash.sent));
+      expect(await rowsLeft()).toBe(0);
+      expect(await marker(slot)).toEqual({ resync_pending: false, resync_reason: 'missing' });
+    });
+  }
+});
