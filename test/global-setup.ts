@@ -9,12 +9,42 @@ import pg from 'pg';
 import { ensureServices } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 
+type Services = Awaited<ReturnType<typeof ensureServices>>;
+
+/**
+ * The services of this run, shared by the projects that name this file (integration and alone run
+ * their global setups in one process): one start, stopped by the last teardown.
+ */
+const shared = globalThis as typeof globalThis & {
+  outboxkitTestServices?: { services: Promise<Services>; users: number };
+};
+
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
-  const services = await ensureServices((msg) => console.log(`[services] ${msg}`));
+  shared.outboxkitTestServices ??= {
+    services: ensureServices((msg) => console.log(`[services] ${msg}`)),
+    users: 0,
+  };
+  const entry = shared.outboxkitTestServices;
+  entry.users += 1;
+  const release = async () => {
+    entry.users -= 1;
+    if (entry.users === 0) {
+      shared.outboxkitTestServices = undefined;
+      await (await entry.services).stop();
+    }
+  };
+  let services: Services;
+  try {
+    services = await entry.services;
+  } catch (err) {
+    entry.users -= 1;
+    if (entry.users === 0) shared.outboxkitTestServices = undefined;
+    throw err;
+  }
   const { databaseUrl, kafkaBrokers, walDatabaseUrl, walDatabaseError } = services;
-  // One template per run: two runs on one server (two developers, or a run beside the demo) do not
-  // drop each other's template.
-  const TEMPLATE_DB = `outboxkit_template_${process.pid}`;
+  // One template per run and project: two runs on one server (two developers, or a run beside the
+  // demo) do not drop each other's template, nor do two projects of one run.
+  const TEMPLATE_DB = `outboxkit_template_${process.pid}_${project.name.replace(/[^a-z0-9]/gi, '_').toLowerCase()}`;
   const admin = new pg.Client({ connectionString: databaseUrl });
   try {
     await admin.connect();
@@ -24,7 +54,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
     url.pathname = `/${TEMPLATE_DB}`;
     await migrate({ connectionString: url.toString() });
   } catch (err) {
-    await services.stop();
+    await release();
     throw err;
   } finally {
     await admin.end();
@@ -42,8 +72,8 @@ export default async function setup(project: TestProject): Promise<() => Promise
       await c.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB} WITH (FORCE)`);
     } finally {
       await c.end();
-      // Containers started through testcontainers (none on the local paths).
-      await services.stop();
+      // Containers started through testcontainers (none on the local paths), by the last project.
+      await release();
     }
   };
 }

@@ -15,7 +15,7 @@ import {
 import type { DatabaseHandle } from '../../src/database.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../../src/outbox/event.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
-import { createTopics, randomName, testConsumerKafka, testKafka } from '../helpers/kafka.js';
+import { createTopics, createTopicsOn, randomName, testConsumerKafka, testKafka } from '../helpers/kafka.js';
 import { waitFor } from '../helpers/wait-for.js';
 
 /** Settings that keep the tests fast: short fetch waits and heartbeats, tiny retry delays. */
@@ -94,7 +94,8 @@ export class TestProducer {
   #connected: Promise<void> | undefined;
 
   constructor(kafka: Kafka = testKafka('outboxkit-consumer-test-producer')) {
-    this.#producer = kafka.producer();
+    // More retries than kafkajs's 5 (about 9 s): a loaded broker can take longer to host a new topic.
+    this.#producer = kafka.producer({ retry: { retries: 10 } });
   }
 
   /** Sends in one request (messages of one partition land in one record batch, in order); returns the event ids. */
@@ -159,16 +160,10 @@ export async function committedAtLogEnd(kafka: Kafka, groupId: string, topic: st
  */
 export async function createTopicsWithDlq(prefixes: string[], partitions = 3): Promise<string[]> {
   const topics = await createTopics(prefixes, { partitions });
-  const admin = testKafka().admin();
-  await admin.connect();
-  try {
-    await admin.createTopics({
-      waitForLeaders: true,
-      topics: topics.map((topic) => ({ topic: `${topic}.dlq`, numPartitions: 1, replicationFactor: 1 })),
-    });
-  } finally {
-    await admin.disconnect();
-  }
+  await createTopicsOn(
+    testKafka(),
+    topics.map((topic) => ({ topic: `${topic}.dlq`, numPartitions: 1, replicationFactor: 1 })),
+  );
   return topics;
 }
 

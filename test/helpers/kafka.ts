@@ -6,6 +6,7 @@ import { Kafka, logLevel, type ITopicConfig } from 'kafkajs';
 import { inject } from 'vitest';
 import { ensureTopics } from '../../src/kafka/topics.js';
 import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
+import { waitFor } from './wait-for.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
 
 /** A random name with a readable prefix, for topics and consumer groups. */
@@ -47,9 +48,12 @@ export function testConsumerKafka(clientId = 'outboxkit-consumer-test'): Kafka |
 /**
  * Creates `topics` on `kafka`'s cluster (an existing one is left as it is) and waits until each
  * has its partitions, every one with a leader: the product's {@link ensureTopics}, which retries
- * the errors a broker answers right after it starts or under load.
+ * the errors a broker answers right after it starts or under load. Then waits (up to 30 s) until
+ * every partition's leader answers for it: on a loaded machine a KRaft broker can name a leader in
+ * its metadata before that leader hosts the partition's log, and a first send then fails with
+ * UNKNOWN_TOPIC_OR_PARTITION ("This server does not host this topic-partition").
  *
- * @param options.retries - retries after the first attempt (default 5, about 6 s in all).
+ * @param options.retries - retries of the creation after the first attempt (default 5, about 6 s in all).
  */
 export async function createTopicsOn(
   kafka: Kafka,
@@ -57,6 +61,27 @@ export async function createTopicsOn(
   options: { retries?: number } = {},
 ): Promise<void> {
   await ensureTopics(kafka, topics, options);
+  await untilHosted(
+    kafka,
+    topics.map((t) => t.topic),
+  );
+}
+
+/** Resolves when a ListOffsets request for every partition of each topic is answered by its leader. */
+async function untilHosted(kafka: Kafka, topics: string[]): Promise<void> {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    await waitFor(
+      async () => {
+        for (const topic of topics) await admin.fetchTopicOffsets(topic);
+        return true;
+      },
+      { timeoutMs: 30_000, intervalMs: 200, message: `the leaders of ${topics.join(', ')} host their partitions` },
+    );
+  } finally {
+    await admin.disconnect();
+  }
 }
 
 /**
