@@ -242,7 +242,7 @@ export interface RelayReadiness {
  * What `/readyz` reports for a WAL relay (`outboxkit relay --source wal`; docs/wal-source.md).
  */
 export interface WalRelayReadiness {
-  /** `database`, `stream` and `kafka` all hold. */
+  /** `database` and `kafka` hold, and `stream` or `resyncing` does. */
   ready: boolean;
   /** PostgreSQL answered the readiness query. */
   database: boolean;
@@ -250,6 +250,12 @@ export interface WalRelayReadiness {
   stream: boolean;
   /** No send to Kafka has failed for the broker's sake since the last batch Kafka acknowledged. */
   kafka: boolean;
+  /**
+   * The relay resyncs: it publishes the outbox table's rows before its stream starts (a slot
+   * that was missing, lost, unrecorded, or a resync interrupted; docs/wal-source.md). It counts
+   * as streaming: the relay publishes, so it is ready if the database and Kafka are.
+   */
+  resyncing?: boolean;
 }
 
 /** Every option name of {@link relayReadiness}. */
@@ -326,7 +332,7 @@ export function relayReadiness(
 function readinessText(r: boolean | RelayReadiness | WalRelayReadiness): string {
   if (typeof r === 'boolean') return r ? 'ready\n' : 'not ready\n';
   if ('stream' in r) {
-    if (r.ready) return 'ready\n';
+    if (r.ready) return r.resyncing && !r.stream ? 'ready; resyncing the outbox table before streaming\n' : 'ready\n';
     const missing = [
       r.database ? '' : 'database unreachable',
       r.stream ? '' : 'replication stream down',

@@ -29,6 +29,7 @@
 import { execFile, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -611,6 +612,33 @@ export interface ScratchBroker {
   restart(): Promise<void>;
   /** Stops it for good and deletes its storage. */
   destroy(): Promise<void>;
+}
+
+/** Whether a listener can bind 127.0.0.1:`port` now (closed again at once). */
+function portFree(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const server = net.createServer();
+    server.once('error', () => resolve(false));
+    server.listen({ port, host: '127.0.0.1', exclusive: true }, () => server.close(() => resolve(true)));
+  });
+}
+
+/**
+ * The first block of `count` consecutive ports, from `from` upward in steps of `count`, that all
+ * bind on 127.0.0.1 now: tests and harnesses that start brokers on ports of their choice must not
+ * pick one another service of the machine holds (RabbitMQ's 25672, MariaDB's 3306, …). Another
+ * process may still take a port between this check and the broker's bind; each caller starts its
+ * scan at a base of its own so that parallel test files do not meet.
+ *
+ * @throws Error when no such block is found below port 65,535 or within 500 tries.
+ */
+export async function freePortBlock(count: number, from: number): Promise<number> {
+  for (let base = from, tries = 0; base + count - 1 < 65_535 && tries < 500; base += count, tries++) {
+    let free = true;
+    for (let p = base; p < base + count && free; p++) free = await portFree(p);
+    if (free) return base;
+  }
+  throw new Error(`No ${count} consecutive free ports on 127.0.0.1 from ${from}`);
 }
 
 /**

@@ -17,9 +17,20 @@ import type { ResolvedKafkaConfig } from '../../src/kafka/config.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
 import type { Logger } from '../../src/logger.js';
 import { quoteSchema, walPublicationName, walSlotName } from '../../src/schema-name.js';
-import { refreshedAtMostEvery, serveMetrics, type WalRelayReadiness } from '../../relay/metrics.js';
-import { ensurePublication } from '../../relay/wal/slot-sql.js';
-import { createWalRelay, WAL_RELAY_DEFAULTS, type WalRelay, type WalRelayEvents } from '../../relay/wal/wal-relay.js';
+import {
+  RELAY_METRICS_REFRESH_MS,
+  refreshedAtMostEvery,
+  serveMetrics,
+  type WalRelayReadiness,
+} from '../../relay/metrics.js';
+import { ensurePublication, walSlotsStatus, type WalSlotStatus } from '../../relay/wal/slot-sql.js';
+import {
+  createWalRelay,
+  WAL_RELAY_DEFAULTS,
+  type WalRelay,
+  type WalRelayEvents,
+  type WalResyncReason,
+} from '../../relay/wal/wal-relay.js';
 import { applicationName, drainOnSignals, lifetime, q, withSchemaHint } from '../shared.js';
 
 /** How old, at most, the answer of `/readyz` about the replication stream is, in ms. */
@@ -122,6 +133,12 @@ export async function runWalRelay(args: {
     const registry = new client.Registry();
     client.collectDefaultMetrics({ register: registry });
     const counters = walCounters(registry);
+    walSlotGauges(registry, slot, {
+      slot: refreshedAtMostEvery(RELAY_METRICS_REFRESH_MS, async () =>
+        (await walSlotsStatus(q(pool), quoteSchema(schema), slot)).find((s) => s.slot === slot),
+      ),
+      resyncing: () => relay?.stats().resyncing === true,
+    });
     let kafkaFailing = false;
     const port = Number(opts.metricsPort);
     if (port >= 0) {
@@ -135,7 +152,14 @@ export async function runWalRelay(args: {
           () => ({ database: false, stream: false }),
         );
         const kafkaOk = !kafkaFailing;
-        return { ready: answer.database && answer.stream && kafkaOk && !stopping, ...answer, kafka: kafkaOk };
+        // A resync publishes the table's rows before the stream starts: the relay works, it is ready.
+        const resyncing = relay?.stats().resyncing === true;
+        return {
+          ready: answer.database && (answer.stream || resyncing) && kafkaOk && !stopping,
+          ...answer,
+          kafka: kafkaOk,
+          resyncing,
+        };
       };
       const server = await serveMetrics(registry, port, readiness, { host: String(opts.metricsHost) });
       const address = server.address();
@@ -166,6 +190,14 @@ export async function runWalRelay(args: {
         if (what === 'send') kafkaFailing = true;
         counters.errors.inc({ what });
       });
+      // A resync's pages go through the stream's send path without a `wal:published` event.
+      current.on('wal:resync-page', ({ events, parked }) => {
+        kafkaFailing = false;
+        counters.published.inc(events);
+        counters.parked.inc(parked);
+        counters.resynced.inc(events);
+      });
+      current.on('wal:resync', ({ reason }) => counters.resyncs.inc({ reason }));
       try {
         await current.start();
         break;
@@ -238,10 +270,77 @@ function walCounters(registry: client.Registry) {
       labelNames: ['what'],
       registers: [registry],
     }),
+    resyncs: new client.Counter({
+      name: 'outboxkit_wal_relay_resyncs_total',
+      help: 'Resyncs the WAL relay ended (it published the outbox table before streaming), by why they began.',
+      labelNames: ['reason'],
+      registers: [registry],
+    }),
+    resynced: new client.Counter({
+      name: 'outboxkit_wal_relay_resynced_events_total',
+      help: 'Outbox events the WAL relay published from the table in resyncs, page by page (Kafka acknowledged them; also in outboxkit_relay_published_total).',
+      registers: [registry],
+    }),
   };
   for (const what of WAL_ERROR_KINDS) counters.errors.labels(what).inc(0);
+  for (const reason of WAL_RESYNC_REASONS) counters.resyncs.labels(reason).inc(0);
   return counters;
 }
+
+/**
+ * The WAL relay's gauges on `registry`: whether a resync runs, and what its slot holds back
+ * (docs/wal-source.md, "Slot loss and resync"), read at most once per
+ * {@link RELAY_METRICS_REFRESH_MS} and waited for at most {@link READINESS_TIMEOUT_MS} per scrape.
+ * The byte gauges are labelled by `slot` and have no series while their value is unknown: the slot
+ * missing or lost (the relay creates it again and resyncs, which
+ * `outboxkit_wal_relay_resyncs_total` counts), a standby server, or PostgreSQL not answering.
+ */
+function walSlotGauges(
+  registry: client.Registry,
+  slot: string,
+  read: { slot: () => Promise<WalSlotStatus | undefined>; resyncing: () => boolean },
+): void {
+  new client.Gauge({
+    name: 'outboxkit_wal_relay_resyncing',
+    help: '1 while the WAL relay resyncs (publishes the outbox table before streaming), else 0.',
+    registers: [registry],
+    collect() {
+      this.set(read.resyncing() ? 1 : 0);
+    },
+  });
+  const figures: [string, string, (s: WalSlotStatus) => number | null][] = [
+    [
+      'outboxkit_wal_slot_retained_bytes',
+      "WAL the relay's replication slot keeps on disk (restart_lsn to the current WAL position), in bytes.",
+      (s) => s.retainedBytes,
+    ],
+    [
+      'outboxkit_wal_slot_confirmed_lag_bytes',
+      "How far the slot's confirmed position (Kafka acknowledged everything before it) is behind the current WAL position, in bytes.",
+      (s) => s.confirmedLagBytes,
+    ],
+  ];
+  for (const [name, help, figure] of figures) {
+    new client.Gauge({
+      name,
+      help,
+      labelNames: ['slot'],
+      registers: [registry],
+      async collect() {
+        // A scrape never waits long, nor fails, on PostgreSQL: an unknown value is no series.
+        const state = await withTimeout(read.slot(), READINESS_TIMEOUT_MS, () => new Error('timeout')).catch(
+          () => undefined,
+        );
+        const value = state === undefined ? null : figure(state);
+        this.reset();
+        if (value !== null) this.set({ slot }, value);
+      },
+    });
+  }
+}
+
+/** Why a WAL relay resyncs (relay/wal/wal-relay.ts). */
+const WAL_RESYNC_REASONS: readonly WalResyncReason[] = ['missing', 'lost', 'unrecorded', 'interrupted'];
 
 /** The `what` of the WAL relay's `wal:error` event (relay/wal/wal-relay.ts). */
 const WAL_ERROR_KINDS: readonly WalRelayEvents['wal:error'][0]['what'][] = ['send', 'database', 'stream'];

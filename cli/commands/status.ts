@@ -1,6 +1,8 @@
 import type { Command } from 'commander';
-import { quoteSchema } from '../../src/schema-name.js';
+import { quoteSchema, walSlotName } from '../../src/schema-name.js';
+import type { Queryable } from '../../src/database.js';
 import { backlog, laneOwners, liveRelays, type LiveRelay } from '../../relay/sql.js';
+import { walSlotsStatus, type WalSlotStatus } from '../../relay/wal/slot-sql.js';
 import { databaseOption, q, schemaOption, withPool } from '../shared.js';
 import { printJson, printLines } from '../printable.js';
 
@@ -25,7 +27,9 @@ interface ListedPartition {
 export function registerStatus(program: Command): void {
   program
     .command('status')
-    .description('print the backlog, parked events, lane owners and the topic-partitions relays find blocked')
+    .description(
+      'print the backlog, parked events, lane owners, the topic-partitions relays find blocked and the WAL relay slots',
+    )
     .addOption(databaseOption())
     .addOption(schemaOption())
     .option('--json', 'print JSON')
@@ -36,6 +40,7 @@ export function registerStatus(program: Command): void {
           backlog: await backlog(q(pool), schema),
           lanes: await laneOwners(q(pool), schema),
           blockedPartitions: listed(await liveRelays(q(pool), schema)),
+          walSlots: await walSlots(q(pool), opts.schema),
         };
         if (opts.json) {
           printJson(status, 2);
@@ -48,6 +53,7 @@ export function registerStatus(program: Command): void {
               `  ${l.owner_id ?? '(free)'}: ${l.lanes} lanes${l.owner_id && !l.live ? ' (lease expired)' : ''}`,
             );
           printBlocked(status.blockedPartitions);
+          printWalSlots(status.walSlots);
         }
       });
     });
@@ -83,5 +89,52 @@ function printBlocked(partitions: readonly ListedPartition[]): void {
     if (list.length > MAX_LISTED_PARTITIONS) {
       printLines(`  ${relayId}: ${list.length - MAX_LISTED_PARTITIONS} more (outboxkit status --json lists them)`);
     }
+  }
+}
+
+/**
+ * The WAL relay slots of `schema` (relay/wal/slot-sql.ts, {@link walSlotsStatus}): none when no
+ * WAL relay ran (table mode), before migration 0006 made `<schema>.wal_slots`, or when the role
+ * may not read that table (a monitoring role: the rest of the status is still printed).
+ */
+async function walSlots(db: Queryable, schema: string): Promise<WalSlotStatus[]> {
+  const quoted = quoteSchema(schema);
+  const { rows } = await db.query<{ present: boolean }>(
+    `SELECT CASE WHEN to_regclass($1) IS NULL THEN false
+                 ELSE has_table_privilege(to_regclass($1), 'SELECT') END AS present`,
+    [`${quoted}.wal_slots`],
+  );
+  if (rows[0]?.present !== true) return [];
+  return walSlotsStatus(db, quoted, walSlotName(schema));
+}
+
+/** A byte count for people: `812 B`, `3.4 MiB`. */
+function byteText(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+/** The text lines of the WAL relay slots, when there are some (nothing otherwise). */
+function printWalSlots(slots: readonly WalSlotStatus[]): void {
+  if (slots.length === 0) return;
+  printLines('WAL relay slots:');
+  for (const s of slots) {
+    const state = !s.exists
+      ? 'missing (the next relay start creates it and resyncs)'
+      : `${s.active ? `read by pid ${s.activePid}` : 'not read'}, wal_status ${s.walStatus ?? 'unknown'}` +
+        (s.retainedBytes === null ? '' : `, retains ${byteText(s.retainedBytes)}`) +
+        (s.confirmedLagBytes === null ? '' : `, confirmed ${byteText(s.confirmedLagBytes)} behind`);
+    const resync = s.resyncPending
+      ? `; resync pending (${s.resyncReason ?? 'unknown'}, since ${new Date(s.resyncStartedAt ?? 0).toISOString()})`
+      : s.resyncedAt === null
+        ? ''
+        : `; last resync ${new Date(s.resyncedAt).toISOString()} (${s.resyncReason ?? 'unknown'})`;
+    printLines(`  ${s.slot}: ${state}${resync}`);
   }
 }

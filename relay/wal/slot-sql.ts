@@ -158,3 +158,95 @@ export function clearResyncPendingSql(schema: string, slot: string): SqlStatemen
     values: [slot],
   };
 }
+
+/**
+ * A WAL relay's slot as `outboxkit status` and the relay's metrics report it (docs/wal-source.md,
+ * "Slot loss and resync"): the slot of pg_replication_slots with what it holds back, and its resync marker.
+ */
+export interface WalSlotStatus {
+  /** The slot's name. */
+  slot: string;
+  /** Whether pg_replication_slots has it (false: missing, the next relay start creates it and resyncs). */
+  exists: boolean;
+  /** Whether a walsender reads it now. */
+  active: boolean;
+  /** The PID of that walsender, if any. */
+  activePid: number | null;
+  /** `reserved`, `extended`, `unreserved` or `lost` (past `max_slot_wal_keep_size`); null when missing. */
+  walStatus: string | null;
+  /**
+   * WAL the slot keeps on disk: from its `restart_lsn` to the server's current WAL position, in
+   * bytes. Null when the slot is missing or lost, or the server is a standby.
+   */
+  retainedBytes: number | null;
+  /**
+   * How far the slot's confirmed position (`confirmed_flush_lsn`: Kafka acknowledged everything
+   * before it) is behind the server's current WAL position, in bytes. Null as `retainedBytes`.
+   */
+  confirmedLagBytes: number | null;
+  /** A resync began and did not end (the next relay start resyncs again). */
+  resyncPending: boolean;
+  /** Why the last resync began (`missing`, `lost`, `unrecorded`, `interrupted`); null if none ran. */
+  resyncReason: string | null;
+  /** When the last resync began, in ms since the epoch (database clock); null if none ran. */
+  resyncStartedAt: number | null;
+  /** When the last resync ended, in ms since the epoch (database clock); null if none ended. */
+  resyncedAt: number | null;
+}
+
+/**
+ * The WAL slots of `schema` (quoted): every slot a relay recorded in `<schema>.wal_slots`, and
+ * `defaultSlot` when pg_replication_slots has it (a slot made by hand before the first relay).
+ * On a standby (`pg_is_in_recovery()`) the byte figures are null: it has no current WAL position
+ * of its own.
+ */
+export function walSlotsStatusSql(schema: string, defaultSlot: string): SqlStatement {
+  const behind = (lsn: string) =>
+    `CASE WHEN s.${lsn} IS NULL OR s.wal_status = 'lost' OR pg_is_in_recovery() THEN NULL
+          ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), s.${lsn})::bigint END`;
+  return {
+    text: `SELECT coalesce(w.slot_name, s.slot_name::text) AS slot, s.slot_name IS NOT NULL AS exists,
+                  coalesce(s.active, false) AS active, s.active_pid, s.wal_status,
+                  ${behind('restart_lsn')} AS retained_bytes, ${behind('confirmed_flush_lsn')} AS confirmed_lag_bytes,
+                  coalesce(w.resync_pending, false) AS resync_pending, w.resync_reason,
+                  w.resync_started_at, w.resynced_at
+             FROM ${schema}.wal_slots w
+             FULL JOIN (SELECT * FROM pg_replication_slots WHERE database = current_database()) s
+               ON s.slot_name = w.slot_name
+            WHERE w.slot_name IS NOT NULL OR s.slot_name = $1
+            ORDER BY 1`,
+    values: [defaultSlot],
+  };
+}
+
+/** Runs {@link walSlotsStatusSql}; `schema` is quoted. */
+export async function walSlotsStatus(db: Queryable, schema: string, defaultSlot: string): Promise<WalSlotStatus[]> {
+  const { text, values } = walSlotsStatusSql(schema, defaultSlot);
+  const { rows } = await db.query<{
+    slot: string;
+    exists: boolean;
+    active: boolean;
+    active_pid: number | null;
+    wal_status: string | null;
+    retained_bytes: string | null;
+    confirmed_lag_bytes: string | null;
+    resync_pending: boolean;
+    resync_reason: string | null;
+    resync_started_at: Date | null;
+    resynced_at: Date | null;
+  }>(text, values);
+  const bytes = (v: string | null) => (v === null ? null : Number(v));
+  return rows.map((r) => ({
+    slot: r.slot,
+    exists: r.exists,
+    active: r.active,
+    activePid: r.active_pid,
+    walStatus: r.wal_status,
+    retainedBytes: bytes(r.retained_bytes),
+    confirmedLagBytes: bytes(r.confirmed_lag_bytes),
+    resyncPending: r.resync_pending,
+    resyncReason: r.resync_reason,
+    resyncStartedAt: r.resync_started_at?.getTime() ?? null,
+    resyncedAt: r.resynced_at?.getTime() ?? null,
+  }));
+}

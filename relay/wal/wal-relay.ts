@@ -208,6 +208,11 @@ export interface WalRelayEvents {
   /** A send failed for the broker's sake (held, retried after `delayMs`), or a statement or the stream failed. */
   'wal:error': [{ error: Error; attempt: number; delayMs: number; what: 'send' | 'database' | 'stream' }];
   /**
+   * A page of a resync was settled: `events` acknowledged by Kafka, `parked` parked, `deleted`
+   * rows deleted, the table read through seq `throughSeq` (text). Nothing is confirmed on the slot.
+   */
+  'wal:resync-page': [{ slot: string; events: number; parked: number; deleted: number; throughSeq: string }];
+  /**
    * A resync ended: the rows of the outbox table, read in seq order, were published (`events`;
    * `deleted` rows deleted) or parked (`parked`) before the stream starts; `durationMs` in ms. It
    * began with a warning in the log naming the slot and the reason.
@@ -675,6 +680,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         totals.deleted += settled.deleted;
         after = rows[rows.length - 1]!.seq;
         this.log.debug({ slot: this.o.slot, ...settled, throughSeq: after }, 'WAL resync page settled');
+        this.emit('wal:resync-page', { slot: this.o.slot, ...settled, throughSeq: after });
       }
       const clear = clearResyncPendingSql(this.q, this.o.slot);
       if ((await this.withDatabaseRetry(() => this.db!.query(clear.text, clear.values))) === undefined) return false;

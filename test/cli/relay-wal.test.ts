@@ -16,7 +16,7 @@ import type { TestDatabase } from '../helpers/db.js';
 import { createTopics, readTopic } from '../helpers/kafka.js';
 import { finished, spawnCli, type Spawned } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
-import { createWalTestDatabase } from '../helpers/wal.js';
+import { createWalTestDatabase, waitForSlotInactive } from '../helpers/wal.js';
 
 /** A schema of its own: the default slot name (`<schema>_relay`) is unique in the cluster. */
 const SCHEMA = `w_${randomBytes(4).toString('hex')}`;
@@ -33,7 +33,7 @@ afterAll(async () => {
 const cli = (args: string[], env?: Record<string, string>) => finished(spawnCli(args, env));
 
 /** `outboxkit relay --source wal` on the test database, with its metrics on a random port. */
-function spawnWalRelay(): Spawned {
+function spawnWalRelay(extra: string[] = []): Spawned {
   return spawnCli([
     'relay',
     '--source',
@@ -50,6 +50,7 @@ function spawnWalRelay(): Spawned {
     '0',
     '--log-level',
     'info',
+    ...extra,
   ]);
 }
 
@@ -166,6 +167,43 @@ describe('outboxkit relay --source wal', () => {
     for (const what of ['send', 'database', 'stream']) {
       expect(metrics).toMatch(new RegExp(`^outboxkit_wal_relay_errors_total\\{what="${what}"\\} \\d+$`, 'm'));
     }
+    // The first start resynced (its slot was missing) and published the one event written before it.
+    expect(metrics).toMatch(/^outboxkit_wal_relay_resyncs_total\{reason="missing"\} 1$/m);
+    expect(metrics).toMatch(/^outboxkit_wal_relay_resyncs_total\{reason="lost"\} 0$/m);
+    expect(metrics).toMatch(/^outboxkit_wal_relay_resynced_events_total 1$/m);
+    expect(metrics).toMatch(/^outboxkit_wal_relay_resyncing 0$/m);
+    expect(metrics).toMatch(
+      new RegExp(`^outboxkit_wal_slot_retained_bytes\\{slot="${SCHEMA}_relay"\\} [1-9]\\d*$`, 'm'),
+    );
+    expect(metrics).toMatch(
+      new RegExp(`^outboxkit_wal_slot_confirmed_lag_bytes\\{slot="${SCHEMA}_relay"\\} \\d+$`, 'm'),
+    );
+
+    // `outboxkit status` shows the slot, who reads it and what it holds back.
+    const status = await cli(['status', '--database-url', db.url, '--schema', SCHEMA, '--json']);
+    expect(status.code, status.stderr).toBe(0);
+    const { walSlots } = JSON.parse(status.stdout) as { walSlots: Record<string, unknown>[] };
+    expect(walSlots).toEqual([
+      expect.objectContaining({
+        slot: `${SCHEMA}_relay`,
+        exists: true,
+        active: true,
+        activePid: expect.any(Number),
+        walStatus: 'reserved',
+        retainedBytes: expect.any(Number),
+        confirmedLagBytes: expect.any(Number),
+        resyncPending: false,
+        resyncReason: 'missing',
+        resyncedAt: expect.any(Number),
+      }),
+    ]);
+    const text = await cli(['status', '--database-url', db.url, '--schema', SCHEMA]);
+    expect(text.stdout).toMatch(
+      new RegExp(
+        `^  ${SCHEMA}_relay: read by pid \\d+, wal_status reserved, retains .+; last resync .+ \\(missing\\)$`,
+        'm',
+      ),
+    );
 
     // A second relay on the same slot: it waits, and is not ready.
     const second = spawnWalRelay();
@@ -258,4 +296,59 @@ describe('relay flags of the other source, and replication names, are refused be
       expect(r.stderr).not.toContain('ECONNREFUSED');
     });
   });
+});
+
+describe('outboxkit relay --source wal during a resync', () => {
+  // Breaches caught: a relay that publishes the table's rows (its slot was missing) reported not
+  // ready as if its stream were down, or the resync not visible in its metrics.
+  it('answers /readyz 200 naming the resync while it publishes the table, then streams', async () => {
+    const [topic] = await createTopics(['wal-cli-resync'], { partitions: 1 });
+    // The first test's slot, dropped once its last reader let it go: the next start resyncs (reason missing).
+    await waitForSlotInactive(db.pool, `${SCHEMA}_relay`);
+    await db.pool.query(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, [
+      `${SCHEMA}_relay`,
+    ]);
+    const rows = 20_000;
+    await withPgTransaction(db.pool, (c) =>
+      outbox.enqueue(
+        c,
+        Array.from({ length: rows }, (_, n) => ({
+          topic: topic!,
+          key: `k${n % 10}`,
+          type: 'test.event',
+          payload: { n },
+        })),
+      ),
+    );
+    // Pages of 100 rows: 200 sends and deletions, long enough to be seen resyncing.
+    const relay = spawnWalRelay(['--batch-size', '100']);
+    try {
+      const port = Number((await logLine(relay, 'metrics and health endpoints listening')).port);
+      const seen: { status: number; body: string; resyncing: boolean }[] = [];
+      // Until the resync's end is logged (it runs after `WAL relay started`, before the stream).
+      let resynced = false;
+      void logLine(relay, 'WAL relay resync done', 90_000).then(
+        () => (resynced = true),
+        () => (resynced = true),
+      );
+      while (!resynced) {
+        const r = await readyz(port);
+        const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+        seen.push({ ...r, resyncing: /^outboxkit_wal_relay_resyncing 1$/m.test(metrics) });
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const during = seen.filter((x) => x.resyncing);
+      expect(during.length, JSON.stringify(seen.slice(-5))).toBeGreaterThan(0);
+      expect(during.map((x) => x.status)).toContain(200);
+      expect(during.find((x) => x.status === 200)?.body).toBe('ready; resyncing the outbox table before streaming\n');
+      expect(await readyzBecomes(port, 200)).toBe('ready\n');
+      const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+      expect(metrics).toMatch(/^outboxkit_wal_relay_resyncs_total\{reason="missing"\} 1$/m);
+      expect(metrics).toMatch(new RegExp(`^outboxkit_wal_relay_resynced_events_total ${rows}$`, 'm'));
+      expect(metrics).toMatch(/^outboxkit_wal_relay_resyncing 0$/m);
+    } finally {
+      relay.proc.kill('SIGTERM');
+      await relay.exited;
+    }
+  }, 120_000);
 });

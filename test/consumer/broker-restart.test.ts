@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel } from 'kafkajs';
-import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
+import { freePortBlock, startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
@@ -21,7 +21,8 @@ let kafka: Kafka;
 /** The client of the consumer under test: kafkajs, or @platformatic/kafka with `OUTBOXKIT_KAFKA_CLIENT=platformatic`. */
 let consumerKafka: Kafka | KafkaClient;
 // A port per Kafka line and process, away from test/relay/broker-restart.test.ts's range.
-const PORT = 19_292 + Number(process.pid % 50) * 2;
+// Its broker's port and controller port: a free pair, from a base of this file's own.
+const PORT = await freePortBlock(2, 19_292 + Number(process.pid % 50) * 2);
 
 beforeAll(async () => {
   db = await createTestDatabase();

@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel } from 'kafkajs';
-import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
+import { freePortBlock, startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { LifecycleError, TopicMissingError } from '../../src/errors.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
@@ -19,7 +19,8 @@ import { ConsumerRegistry, record, TestProducer } from './support.js';
 let db: TestDatabase;
 let broker: ScratchBroker | undefined;
 // A port per Kafka line and process, away from the other scratch brokers' ranges.
-const PORT = 19_492 + Number(process.pid % 50) * 2;
+// Its broker's port and controller port: a free pair, from a base of this file's own.
+const PORT = await freePortBlock(2, 19_492 + Number(process.pid % 50) * 2);
 const kafka = new Kafka({
   clientId: 'consumer-start-retry',
   brokers: [`127.0.0.1:${PORT}`],

@@ -15,7 +15,7 @@ import pg from 'pg';
 import client from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
-import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
+import { freePortBlock, startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { enqueue, HEADER_EVENT_ID, resolveKafkaConfig, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createTopicsOn, randomName } from '../helpers/kafka.js';
@@ -25,7 +25,8 @@ import { waitFor } from '../helpers/wait-for.js';
 let db: TestDatabase;
 let broker: ScratchBroker;
 // A port per Kafka line, away from broker-restart.test.ts's.
-const PORT = 19_300 + Number(process.pid % 50) * 2;
+// Its broker's port and controller port: a free pair, from a base of this file's own.
+const PORT = await freePortBlock(2, 19_300 + Number(process.pid % 50) * 2);
 const servers: Server[] = [];
 
 beforeAll(async () => {

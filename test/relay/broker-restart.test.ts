@@ -4,7 +4,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel } from 'kafkajs';
-import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
+import { freePortBlock, startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { createTopicsOn, randomName } from '../helpers/kafka.js';
@@ -15,7 +15,8 @@ let db: TestDatabase;
 let broker: ScratchBroker;
 let kafka: Kafka;
 // A port per Kafka line, so the two CI passes never meet a leftover of the other.
-const PORT = 19_092 + Number(process.pid % 50) * 2;
+// Its broker's port and controller port: a free pair, from a base of this file's own.
+const PORT = await freePortBlock(2, 19_092 + Number(process.pid % 50) * 2);
 
 beforeAll(async () => {
   db = await createTestDatabase();

@@ -15,6 +15,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { messagesIn as messagesInOn, randomName } from '../helpers/kafka.js';
 import { kill, spawnCli, spawnRelay } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
+import { freePortBlock } from '../../scripts/services.js';
 import { startSecureBroker, type SecureBroker } from './secure-broker.js';
 
 let broker: SecureBroker;
@@ -22,8 +23,9 @@ let db: TestDatabase;
 const dir = mkdtempSync(path.join(tmpdir(), 'outboxkit-sasl-'));
 
 beforeAll(async () => {
-  // A random base port; the broker also uses port + 1 to port + 4.
-  broker = await startSecureBroker(21_000 + Math.floor(Math.random() * 10_000));
+  // Five free ports (the broker uses port to port + 4) from a random base: the machine's own
+  // services hold some in this range (RabbitMQ's 25672 failed a CI run whose block held it).
+  broker = await startSecureBroker(await freePortBlock(5, 21_000 + Math.floor(Math.random() * 10_000)));
   db = await createTestDatabase();
 }, 150_000);
 afterAll(async () => {

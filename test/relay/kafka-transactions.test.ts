@@ -16,7 +16,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { Kafka, logLevel, type Producer, type Transaction } from 'kafkajs';
 import pg from 'pg';
-import { startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
+import { freePortBlock, startScratchBroker, type ScratchBroker } from '../../scripts/services.js';
 import { kafkaErrorType } from '../../src/kafka/kafkajs/errors.js';
 import { createKafkajsProducer, type RelayProducer } from '../../relay/index.js';
 import { enqueue, HEADER_EVENT_ID, withPgTransaction } from '../../src/index.js';
@@ -254,10 +254,9 @@ async function createPrivateTopic(kafka: Kafka): Promise<string> {
 describe('Kafka transactions across a broker restart (private broker)', () => {
   let broker: ScratchBroker;
   let kafka: Kafka;
-  const PORT = 21_092 + Number(process.pid % 50) * 2;
-
   beforeAll(async () => {
-    broker = await startScratchBroker(PORT);
+    // A free pair of ports (broker, controller), from a base of this file's own.
+    broker = await startScratchBroker(await freePortBlock(2, 21_092 + Number(process.pid % 50) * 2));
     kafka = new Kafka({
       clientId: 'txn-restart',
       brokers: broker.brokers,
