@@ -68,6 +68,21 @@ export class ConfirmFrontier {
     return this.#advance();
   }
 
+  /**
+   * Moves the frontier to `lsn`, a position the server says it has sent everything before (a
+   * keepalive's WAL end), when no transaction handed over is open: the caller received and settled
+   * every transaction that ended before it. PostgreSQL 15's pgoutput sends nothing for a
+   * transaction without a change of the publication, so without this an idle outbox never moves
+   * the slot, and the slot keeps the WAL of every other write (docs/wal-source.md).
+   *
+   * @returns the new frontier when it moved, else `undefined` (transactions open, or `lsn` not ahead).
+   */
+  skipTo(lsn: bigint): bigint | undefined {
+    if (this.#open.length > 0 || lsn <= this.#frontier) return undefined;
+    this.#frontier = lsn;
+    return lsn;
+  }
+
   #find(lsn: bigint): { lsn: bigint; confirmed: boolean } | undefined {
     // Binary search: the open list is ascending and may be long when one early transaction lags.
     let lo = 0;

@@ -11,7 +11,10 @@
  * - a periodic status (`timeoutSeconds > 0`) confirms whatever arrived, even with `auto: false`,
  *   so the library's is off (`timeoutSeconds: 0`) and the reader sends its own: an answer to each
  *   keepalive that asks for one, and one every `statusIntervalMs`, always with the last LSN the
- *   caller's confirmations allow, never with what merely arrived.
+ *   caller's confirmations allow, never with what merely arrived. When nothing received waits
+ *   for the caller, that LSN is a keepalive's position: PostgreSQL 15 sends nothing for
+ *   transactions outside the publication, and an idle outbox must not hold the slot (and the WAL
+ *   of every other write) where it was (docs/wal-source.md, "An idle outbox").
  */
 import pg from 'pg';
 import { LogicalReplicationService, PgoutputPlugin, type Pgoutput } from 'pg-logical-replication';
@@ -342,10 +345,15 @@ export function createWalSlotReader(options: WalSlotReaderOptions): WalSlotReade
     });
     service = s;
     s.on('data', onData);
-    s.on('heartbeat', (_lsn: string, _ts: number, shouldRespond: boolean) => {
-      if (!shouldRespond) return;
-      counts.keepalivesAnswered += 1;
-      sendStatus();
+    s.on('heartbeat', (lsn: string, _ts: number, shouldRespond: boolean) => {
+      // The library emits keepalives as they arrive, ahead of the data it still queues: the
+      // position is safe to confirm only when every commit received (counted at receipt) was
+      // handled and confirmed by the caller.
+      const f = frontier;
+      const moved =
+        f !== undefined && counts.received === counts.done && f.open === 0 && f.skipTo(parseLsn(lsn)) !== undefined;
+      if (shouldRespond) counts.keepalivesAnswered += 1;
+      if (shouldRespond || moved) sendStatus();
     });
     s.on('error', (err: Error) => {
       if (!stopping) fail(streamError(err, 'read'));

@@ -100,6 +100,12 @@ export function bigIntToLsn(n: bigint): string {
   return `${(n >> 32n).toString(16).toUpperCase()}/${(n & 0xffffffffn).toString(16).toUpperCase()}`;
 }
 
+/** The server's current WAL write position (`pg_current_wal_lsn()`), in bytes. */
+export async function currentWalLsn(pool: pg.Pool): Promise<bigint> {
+  const { rows } = await pool.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn');
+  return lsnToBigInt(rows[0]!.lsn);
+}
+
 /** The slot's `confirmed_flush_lsn` as bytes (pg_replication_slots). */
 export async function confirmedFlush(pool: pg.Pool, slot: string): Promise<bigint> {
   const { rows } = await pool.query<{ lsn: string }>(
