@@ -59,4 +59,21 @@ describe('ConfirmFrontier', () => {
     expect(() => f.add(110n, false)).toThrow(/arrived after/);
     expect(f.frontier).toBe(100n);
   });
+
+  // Breach caught: a keepalive's position confirmed past a transaction handed over and not yet
+  // confirmed (a crash would then lose it), or the frontier moved backwards.
+  it('skips to a keepalive position only while nothing is open, and never backwards', () => {
+    const f = new ConfirmFrontier(100n);
+    expect(f.skipTo(150n)).toBe(150n);
+    expect(f.skipTo(140n)).toBeUndefined();
+    expect(f.frontier).toBe(150n);
+    f.add(200n, false);
+    expect(f.skipTo(300n)).toBeUndefined();
+    expect(f.frontier).toBe(150n);
+    expect(f.confirm(200n)).toBe(200n);
+    expect(f.skipTo(300n)).toBe(300n);
+    // A commit at or below the skipped-to position is already confirmed.
+    expect(f.add(250n, false)).toBeUndefined();
+    expect(f.open).toBe(0);
+  });
 });
