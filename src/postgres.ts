@@ -33,6 +33,8 @@ export const SQLSTATE = Object.freeze({
   SERIALIZATION_FAILURE: '40001',
   /** `undefined_table`: the table does not exist. */
   UNDEFINED_TABLE: '42P01',
+  /** `insufficient_privilege`: for example signalling another role's backend without `pg_signal_backend`. */
+  INSUFFICIENT_PRIVILEGE: '42501',
   /** `undefined_object`: for example a replication slot or publication that does not exist. */
   UNDEFINED_OBJECT: '42704',
   /** `duplicate_object`: for example a replication slot or publication that already exists. */

@@ -168,6 +168,22 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     resyncedAt: timestamp('resynced_at', { withTimezone: true }),
   });
 
+  /**
+   * The WAL relays' reader leases (docs/wal-source.md, "One reader per slot, standbys, and
+   * scaling"): one row per slot. The relay that holds the lease (`owner_id`, until
+   * `lease_expires_at` by the database clock) is the only one that reads the slot; standbys take an
+   * expired lease over, which raises `fencing_token`, and end the former reader's walsender. A
+   * relay that stops releases its lease (`owner_id` NULL). Added by migration 0007.
+   */
+  const walSlotLeases = schema.table('wal_slot_leases', {
+    slotName: text('slot_name').primaryKey(),
+    ownerId: text('owner_id'),
+    fencingToken: bigint('fencing_token', { mode: 'bigint' })
+      .notNull()
+      .default(sql`0`),
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+  });
+
   /** Idempotency records, scoped by (tenant, operation, key). */
   const idempotencyKeys = schema.table(
     'idempotency_keys',
@@ -254,6 +270,7 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
     relayLanes,
     relayInstances,
     walSlots,
+    walSlotLeases,
     idempotencyKeys,
     inbox,
     consumerProgress,
@@ -268,6 +285,7 @@ export const outboxKeyLocks = tables.outboxKeyLocks;
 export const relayLanes = tables.relayLanes;
 export const relayInstances = tables.relayInstances;
 export const walSlots = tables.walSlots;
+export const walSlotLeases = tables.walSlotLeases;
 export const idempotencyKeys = tables.idempotencyKeys;
 export const inbox = tables.inbox;
 export const consumerProgress = tables.consumerProgress;

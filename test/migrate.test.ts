@@ -65,6 +65,7 @@ describe('migrate()', () => {
       'outboxkit_migrations',
       'relay_instances',
       'relay_lanes',
+      'wal_slot_leases',
       'wal_slots',
     ]);
   });
@@ -82,6 +83,7 @@ describe('migrate()', () => {
       '0004_relay_blocked_partitions',
       '0005_outbox_key_locks',
       '0006_wal_slots',
+      '0007_wal_slot_leases',
     ]);
     expect((await tables('shared_app')).sort()).toContain('outboxkit_migrations');
   });

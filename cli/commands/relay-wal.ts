@@ -4,10 +4,12 @@
  * flags (Kafka connection, client library, logging) were resolved there.
  *
  * What it adds to `createWalRelay()`: it creates the publication when missing, keeps
- * trying while another reader holds the slot (a second relay waits as a standby; no lease yet),
+ * trying while another relay holds the slot's lease (a second relay waits as a standby, polling
+ * the lease every third of `--wal-lease-ms`, and takes over when it is released or expires),
  * serves `/metrics`, `/healthz` and `/readyz`, and drains on SIGTERM/SIGINT as the table relay.
  */
 import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
 import pg from 'pg';
 import client from 'prom-client';
 import { fullJitterBackoffMs } from '../../src/backoff.js';
@@ -52,6 +54,8 @@ const OPTION_FLAGS: Record<string, string> = {
   maxBatchBytes: '--max-batch-bytes',
   brokerTimeoutMs: '--broker-timeout-ms',
   statusIntervalMs: '--wal-status-interval-ms',
+  leaseMs: '--wal-lease-ms',
+  relayId: '--relay-id',
   slot: '--wal-slot',
   publication: '--wal-publication',
   schema: '--schema',
@@ -85,6 +89,11 @@ export async function runWalRelay(args: {
   const publication = opts.walPublication === undefined ? walPublicationName(schema) : String(opts.walPublication);
   const url = String(opts.databaseUrl);
   const streamName = `outboxkit-wal-relay-${randomBytes(4).toString('hex')}`;
+  // One id for the process, whatever the number of attempts (each makes a relay).
+  const relayId =
+    opts.relayId === undefined
+      ? `${hostname()}-${process.pid}-${randomBytes(4).toString('hex')}`
+      : String(opts.relayId);
   const build = (): WalRelay => {
     try {
       return createWalRelay({
@@ -98,6 +107,8 @@ export async function runWalRelay(args: {
         maxBatchBytes: Number(opts.maxBatchBytes),
         brokerTimeoutMs: Number(opts.brokerTimeoutMs),
         statusIntervalMs: Number(opts.walStatusIntervalMs),
+        leaseMs: Number(opts.walLeaseMs),
+        relayId,
         logger,
       });
     } catch (err) {
@@ -106,7 +117,7 @@ export async function runWalRelay(args: {
       const flagged = err.message
         .replace(/^createWalRelay: /, '')
         .replace(
-          /\b(batchSize|maxBatchBytes|brokerTimeoutMs|statusIntervalMs|slot|publication|schema)\b/g,
+          /\b(batchSize|maxBatchBytes|brokerTimeoutMs|statusIntervalMs|leaseMs|relayId|slot|publication|schema)\b/g,
           (name) => OPTION_FLAGS[name]!,
         );
       throw new InvalidOptionsError(flagged, { cause: err });
@@ -125,6 +136,8 @@ export async function runWalRelay(args: {
   let relay: WalRelay | undefined;
   let stopping = false;
   let cancelSleep: (() => void) | undefined;
+  /** The lease owner this standby last logged, so that it logs when the owner changes, not every poll. */
+  let standbyLogged: string | undefined;
   try {
     await prepare(pool, { schema, publication, logger });
     logger.info({ kafka: resolved.description, kafkaClient: library, slot, publication, schema }, 'WAL relay settings');
@@ -203,13 +216,19 @@ export async function runWalRelay(args: {
         break;
       } catch (err) {
         if (stopping || !isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED') || !err.retriable) throw err;
-        const delayMs =
+        const standbyOf = current.stats().standbyOf;
+        const backoffMs =
           WAL_RELAY_DEFAULTS.retryInitialMs +
           fullJitterBackoffMs(attempt, WAL_RELAY_DEFAULTS.retryInitialMs, WAL_RELAY_DEFAULTS.retryMaxMs);
-        logger.warn(
-          { err, attempt, delayMs, slot },
-          'the replication slot cannot be read now (another reader holds it?); retrying',
-        );
+        // A standby polls the lease every third of it: it takes over within about a lease.
+        const delayMs = standbyOf === undefined ? backoffMs : Math.floor(Number(opts.walLeaseMs) / 3);
+        if (standbyOf === undefined) {
+          logger.warn({ err, attempt, delayMs, slot }, 'the replication slot cannot be read now; retrying');
+        } else if (standbyOf !== standbyLogged) {
+          // The relay logged it (info); the CLI says what it does about it, once per owner.
+          logger.info({ slot, owner: standbyOf, pollMs: delayMs }, 'standing by until the slot lease is free');
+        }
+        standbyLogged = standbyOf;
         await new Promise<void>((resolve) => {
           const timer = setTimeout(resolve, delayMs);
           cancelSleep = () => {

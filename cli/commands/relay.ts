@@ -29,7 +29,6 @@ export const RELAY_SOURCES = ['table', 'wal'] as const;
 
 /** Options (commander attribute names) of the table relay alone: refused with `--source wal`. */
 const TABLE_ONLY = [
-  'relayId',
   'pollIntervalMs',
   'leaseMs',
   'maxAttempts',
@@ -40,7 +39,7 @@ const TABLE_ONLY = [
 ] as const;
 
 /** Options of the WAL relay alone: refused with `--source table`. */
-const WAL_ONLY = ['walSlot', 'walPublication', 'walStatusIntervalMs'] as const;
+const WAL_ONLY = ['walSlot', 'walPublication', 'walStatusIntervalMs', 'walLeaseMs'] as const;
 
 /**
  * Refuses the options of the other source that were given (by flag or environment variable):
@@ -140,10 +139,23 @@ export function registerRelay(program: Command): void {
         .env('OUTBOXKIT_WAL_STATUS_INTERVAL_MS')
         .argParser(int)
         .default(WAL_SLOT_READER_DEFAULTS.statusIntervalMs),
+    )
+    .addOption(
+      new Option(
+        '--wal-lease-ms <ms>',
+        "with --source wal: the slot's reader lease (database clock); standbys take over a relay that has not renewed it for this long",
+      )
+        .env('OUTBOXKIT_WAL_LEASE_MS')
+        .argParser(int)
+        .default(RELAY_DEFAULTS.leaseMs),
     );
   addKafkaOptions(command, { producer: true, clientId: 'outboxkit-relay' })
     .addOption(kafkaClientOption())
-    .addOption(new Option('--relay-id <id>', 'this instance id (default: host-pid-random)').env('OUTBOXKIT_RELAY_ID'))
+    .addOption(
+      new Option('--relay-id <id>', 'this instance id: lanes and slot lease owner (default: host-pid-random)').env(
+        'OUTBOXKIT_RELAY_ID',
+      ),
+    )
     .addOption(
       new Option('--batch-size <rows>', 'most rows per pass (--source wal: most events per send)')
         .env('OUTBOXKIT_BATCH_SIZE')

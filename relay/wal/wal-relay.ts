@@ -24,14 +24,23 @@
  * that the resync publishes and the stream then brings again are later duplicates with the same
  * `event-id` (docs/wal-source.md, "Slot loss and resync").
  *
+ * One reader per slot: a relay reads only while it holds the slot's lease (`wal_slot_leases`,
+ * ./slot-lease.ts), renewed every third of `leaseMs`; others stand by and take an expired lease
+ * over, ending the former reader's walsender. A relay sends nothing once 80 % of its lease has
+ * passed since its last renewal was sent (by its own monotonic clock), so a paused relay that
+ * wakes stops its reader instead of publishing more than the batch it had passed that check with.
+ *
  * Failures (this slice): a broker failure (connection, timeout, partition without a leader) holds
  * the whole stream and retries with full-jitter backoff, confirming nothing; the reader keeps the
  * walsender alive meanwhile. A record Kafka refuses for itself (too large, topic missing or
  * forbidden) is parked in its row (`parked_at`, `last_error`; `outboxkit parked list`) and the
  * stream goes on. Not yet: per-partition isolation (G7: only the events of a partition that cannot
- * take writes wait), held keys behind a parked event, the standby lease.
+ * take writes wait), held keys behind a parked event.
  */
+import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { hostname } from 'node:os';
+import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { z } from 'zod';
 import {
@@ -56,6 +65,12 @@ import { firstFailure } from '../../src/kafka/outcomes.js';
 import { readTopicLimits, recordBytes, splitByTopicLimit } from '../../src/kafka/topic-limits.js';
 import type { KafkaClient, KafkaFailure, KafkaProducer, OutboundRecord } from '../../src/kafka/types.js';
 import { withDeadline } from '../broker-health.js';
+
+/**
+ * The share of `leaseMs`, from the moment its last renewal was sent, during which a relay acts on
+ * the slot: it stops before the database lets a standby take over (as the table relay's lanes).
+ */
+const LEASE_ACT_FRACTION = 0.8;
 
 /** What the WAL relay does when Kafka does not answer in time (the message of {@link withDeadline}'s error). */
 const WAL_RELAY_ON_TIMEOUT = 'the WAL relay holds its stream (nothing is confirmed) and retries with backoff.';
@@ -84,6 +99,7 @@ import {
   readSlotMarker,
 } from './slot-sql.js';
 import { SQLSTATE, sqlStateOf } from '../../src/postgres.js';
+import { acquireSlotLease, endSlotReader, releaseSlotLease, renewSlotLease } from './slot-lease.js';
 
 /** Options of {@link createWalRelay}. */
 export interface WalRelayOptions {
@@ -115,6 +131,18 @@ export interface WalRelayOptions {
   kafkaClient?: RelayOptions['kafkaClient'];
   /** Tunable producer settings, as the table relay's option; never its safety settings. */
   producerOptions?: RelayOptions['producerOptions'];
+  /**
+   * This instance's id: the owner of the slot's lease (`wal_slot_leases`), named in standbys' logs.
+   * Unique per running relay. @defaultValue `<hostname>-<pid>-<random>`
+   */
+  relayId?: string;
+  /**
+   * The slot's reader lease, in ms (database clock): renewed every third of it; a standby takes
+   * over a relay that has not renewed it for this long (dead, paused, cut off from PostgreSQL) and
+   * ends its walsender. The relay itself stops sending once 80 % of it has passed since its last
+   * renewal was sent. @defaultValue 10_000
+   */
+  leaseMs?: number;
   /** Most events in one send; transactions waiting are put together up to it. @defaultValue 500 */
   batchSize?: number;
   /**
@@ -146,6 +174,7 @@ export interface WalRelayOptions {
 
 /** Defaults of {@link WalRelayOptions}. */
 export const WAL_RELAY_DEFAULTS = Object.freeze({
+  leaseMs: RELAY_DEFAULTS.leaseMs,
   batchSize: RELAY_DEFAULTS.batchSize,
   maxBatchBytes: RELAY_DEFAULTS.maxBatchBytes,
   brokerTimeoutMs: RELAY_DEFAULTS.brokerTimeoutMs,
@@ -163,6 +192,11 @@ const optionsSchema = z
     schema: option.SHARED_OPTIONS.schema,
     slot: z.string({ error: 'must be a string' }),
     publication: z.string({ error: 'must be a string' }),
+    relayId: z
+      .string({ error: 'must be a string' })
+      .min(1, { error: 'must not be empty' })
+      .default(() => `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`),
+    leaseMs: option.integer(1_000).default(WAL_RELAY_DEFAULTS.leaseMs),
     ...RELAY_KAFKA_OPTIONS_SHAPE,
     producerOptions: RELAY_PRODUCER_OPTIONS_SCHEMA.optional(),
     batchSize: option.integer(1).default(WAL_RELAY_DEFAULTS.batchSize),
@@ -231,9 +265,10 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
    *
    * @throws {@link SchemaMissingError} when `<schema>.outbox_events` or `<schema>.wal_slots` does
    *   not exist (migrate first).
-   * @throws {@link WalStreamError} (retriable) when another reader holds the slot, another relay
-   *   is checking or resyncing it, or PostgreSQL cannot be reached; (not retriable) when the
-   *   publication does not exist.
+   * @throws {@link WalStreamError} (retriable) when another relay holds the slot's lease (this
+   *   one is a standby: call `start()` on a new relay later; its message says for how long yet),
+   *   another reader holds the slot, another relay is checking or resyncing it, or PostgreSQL
+   *   cannot be reached; (not retriable) when the publication does not exist.
    * @throws {@link InvalidOptionsError} when a slot of that name exists with another plugin or in
    *   another database.
    * @throws {@link LifecycleError} on a second call.
@@ -259,7 +294,10 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
   /**
    * Counters for tests and metrics: events `published` (resyncs included) and `parked`, rows
    * `deleted`, the last `confirmedLsn`, transactions `queued`; `resyncs` ended, the events they
-   * published (`resynced`), and whether one is running (`resyncing`).
+   * published (`resynced`), and whether one is running (`resyncing`); whether this relay holds the
+   * slot's lease now (`leaseHeld`) and its fencing token (`fencingToken`, a decimal string, or
+   * undefined), the relay holding it while this one stands by (`standbyOf`: its `relayId`, or
+   * undefined), and how many times this relay lost the lease (`leasesLost`).
    */
   stats(): {
     published: number;
@@ -270,6 +308,10 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
     resyncs: number;
     resynced: number;
     resyncing: boolean;
+    leaseHeld: boolean;
+    fencingToken: string | undefined;
+    standbyOf: string | undefined;
+    leasesLost: number;
   };
 }
 
@@ -353,6 +395,13 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   /** Sends (stream batches and resync pages) run one at a time, in this chain. */
   private sendTurn: Promise<unknown> = Promise.resolve();
   private confirmedLsn = '0/0';
+  /** The slot's lease while this relay holds it: its token, and until when it may act (performance.now() ms). */
+  private lease: { fencingToken: string; validUntil: number } | undefined;
+  private renewTimer: NodeJS.Timeout | undefined;
+  private renewing: Promise<void> | undefined;
+  private leasesLost = 0;
+  /** The standby's last log line, so that it logs when the owner changes, not every poll. */
+  private standbyOwner: string | undefined;
   private resolveEnded!: () => void;
   private rejectEnded!: (err: unknown) => void;
   readonly ended: Promise<void>;
@@ -405,10 +454,6 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
             'set wal_level = logical in postgresql.conf and restart PostgreSQL, or run the table relay (docs/wal-source.md).',
         );
       }
-      // The broker may be down at start: the relay starts anyway and its sends back off.
-      await this.producer().catch((err: unknown) =>
-        this.log.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
-      );
       const publication = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [this.o.publication]);
       if (publication.rowCount !== 1) {
         // Checked here: with a resync to run, the reader (which would refuse it) starts later.
@@ -417,6 +462,19 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           { retriable: false },
         );
       }
+      // A standby goes no further (its caller tries again with a new relay).
+      const busy = await this.claimSlot(false);
+      if (busy !== undefined) {
+        throw new WalStreamError(
+          `Replication slot ${this.o.slot} is read by WAL relay ${busy.owner}, whose lease ends in ${busy.remainingMs} ms ` +
+            'unless renewed; this relay stands by (start a new one to try again).',
+          { retriable: true },
+        );
+      }
+      // The broker may be down at start: the relay starts anyway and its sends back off.
+      await this.producer().catch((err: unknown) =>
+        this.log.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
+      );
       resync = await this.checkSlot();
       // With a resync to run, the reader starts after it (watchStream()).
       if (resync === undefined) this.reader = await this.startReader();
@@ -426,7 +484,16 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     }
     this.loopDone = this.publishLoop().catch((err: unknown) => this.fail(err));
     this.streamDone = this.watchStream(this.reader, resync).catch((err: unknown) => this.fail(err));
-    this.log.info({ slot: this.o.slot, schema: this.o.schema, resync: resync?.reason }, 'WAL relay started');
+    this.log.info(
+      {
+        slot: this.o.slot,
+        schema: this.o.schema,
+        relayId: this.o.relayId,
+        fencingToken: this.lease?.fencingToken,
+        resync: resync?.reason,
+      },
+      'WAL relay started',
+    );
   }
 
   stop(options: { timeoutMs?: number } = {}): Promise<void> {
@@ -450,7 +517,16 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   }
 
   stats() {
-    return { ...this.counts, confirmedLsn: this.confirmedLsn, queued: this.queue.length, resyncing: this.resyncing };
+    return {
+      ...this.counts,
+      confirmedLsn: this.confirmedLsn,
+      queued: this.queue.length,
+      resyncing: this.resyncing,
+      leaseHeld: this.holdsLease(),
+      fencingToken: this.lease?.fencingToken,
+      standbyOf: this.standbyOwner,
+      leasesLost: this.leasesLost,
+    };
   }
 
   private fail(err: unknown): void {
@@ -470,6 +546,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     await this.reader?.stop({ timeoutMs: 1_000 }).catch(() => undefined);
     await this.slotLock?.end().catch(() => undefined);
     this.slotLock = undefined;
+    await this.releaseLease();
     const connecting = this.producerConnecting;
     this.producerConnecting = undefined;
     if (connecting) await this.disconnectQuietly(connecting);
@@ -494,10 +571,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
 
   /**
    * Runs the resync start() planned, if any, then watches the reader: a lost connection
-   * (retriable) is followed, after backoff, by a check of the slot (recreated and resynced when it
-   * is missing or lost) and a new reader from the slot's confirmed position; the transactions the
-   * lost one had queued are dropped (the new one hands them over again). An error it cannot retry
-   * ends the relay.
+   * (retriable) or a lost lease is followed, after backoff, by the lease taken again (or waited
+   * for, as a standby), a check of the slot (recreated and resynced when it is missing or lost) and
+   * a new reader from the slot's confirmed position; the transactions the lost one had queued are
+   * dropped (the new one hands them over again). An error it cannot retry ends the relay.
    */
   private async watchStream(first: WalSlotReader | undefined, firstResync: ResyncPlan | undefined): Promise<void> {
     let reader = first;
@@ -507,7 +584,9 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       if (reader !== undefined) {
         try {
           await reader.ended;
-          return; // stopped
+          if (this.stopping) return;
+          // Stopped by loseLease(): stand by, then read again once the lease is this relay's.
+          this.dropQueued(reader);
         } catch (err) {
           if (this.stopping) return;
           if (!isOutboxkitError(err) || !err.retriable) throw err;
@@ -524,9 +603,22 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       for (;;) {
         if (this.stopping) return;
         try {
+          if (resync === undefined) {
+            const busy = await this.claimSlot(true);
+            if (busy !== undefined) {
+              // A standby: polls the lease every third of it (or sooner when it ends sooner).
+              await this.sleep(Math.max(50, Math.min(this.o.leaseMs / 3, busy.remainingMs + 50)));
+              continue;
+            }
+          }
           const plan = resync ?? (await this.checkSlot());
           resync = undefined;
-          if (plan !== undefined && !(await this.resync(plan))) return; // stopped during it
+          if (plan !== undefined && !(await this.resync(plan))) {
+            if (this.stopping) return;
+            throw new WalStreamError(`The resync of slot ${this.o.slot} stopped: this relay lost the slot's lease.`, {
+              retriable: true,
+            });
+          }
           if (this.stopping) return;
           reader = await this.startReader();
           this.reader = reader;
@@ -540,8 +632,156 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           await this.sleep(delayMs);
         }
       }
-      if (this.stopping) await reader.stop({ timeoutMs: 1_000 });
+      if (this.stopping || !this.holdsLease()) await reader.stop({ timeoutMs: 1_000 });
     }
+  }
+
+  // ---- the lease: one reader per slot ----
+
+  /**
+   * Takes the slot's lease, or renews it when this relay holds it (./slot-lease.ts), and starts
+   * renewing it; then ends a walsender that still reads the slot: a former owner's, whose lease
+   * ran out (a paused process keeps its connection, and so the slot, until `wal_sender_timeout`).
+   * Without the right to end it (SQLSTATE 42501) it logs how to grant it; the reader's start then
+   * fails and is retried until the walsender goes.
+   *
+   * @param running - false from start() (which rejects instead of logging that it stands by).
+   * @returns undefined when this relay holds the lease; else who holds it and for how long yet, in ms.
+   * @throws {@link WalStreamError} (retriable) when PostgreSQL fails; {@link SchemaMissingError}
+   *   before migration 0007.
+   */
+  private async claimSlot(running: boolean): Promise<{ owner: string; remainingMs: number } | undefined> {
+    const slot = this.o.slot;
+    const sentAt = performance.now();
+    try {
+      const got = await acquireSlotLease(this.db!, this.q, { slot, ownerId: this.o.relayId, leaseMs: this.o.leaseMs });
+      if (!got.acquired) {
+        // start() rejects with it instead (its caller says what it does about it).
+        if (running && this.standbyOwner !== got.owner) {
+          this.log.info(
+            { slot, owner: got.owner, remainingMs: got.remainingMs },
+            'another WAL relay holds the replication slot; standing by',
+          );
+        }
+        this.standbyOwner = got.owner;
+        return { owner: got.owner, remainingMs: got.remainingMs };
+      }
+      this.standbyOwner = undefined;
+      if (got.tookOverFrom !== undefined) {
+        this.log.warn(
+          { slot, from: got.tookOverFrom, fencingToken: got.fencingToken },
+          'took over the replication slot from a WAL relay whose lease expired',
+        );
+      }
+      this.lease = { fencingToken: got.fencingToken, validUntil: sentAt + this.o.leaseMs * LEASE_ACT_FRACTION };
+      if (this.stopping) {
+        // stop() came meanwhile (and released nothing yet taken): give it back, read nothing.
+        await this.releaseLease();
+        return { owner: this.o.relayId, remainingMs: 0 };
+      }
+      this.renewTimer ??= setInterval(() => void this.renew(), Math.max(100, Math.floor(this.o.leaseMs / 3)));
+      this.renewTimer.unref();
+    } catch (err) {
+      const e = schemaMissingOr(err, this.o.schema);
+      if (isOutboxkitError(e)) throw e;
+      throw new WalStreamError(`Taking the lease of replication slot ${slot} failed: ${String(err)}`, {
+        cause: err,
+        retriable: true,
+      });
+    }
+    try {
+      const pid = await endSlotReader(this.db!, slot, 5_000);
+      if (pid !== undefined) {
+        this.log.warn({ slot, pid }, "ended the walsender that held the replication slot past its relay's lease");
+      }
+    } catch (err) {
+      if (sqlStateOf(err) !== SQLSTATE.INSUFFICIENT_PRIVILEGE) {
+        throw new WalStreamError(`Ending the former reader of replication slot ${slot} failed: ${String(err)}`, {
+          cause: err,
+          retriable: true,
+        });
+      }
+      this.log.warn(
+        { slot, err },
+        'a walsender still holds the replication slot and this role may not end it: grant pg_signal_backend to ' +
+          "the relay's role (or run the relays as one role); the slot frees at wal_sender_timeout",
+      );
+    }
+    return undefined;
+  }
+
+  /** Whether this relay may act on the slot: it holds the lease and 80 % of it has not passed since the last renewal was sent. */
+  private holdsLease(): boolean {
+    return this.lease !== undefined && performance.now() < this.lease.validUntil;
+  }
+
+  /** Renews the lease (every third of it); a lease taken over, or not renewed in time, is lost. */
+  private renew(): Promise<void> {
+    this.renewing ??= (async () => {
+      const lease = this.lease;
+      if (lease === undefined || this.stopping) return;
+      const sentAt = performance.now();
+      try {
+        const held = await renewSlotLease(this.db!, this.q, {
+          slot: this.o.slot,
+          ownerId: this.o.relayId,
+          fencingToken: lease.fencingToken,
+          leaseMs: this.o.leaseMs,
+        });
+        if (this.lease !== lease) return;
+        if (!held) {
+          this.loseLease('another relay took it over');
+          return;
+        }
+        lease.validUntil = sentAt + this.o.leaseMs * LEASE_ACT_FRACTION;
+      } catch (err) {
+        this.log.warn({ err, slot: this.o.slot }, "renewing the replication slot's lease failed; retrying");
+      }
+      if (this.lease === lease && !this.holdsLease()) this.loseLease('not renewed in time');
+    })().finally(() => (this.renewing = undefined));
+    return this.renewing;
+  }
+
+  /**
+   * Stops acting on the slot: stops the reader (its queued transactions dropped, unconfirmed: the
+   * next reader, this relay's or another's, hands them over again) and stops renewing. The stream
+   * watcher then stands by until the lease is this relay's again.
+   */
+  private loseLease(why: string): void {
+    if (this.lease === undefined) return;
+    this.log.warn(
+      { slot: this.o.slot, why, fencingToken: this.lease.fencingToken },
+      "lost the replication slot's lease: stopping the reader, standing by",
+    );
+    this.lease = undefined;
+    this.leasesLost += 1;
+    clearInterval(this.renewTimer);
+    this.renewTimer = undefined;
+    const reader = this.reader;
+    if (reader !== undefined) {
+      this.dropQueued(reader);
+      void reader.stop({ timeoutMs: 1_000 }).catch(() => undefined);
+    }
+  }
+
+  /** Gives the lease up at stop, after the reader stopped, so a standby takes over at once. */
+  private async releaseLease(): Promise<void> {
+    clearInterval(this.renewTimer);
+    this.renewTimer = undefined;
+    await this.renewing;
+    const lease = this.lease;
+    this.lease = undefined;
+    if (lease === undefined || this.db === undefined) return;
+    await releaseSlotLease(this.db, this.q, {
+      slot: this.o.slot,
+      ownerId: this.o.relayId,
+      fencingToken: lease.fencingToken,
+    }).catch((err: unknown) =>
+      this.log.warn(
+        { err, slot: this.o.slot },
+        "could not release the slot's lease; a standby takes over when it ends",
+      ),
+    );
   }
 
   // ---- the slot and the resync ----
@@ -847,6 +1087,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       const records = items.slice(i, end).map((it) => it.record!);
       const chunk = splitByTopicLimit(records, await this.limits(records))[0]!;
       await crashPoint('wal-relay:before-send');
+      if (!this.holdsLease()) {
+        // Paused past its lease (or cut off from PostgreSQL): another relay may read the slot now.
+        this.loseLease('expired before a send');
+        return undefined;
+      }
       const failure = await this.send(chunk);
       if (failure === undefined) {
         for (let k = i; k < i + chunk.length; k++) acked.push(items[k]!.seq);

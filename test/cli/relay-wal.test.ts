@@ -9,6 +9,7 @@
  * refused before anything connects.
  */
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOutbox } from '../../src/outbox/enqueue.js';
 import { withPgTransaction } from '../../src/database.js';
@@ -16,7 +17,7 @@ import type { TestDatabase } from '../helpers/db.js';
 import { createTopics, readTopic } from '../helpers/kafka.js';
 import { finished, spawnCli, type Spawned } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
-import { createWalTestDatabase, waitForSlotInactive } from '../helpers/wal.js';
+import { confirmedFlush, createWalTestDatabase, currentWalLsn, waitForSlotInactive } from '../helpers/wal.js';
 
 /** A schema of its own: the default slot name (`<schema>_relay`) is unique in the cluster. */
 const SCHEMA = `w_${randomBytes(4).toString('hex')}`;
@@ -32,26 +33,38 @@ afterAll(async () => {
 
 const cli = (args: string[], env?: Record<string, string>) => finished(spawnCli(args, env));
 
+/** The state letter of process `pid` in /proc (`T`: stopped by a signal). */
+function processState(pid: number): string | undefined {
+  try {
+    return /^\d+ \(.*\) (\S)/.exec(readFileSync(`/proc/${pid}/stat`, 'utf8'))?.[1];
+  } catch {
+    return undefined;
+  }
+}
+
 /** `outboxkit relay --source wal` on the test database, with its metrics on a random port. */
-function spawnWalRelay(extra: string[] = []): Spawned {
-  return spawnCli([
-    'relay',
-    '--source',
-    'wal',
-    '--database-url',
-    db.url,
-    '--schema',
-    SCHEMA,
-    '--broker-timeout-ms',
-    '3000',
-    '--wal-status-interval-ms',
-    '1000',
-    '--metrics-port',
-    '0',
-    '--log-level',
-    'info',
-    ...extra,
-  ]);
+function spawnWalRelay(extra: string[] = [], env: Record<string, string> = {}): Spawned {
+  return spawnCli(
+    [
+      'relay',
+      '--source',
+      'wal',
+      '--database-url',
+      db.url,
+      '--schema',
+      SCHEMA,
+      '--broker-timeout-ms',
+      '3000',
+      '--wal-status-interval-ms',
+      '1000',
+      '--metrics-port',
+      '0',
+      '--log-level',
+      'info',
+      ...extra,
+    ],
+    env,
+  );
 }
 
 /** The first log line of `relay` holding `text`, parsed. */
@@ -207,7 +220,7 @@ describe('outboxkit relay --source wal', () => {
 
     // A second relay on the same slot: it waits, and is not ready.
     const second = spawnWalRelay();
-    await logLine(second, 'cannot be read now');
+    await logLine(second, 'standing by until the slot lease is free');
     const port2 = Number((await logLine(second, 'metrics and health endpoints listening')).port);
     expect(await readyzBecomes(port2, 503)).toBe('not ready: replication stream down\n');
     expect((await readyz(port1)).status).toBe(200);
@@ -237,6 +250,110 @@ describe('outboxkit relay --source wal', () => {
     second.proc.kill('SIGTERM');
     expect(await second.exited).toEqual({ code: 0, signal: null });
   }, 90_000);
+
+  // Breaches caught: a paused reader (its walsender, and so the slot, held until
+  // wal_sender_timeout, 60 s here) never taken over, or only at wal_sender_timeout; a former
+  // reader that wakes in the middle of a batch and sends it after the takeover (late duplicates
+  // the lease forbids: it has not renewed it); an event lost or reordered across the takeover.
+  it('a standby takes a paused reader over within its lease; the paused one wakes fenced', async () => {
+    const [topic] = await createTopics(['wal-standby'], { partitions: 1 });
+    const slot = `${SCHEMA}_relay`;
+    // One transaction of three events: one batch, one arrival at the pause point.
+    const write = (from: number) =>
+      withPgTransaction(db.pool, (c) =>
+        outbox.enqueue(
+          c,
+          [from, from + 1, from + 2].map((n) => ({ topic: topic!, key: 'k', type: 'test.event', payload: { n } })),
+        ),
+      );
+    const leaseMs = 2_000;
+    const lease = ['--wal-lease-ms', String(leaseMs)];
+    // A stops itself (SIGSTOP) holding its second batch, before the send: a GC pause, a stopped VM.
+    const a = spawnWalRelay([...lease, '--relay-id', 'relay-a'], {
+      OUTBOXKIT_CRASH_POINT: 'wal-relay:before-send',
+      OUTBOXKIT_CRASH_AFTER: '2',
+      OUTBOXKIT_CRASH_SIGNAL: 'SIGSTOP',
+    });
+    await logLine(a, 'WAL relay started');
+    const portA = Number((await logLine(a, 'metrics and health endpoints listening')).port);
+    const b = spawnWalRelay([...lease, '--relay-id', 'relay-b']);
+    expect(await logLine(b, 'standing by until the slot lease is free')).toMatchObject({ owner: 'relay-a' });
+    const publishedBy = async (port: number) =>
+      Number(
+        /^outboxkit_relay_published_total (\d+)$/m.exec(
+          await (await fetch(`http://127.0.0.1:${port}/metrics`)).text(),
+        )?.[1],
+      );
+    try {
+      await write(0);
+      const written = await currentWalLsn(db.pool);
+      // Published and confirmed by A: nothing of it may come again.
+      await waitFor(async () => (await confirmedFlush(db.pool, slot)) >= written, {
+        timeoutMs: 20_000,
+        message: 'first batch not confirmed by relay A',
+      });
+      expect(await publishedBy(portA)).toBe(3);
+      const pidA = (
+        await db.pool.query<{ pid: number }>(
+          'SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1',
+          [slot],
+        )
+      ).rows[0]!.pid;
+
+      await write(3);
+      await waitFor(() => processState(a.proc.pid!) === 'T', { timeoutMs: 20_000, message: 'relay A did not pause' });
+      const pausedAt = Date.now();
+      expect(await logLine(b, 'took over the replication slot', 30_000)).toMatchObject({ from: 'relay-a' });
+      expect(await logLine(b, 'ended the walsender')).toMatchObject({ pid: pidA });
+      await logLine(b, 'WAL relay started', 30_000);
+      // Within the lease and a poll of it (B polls every third), plus slack for a loaded machine;
+      // without the lease, only wal_sender_timeout (60 s) would free the slot.
+      expect(Date.now() - pausedAt).toBeLessThan(leaseMs + 15_000);
+      const portB = Number((await logLine(b, 'metrics and health endpoints listening')).port);
+      await readTopic(
+        topic!,
+        (m) => m,
+        (all) => all.length >= 6,
+        20_000,
+      );
+
+      // A goes on from the pause point with its batch in hand: it must not send it.
+      a.proc.kill('SIGCONT');
+      expect(await logLine(a, "lost the replication slot's lease", 20_000)).toMatchObject({ slot });
+      await write(6);
+      const all = await readTopic(
+        topic!,
+        (m) => m,
+        (got) => got.length >= 9,
+        20_000,
+      );
+      // Time for a late copy from A to arrive, if it would.
+      await new Promise((r) => setTimeout(r, 2_000));
+      const again = await readTopic(
+        topic!,
+        (m) => m,
+        (got) => got.length >= all.length,
+        20_000,
+      );
+      const n = again.map((m) => (JSON.parse(m.value!.toString()) as { n: number }).n);
+      expect(n).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8]); // each once, in commit order
+      expect(await publishedBy(portA)).toBe(3);
+      expect(await publishedBy(portB)).toBe(6);
+      expect((await readyz(portA)).status).toBe(503);
+      expect((await readyz(portB)).status).toBe(200);
+      expect(a.proc.exitCode).toBeNull(); // A stands by; it did not crash
+      const { rows } = await db.pool.query<{ owner_id: string }>(
+        `SELECT owner_id FROM ${SCHEMA}.wal_slot_leases WHERE slot_name = $1`,
+        [slot],
+      );
+      expect(rows[0]!.owner_id).toBe('relay-b');
+    } finally {
+      a.proc.kill('SIGCONT');
+    }
+    for (const r of [a, b]) r.proc.kill('SIGTERM');
+    expect(await a.exited).toEqual({ code: 0, signal: null });
+    expect(await b.exited).toEqual({ code: 0, signal: null });
+  }, 120_000);
 });
 
 describe('relay flags of the other source, and replication names, are refused before connecting', () => {

@@ -272,6 +272,7 @@ export function walRelayTestFile(publication: string, options: { poolSize?: numb
     }
     await pool.query('DELETE FROM outboxkit.outbox_events');
     await pool.query('DELETE FROM outboxkit.wal_slots');
+    await pool.query('DELETE FROM outboxkit.wal_slot_leases');
   });
   afterAll(async () => {
     await file.db?.drop();

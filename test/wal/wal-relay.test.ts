@@ -279,6 +279,8 @@ describe('WAL relay', () => {
           SLOT: slot,
           PUBLICATION,
           KAFKA_BROKERS: inject('kafkaBrokers').join(','),
+          // The next relay takes the crashed one's lease over at once: a restart with the same id.
+          RELAY_ID: `crashed-${slot}`,
           OUTBOXKIT_CRASH_POINT: point,
         },
         stdio: ['ignore', 'pipe', 'pipe'],
@@ -302,7 +304,7 @@ describe('WAL relay', () => {
       expect(await rowsLeft()).toBe(point === 'wal-relay:after-send' ? 3 : 3 - sent.length);
       await waitFor(async () => !(await slotActive(db.pool, slot)), { timeoutMs: 10_000, message: 'slot busy' });
 
-      const relay = await startRelay(slot);
+      const relay = await startRelay(slot, { relayId: `crashed-${slot}` });
       await waitFor(() => relay.stats().published >= 3, { timeoutMs: 15_000, message: 'not republished' });
       const all = await readAll(topic!, (m) => m.length >= sent.length + 3);
       // Everything again from the first unconfirmed transaction, in the same order (duplicates with

@@ -263,6 +263,8 @@ describe('WAL relay resync', () => {
           PUBLICATION,
           KAFKA_BROKERS: inject('kafkaBrokers').join(','),
           BATCH_SIZE: '4',
+          // The next relay takes the crashed one's lease over at once: a restart with the same id.
+          RELAY_ID: `crashed-${slot}`,
           OUTBOXKIT_CRASH_POINT: crash.point,
           OUTBOXKIT_CRASH_AFTER: String(crash.after),
         },
@@ -280,7 +282,7 @@ describe('WAL relay resync', () => {
       expect(await messagesIn(topic!)).toBe(crash.sent);
       await waitFor(async () => !(await slotActive(db.pool, slot)), { timeoutMs: 10_000, message: 'slot busy' });
 
-      const { relay, seen } = await startRelay(slot, { batchSize: 4 });
+      const { relay, seen } = await startRelay(slot, { batchSize: 4, relayId: `crashed-${slot}` });
       await waitFor(() => seen.resyncs.length === 1, { timeoutMs: 15_000, message: 'no resync after the crash' });
       expect(seen.resyncs[0]).toMatchObject({ reason: 'interrupted' });
       const after = await enqueueMany(topic!, 1, 'after');

@@ -42,6 +42,7 @@ describe('outboxkit/relay exports the WAL relay', () => {
     expect(typeof relay.start).toBe('function');
     expect(relay.stats()).toMatchObject({ published: 0, parked: 0, deleted: 0, confirmedLsn: '0/0', queued: 0 });
     expect(WAL_RELAY_DEFAULTS).toEqual({
+      leaseMs: 10_000,
       batchSize: 500,
       maxBatchBytes: 900_000,
       brokerTimeoutMs: 5_000,
@@ -52,6 +53,9 @@ describe('outboxkit/relay exports the WAL relay', () => {
     expect(() => createWalRelay({ ...options, lane: 1 } as WalRelayOptions)).toThrow(
       expect.objectContaining({ code: 'OUTBOXKIT_INVALID_OPTIONS' }),
     );
+    // The lease: at least 1 s; before start() no lease is held.
+    expect(() => createWalRelay({ ...options, leaseMs: 500 })).toThrow(/leaseMs must be an integer ≥ 1000/);
+    expect(relay.stats()).toMatchObject({ leaseHeld: false, fencingToken: undefined, standbyOf: undefined });
     expectTypeOf<WalRelayEvents['wal:published'][0]['events']>().toEqualTypeOf<number>();
     expectTypeOf<WalRelayReadiness['stream']>().toEqualTypeOf<boolean>();
   });

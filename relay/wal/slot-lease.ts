@@ -1,0 +1,155 @@
+/**
+ * The WAL relay's reader lease (docs/wal-source.md, "One reader per slot, standbys, and scaling"):
+ * one row of `<schema>.wal_slot_leases` per slot (migration 0007). The relay holding the lease is
+ * the only one that reads the slot; a standby takes an expired lease over, which raises the
+ * fencing token, then ends the former reader's walsender (a paused reader keeps it, and so the
+ * slot, until `wal_sender_timeout`). Lease ends are times of the database clock, so the relays'
+ * clocks never decide who reads. One builder per statement returning `{ text, values }`, and the
+ * function that runs it; `schema` is quoted by the caller.
+ */
+import type { Queryable } from '../../src/database.js';
+import type { SqlStatement } from '../../src/postgres.js';
+
+/** A lease this relay holds: its fencing token (a decimal string: bigint) and whom it took it from. */
+export interface SlotLeaseHeld {
+  acquired: true;
+  fencingToken: string;
+  /** The former owner when this call took an expired lease over; undefined when it was free or ours. */
+  tookOverFrom: string | undefined;
+}
+
+/** A lease another relay holds, and for how long yet by the database clock, in ms. */
+export interface SlotLeaseBusy {
+  acquired: false;
+  owner: string;
+  remainingMs: number;
+}
+
+/** The row, so that the `UPDATE` below has one to lock; a no-op when it exists. */
+export function insertSlotLeaseSql(schema: string, slot: string): SqlStatement {
+  return {
+    text: `INSERT INTO ${schema}.wal_slot_leases (slot_name) VALUES ($1) ON CONFLICT (slot_name) DO NOTHING`,
+    values: [slot],
+  };
+}
+
+/**
+ * Takes the lease when it is free (no owner: never held, or released by a relay that stopped),
+ * ours, or expired by the database clock, for `leaseMs` from now. The fencing token grows when
+ * the owner changes. The sub-select locks the row first and returns its former owner: two
+ * standbys racing for an expired lease queue on that lock, and the second one's `WHERE` sees the
+ * first one's fresh lease (READ COMMITTED re-checks the updated row), so at most one wins.
+ */
+export function acquireSlotLeaseSql(
+  schema: string,
+  o: { slot: string; ownerId: string; leaseMs: number },
+): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.wal_slot_leases l
+              SET owner_id = $2,
+                  fencing_token = l.fencing_token + CASE WHEN l.owner_id IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END,
+                  lease_expires_at = now() + $3 * interval '1 millisecond'
+             FROM (SELECT slot_name, owner_id, lease_expires_at FROM ${schema}.wal_slot_leases
+                    WHERE slot_name = $1 FOR UPDATE) former
+            WHERE l.slot_name = former.slot_name
+              AND (l.owner_id IS NULL OR l.owner_id = $2 OR l.lease_expires_at IS NULL OR l.lease_expires_at <= now())
+        RETURNING l.fencing_token::text AS fencing_token, former.owner_id AS former_owner`,
+    values: [o.slot, o.ownerId, o.leaseMs],
+  };
+}
+
+/** Who holds the lease and for how long yet (ms, database clock; 0 when expired). */
+export function readSlotLeaseSql(schema: string, slot: string): SqlStatement {
+  return {
+    text: `SELECT owner_id,
+                  GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_expires_at - now())) * 1000))::float8 AS remaining_ms
+             FROM ${schema}.wal_slot_leases WHERE slot_name = $1`,
+    values: [slot],
+  };
+}
+
+/**
+ * Takes or renews the lease of `slot` for `ownerId` (both in one call: a relay takes it before
+ * reading, and calls again to renew). Runs {@link insertSlotLeaseSql} then
+ * {@link acquireSlotLeaseSql}, and {@link readSlotLeaseSql} when another relay holds it.
+ *
+ * @param o.leaseMs - how long the lease lasts past this call, in ms (database clock).
+ * @throws pg's error when PostgreSQL fails (SQLSTATE 42P01 before migration 0007).
+ */
+export async function acquireSlotLease(
+  db: Queryable,
+  schema: string,
+  o: { slot: string; ownerId: string; leaseMs: number },
+): Promise<SlotLeaseHeld | SlotLeaseBusy> {
+  const insert = insertSlotLeaseSql(schema, o.slot);
+  await db.query(insert.text, insert.values);
+  const acquire = acquireSlotLeaseSql(schema, o);
+  const { rows } = await db.query<{ fencing_token: string; former_owner: string | null }>(acquire.text, acquire.values);
+  const row = rows[0];
+  if (row !== undefined) {
+    const former = row.former_owner;
+    return {
+      acquired: true,
+      fencingToken: row.fencing_token,
+      tookOverFrom: former !== null && former !== o.ownerId ? former : undefined,
+    };
+  }
+  const read = readSlotLeaseSql(schema, o.slot);
+  const busy = await db.query<{ owner_id: string | null; remaining_ms: number }>(read.text, read.values);
+  return {
+    acquired: false,
+    owner: busy.rows[0]?.owner_id ?? '?',
+    remainingMs: Number(busy.rows[0]?.remaining_ms ?? 0),
+  };
+}
+
+/**
+ * Extends the lease by `leaseMs` from now, only while `ownerId` holds it with `fencingToken`: a
+ * relay whose lease was taken over renews nothing.
+ *
+ * @returns whether the lease is still this relay's.
+ */
+export async function renewSlotLease(
+  db: Queryable,
+  schema: string,
+  o: { slot: string; ownerId: string; fencingToken: string; leaseMs: number },
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `UPDATE ${schema}.wal_slot_leases SET lease_expires_at = now() + $4 * interval '1 millisecond'
+      WHERE slot_name = $1 AND owner_id = $2 AND fencing_token = $3::bigint`,
+    [o.slot, o.ownerId, o.fencingToken, o.leaseMs],
+  );
+  return rowCount === 1;
+}
+
+/** Gives the lease up (a relay that stops), so a standby takes over at once; only with its token. */
+export async function releaseSlotLease(
+  db: Queryable,
+  schema: string,
+  o: { slot: string; ownerId: string; fencingToken: string },
+): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `UPDATE ${schema}.wal_slot_leases SET owner_id = NULL, lease_expires_at = NULL
+      WHERE slot_name = $1 AND owner_id = $2 AND fencing_token = $3::bigint`,
+    [o.slot, o.ownerId, o.fencingToken],
+  );
+  return rowCount === 1;
+}
+
+/**
+ * Ends the walsender that reads `slot` (a former reader's, held past its lease: a paused process
+ * keeps its connection, and so the slot, until `wal_sender_timeout`), waiting up to `waitMs` for it
+ * to exit. Needs the right to signal it: a superuser, a member of `pg_signal_backend`, or a member
+ * of the walsender's role (the relays' own role).
+ *
+ * @returns the PID it ended, or undefined when no process reads the slot.
+ * @throws pg's error (SQLSTATE 42501) without the right to signal it.
+ */
+export async function endSlotReader(db: Queryable, slot: string, waitMs: number): Promise<number | undefined> {
+  const { rows } = await db.query<{ pid: number }>(
+    `SELECT active_pid AS pid, pg_terminate_backend(active_pid, $2::bigint) AS ended
+       FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`,
+    [slot, waitMs],
+  );
+  return rows[0]?.pid;
+}
