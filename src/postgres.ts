@@ -31,6 +31,11 @@ export const SQLSTATE = Object.freeze({
   INVALID_SCHEMA_NAME: '3F000',
   /** `serialization_failure`: under REPEATABLE READ/SERIALIZABLE, a concurrent transaction won. */
   SERIALIZATION_FAILURE: '40001',
+  /**
+   * `insufficient_privilege`: the role lacks a privilege the statement needs (USAGE on a schema,
+   * SELECT on a table, ownership of a table, `REPLICATION`...).
+   */
+  INSUFFICIENT_PRIVILEGE: '42501',
   /** `undefined_table`: the table does not exist. */
   UNDEFINED_TABLE: '42P01',
   /** `undefined_object`: for example a replication slot or publication that does not exist. */
