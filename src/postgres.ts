@@ -4,6 +4,7 @@
  * statements, and the shape of a built statement. Pure logic, no dependencies.
  */
 import { createHash } from 'node:crypto';
+import { UNREACHABLE_SOCKET_CODES } from './socket-codes.js';
 
 /** A statement built by one of outboxkit's SQL builders: its text, its values, and its name when prepared. */
 export interface SqlStatement {
@@ -105,6 +106,32 @@ export function sqlStateOf(err: unknown): string | undefined {
     if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) return e.code;
   }
   return undefined;
+}
+
+/** Node.js socket codes of a connection that could not be made ({@link UNREACHABLE_SOCKET_CODES}) or was cut. */
+const CONNECTION_SOCKET_CODES: ReadonlySet<string> = new Set([
+  ...UNREACHABLE_SOCKET_CODES,
+  'ECONNRESET',
+  'ECONNABORTED',
+  'EPIPE',
+]);
+
+/**
+ * Whether `err`, or an error it wraps (`cause`, AggregateError's `errors`), says that the
+ * connection to PostgreSQL failed rather than a statement: a Node.js socket code (connection
+ * refused, reset, no route...), a SQLSTATE of class 08 `connection_exception`, or one of
+ * {@link CONNECTION_LOST_SQLSTATES} (a shutdown, recovery, too many connections). pg's own
+ * "Connection terminated unexpectedly" carries no code and is not recognised.
+ */
+export function isConnectionFailure(err: unknown): boolean {
+  for (const e of errorChain(err)) {
+    if (typeof e.code !== 'string') continue;
+    if (CONNECTION_SOCKET_CODES.has(e.code)) return true;
+    if (SQLSTATE_PATTERN.test(e.code)) {
+      return e.code.startsWith(CONNECTION_EXCEPTION_CLASS) || CONNECTION_LOST_SQLSTATES.has(e.code);
+    }
+  }
+  return false;
 }
 
 const statementNames = new Map<string, string>();

@@ -83,7 +83,7 @@ import {
   readSlot,
   readSlotMarker,
 } from './slot-sql.js';
-import { SQLSTATE, sqlStateOf } from '../../src/postgres.js';
+import { SQLSTATE, isConnectionFailure, sqlStateOf } from '../../src/postgres.js';
 
 /** Options of {@link createWalRelay}. */
 export interface WalRelayOptions {
@@ -205,7 +205,11 @@ export interface WalRelayEvents {
   'wal:published': [{ events: number; parked: number; deleted: number; transactions: number; lsn: string }];
   /** An event Kafka refused for itself was parked in its row. */
   'wal:parked': [{ seq: string; eventId?: string; error: string }];
-  /** A send failed for the broker's sake (held, retried after `delayMs`), or a statement or the stream failed. */
+  /**
+   * A send failed for the broker's sake (held, retried after `delayMs`), or a statement or the
+   * stream failed; `database` also for a connection to PostgreSQL refused or lost while the slot
+   * is checked or a reader starts.
+   */
   'wal:error': [{ error: Error; attempt: number; delayMs: number; what: 'send' | 'database' | 'stream' }];
   /**
    * A page of a resync was settled: `events` acknowledged by Kafka, `parked` parked, `deleted`
@@ -536,7 +540,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           if (!isOutboxkitError(err) || !err.retriable) throw err;
           attempt++;
           const delayMs = this.backoffMs(attempt);
-          this.emit('wal:error', { error: err, attempt, delayMs, what: 'stream' });
+          // PostgreSQL refusing or cutting the connection (checking the slot, starting a reader) is
+          // the database's failure; the slot held by another reader or relay is the stream's.
+          const what = isConnectionFailure(err) ? 'database' : 'stream';
+          this.emit('wal:error', { error: err, attempt, delayMs, what });
           await this.sleep(delayMs);
         }
       }
