@@ -7,7 +7,7 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import pg from 'pg';
 import { validate as uuidValidate } from 'uuid';
 import type { Queryable } from '../src/database.js';
-import { InvalidOptionsError, isOutboxkitError, schemaMissingOr } from '../src/errors.js';
+import { InvalidOptionsError, isOutboxkitError, permissionDeniedOr, schemaMissingOr } from '../src/errors.js';
 import { KAFKA_CONFIG_DEFAULTS, resolveKafkaConfig, type ResolvedKafkaConfig } from '../src/kafka/config.js';
 import { createKafkajsClient, type KafkajsLogLevel } from '../src/kafka/kafkajs/client.js';
 import { createPlatformaticClient } from '../src/kafka/platformatic/client.js';
@@ -288,7 +288,8 @@ export function applicationName(command: string): string {
  *
  * `schema` is the command's `--schema` (every command with a pool reads outboxkit's tables): an
  * error of `fn` saying that the schema or a table does not exist becomes `OUTBOXKIT_SCHEMA_MISSING`
- * with the hint `outboxkit migrate --schema <schema>` (see {@link withSchemaHint}).
+ * with the hint `outboxkit migrate --schema <schema>`, and one saying that the role may not use
+ * them `OUTBOXKIT_PERMISSION_DENIED` naming the grants (see {@link withSchemaHint}).
  */
 export async function withPool(
   url: string,
@@ -309,11 +310,14 @@ export async function withPool(
 /**
  * A missing schema or table as `SchemaMissingError` naming `schema`, whichever way it came: a raw
  * PostgreSQL error (SQLSTATE 42P01 or 3F000), or a `SchemaMissingError` made without the schema
- * (its hint then said `outboxkit migrate` alone). Any other error is returned unchanged.
+ * (its hint then said `outboxkit migrate` alone). A raw "permission denied" (42501) as
+ * `PermissionDeniedError` naming the grants on `schema` and its tables: the commands' statements
+ * that reach here read or change outboxkit's tables (`outboxkit relay --source wal` types the
+ * other 42501 it can meet, creating the publication, before). Any other error is returned unchanged.
  */
 export function withSchemaHint(err: unknown, schema: string): unknown {
   const pgError = isOutboxkitError(err, 'OUTBOXKIT_SCHEMA_MISSING') ? err.cause : err;
-  const typed = schemaMissingOr(pgError, schema);
+  const typed = permissionDeniedOr(schemaMissingOr(pgError, schema), schema);
   return typed === pgError ? err : typed;
 }
 

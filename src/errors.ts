@@ -4,7 +4,7 @@
  * `instanceof`: applications often load two copies of a library (a bundled one and a hoisted one),
  * and `instanceof` fails across copies.
  */
-import { MISSING_RELATION_SQLSTATES } from './postgres.js';
+import { MISSING_RELATION_SQLSTATES, SQLSTATE } from './postgres.js';
 
 /** Every error code outboxkit uses. New codes are only ever appended. */
 export const ERROR_CODES = [
@@ -62,6 +62,8 @@ export const ERROR_CODES = [
   'OUTBOXKIT_KAFKA_CLIENT_UNAVAILABLE',
   /** The WAL source's replication stream could not start, or ended while it was read (docs/wal-source.md). */
   'OUTBOXKIT_WAL_STREAM_FAILED',
+  /** The database role may not use outboxkit's schema or its tables (SQLSTATE 42501): grant it access. */
+  'OUTBOXKIT_PERMISSION_DENIED',
 ] as const;
 
 /** Union of every error code outboxkit uses. */
@@ -201,6 +203,23 @@ export class SchemaMissingError extends OutboxkitError {
 }
 
 /**
+ * The database role may not use outboxkit's schema or one of its tables (SQLSTATE 42501
+ * insufficient_privilege): it lacks `USAGE` on the schema, or a privilege on a table that a
+ * statement needs (`SELECT` to read, `INSERT`, `UPDATE`, `DELETE` to change rows), or (the WAL
+ * relay daemon creating its missing publication) `CREATE` on the database and the ownership of
+ * `outbox_events`. The message names PostgreSQL's refusal and the fix (the `GRANT` statements, or
+ * `outboxkit migrate --wal-publication` as the tables' owner); `cause` holds the driver's error.
+ * Not retriable: the schema's owner (or a superuser) must grant the access. Thrown by the CLI:
+ * every command with `--database-url`, `outboxkit relay` of either source (made by
+ * {@link permissionDeniedOr}); see docs/configuration.md, "Database privileges".
+ */
+export class PermissionDeniedError extends OutboxkitError {
+  constructor(message: string, options?: OutboxkitErrorOptions) {
+    super('OUTBOXKIT_PERMISSION_DENIED', message, options);
+  }
+}
+
+/**
  * The outbox's `encode` hook threw or returned something other than bytes; nothing was written.
  * Thrown by `enqueue()`. `cause` holds the encoder's error (a Schema Registry encoder may fail for
  * a schema mismatch or because the registry is unreachable: look at `cause` to decide on a retry).
@@ -274,6 +293,28 @@ export function schemaMissingOr(err: unknown, schema?: string): unknown {
     );
   }
   return err;
+}
+
+/**
+ * Turns PostgreSQL's "permission denied" (SQLSTATE 42501) for a statement on outboxkit's tables in
+ * `schema` into {@link PermissionDeniedError} naming the grants needed; returns any other error
+ * unchanged. Only for errors of statements that read or change outboxkit's tables: 42501 also
+ * means a missing `REPLICATION` attribute or table ownership (`CREATE PUBLICATION`), which the
+ * schema's grants do not fix.
+ *
+ * @param schema - the schema name, unquoted (validated: a lower-case identifier).
+ */
+export function permissionDeniedOr(err: unknown, schema: string): unknown {
+  if ((err as { code?: unknown } | null)?.code !== SQLSTATE.INSUFFICIENT_PRIVILEGE) return err;
+  const s = `"${schema}"`;
+  return new PermissionDeniedError(
+    `The database role may not use outboxkit's schema "${schema}" (${(err as Error).message}). ` +
+      `As the schema's owner, grant it: GRANT USAGE ON SCHEMA ${s} TO <role>; then the privileges on the tables, ` +
+      `GRANT SELECT ON ALL TABLES IN SCHEMA ${s} TO <role> for \`outboxkit status\` and \`parked list\`, ` +
+      `or GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ${s} TO <role> for a relay ` +
+      'and the commands that change rows (docs/configuration.md, "Database privileges").',
+    { cause: err },
+  );
 }
 
 /**

@@ -57,6 +57,7 @@ export {
   InvalidKafkaConfigError,
   KafkaClientUnavailableError,
   WalStreamError,
+  PermissionDeniedError,
 } from './errors.js';
 export type { ErrorCode, OutboxkitErrorOptions } from './errors.js';
 // Idempotency keys: the one-transaction mode, HTTP problem responses.

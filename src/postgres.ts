@@ -4,6 +4,7 @@
  * statements, and the shape of a built statement. Pure logic, no dependencies.
  */
 import { createHash } from 'node:crypto';
+import { UNREACHABLE_SOCKET_CODES } from './socket-codes.js';
 
 /** A statement built by one of outboxkit's SQL builders: its text, its values, and its name when prepared. */
 export interface SqlStatement {
@@ -31,10 +32,14 @@ export const SQLSTATE = Object.freeze({
   INVALID_SCHEMA_NAME: '3F000',
   /** `serialization_failure`: under REPEATABLE READ/SERIALIZABLE, a concurrent transaction won. */
   SERIALIZATION_FAILURE: '40001',
+  /**
+   * `insufficient_privilege`: the role lacks a privilege the statement needs (USAGE on a schema,
+   * SELECT on a table, ownership of a table, `REPLICATION`, signalling another role's backend without
+   * `pg_signal_backend`...).
+   */
+  INSUFFICIENT_PRIVILEGE: '42501',
   /** `undefined_table`: the table does not exist. */
   UNDEFINED_TABLE: '42P01',
-  /** `insufficient_privilege`: for example signalling another role's backend without `pg_signal_backend`. */
-  INSUFFICIENT_PRIVILEGE: '42501',
   /** `undefined_object`: for example a replication slot or publication that does not exist. */
   UNDEFINED_OBJECT: '42704',
   /** `duplicate_object`: for example a replication slot or publication that already exists. */
@@ -102,6 +107,32 @@ export function sqlStateOf(err: unknown): string | undefined {
     if (typeof e.code === 'string' && SQLSTATE_PATTERN.test(e.code)) return e.code;
   }
   return undefined;
+}
+
+/** Node.js socket codes of a connection that could not be made ({@link UNREACHABLE_SOCKET_CODES}) or was cut. */
+const CONNECTION_SOCKET_CODES: ReadonlySet<string> = new Set([
+  ...UNREACHABLE_SOCKET_CODES,
+  'ECONNRESET',
+  'ECONNABORTED',
+  'EPIPE',
+]);
+
+/**
+ * Whether `err`, or an error it wraps (`cause`, AggregateError's `errors`), says that the
+ * connection to PostgreSQL failed rather than a statement: a Node.js socket code (connection
+ * refused, reset, no route...), a SQLSTATE of class 08 `connection_exception`, or one of
+ * {@link CONNECTION_LOST_SQLSTATES} (a shutdown, recovery, too many connections). pg's own
+ * "Connection terminated unexpectedly" carries no code and is not recognised.
+ */
+export function isConnectionFailure(err: unknown): boolean {
+  for (const e of errorChain(err)) {
+    if (typeof e.code !== 'string') continue;
+    if (CONNECTION_SOCKET_CODES.has(e.code)) return true;
+    if (SQLSTATE_PATTERN.test(e.code)) {
+      return e.code.startsWith(CONNECTION_EXCEPTION_CLASS) || CONNECTION_LOST_SQLSTATES.has(e.code);
+    }
+  }
+  return false;
 }
 
 const statementNames = new Map<string, string>();

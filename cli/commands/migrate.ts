@@ -50,8 +50,10 @@ export function registerMigrate(program: Command): void {
       else {
         logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
         if (walPublication) {
+          // `publication`, not the result's `name`: pino's own `name` field (the logger's) comes first
+          // in the line, and a second `name` key would make it JSON with a duplicate key.
           logger.info(
-            walPublication,
+            { publication: walPublication.name, created: walPublication.created },
             walPublication.created ? 'WAL publication created' : 'WAL publication exists already (kept as it is)',
           );
         }

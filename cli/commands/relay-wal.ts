@@ -14,7 +14,8 @@ import pg from 'pg';
 import client from 'prom-client';
 import { fullJitterBackoffMs } from '../../src/backoff.js';
 import { withTimeout } from '../../src/deadline.js';
-import { InvalidOptionsError, isOutboxkitError } from '../../src/errors.js';
+import { InvalidOptionsError, PermissionDeniedError, isOutboxkitError } from '../../src/errors.js';
+import { SQLSTATE, sqlStateOf } from '../../src/postgres.js';
 import type { ResolvedKafkaConfig } from '../../src/kafka/config.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
 import type { Logger } from '../../src/logger.js';
@@ -262,9 +263,20 @@ async function prepare(pool: pg.Pool, o: { schema: string; publication: string; 
   await pool.query(`SELECT 1 FROM ${table} LIMIT 0`);
   // Checked before creating: CREATE PUBLICATION needs privileges a relay's role may lack.
   const { rowCount } = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [o.publication]);
-  if (rowCount === 0 && (await ensurePublication(q(pool), o.publication, [`${o.schema}.outbox_events`]))) {
-    o.logger.info({ publication: o.publication }, 'publication created');
-  }
+  if (rowCount !== 0) return;
+  const created = await ensurePublication(q(pool), o.publication, [`${o.schema}.outbox_events`]).catch(
+    (err: unknown) => {
+      // Typed here: withSchemaHint() would take this 42501 for a missing grant on the schema.
+      if (sqlStateOf(err) !== SQLSTATE.INSUFFICIENT_PRIVILEGE) throw err;
+      throw new PermissionDeniedError(
+        `The database role may not create publication ${o.publication} (${(err as Error).message}): that takes ` +
+          `CREATE on the database and the ownership of ${table}. Create it as the tables' owner: ` +
+          `\`outboxkit migrate --schema ${o.schema} --wal-publication ${o.publication}\`.`,
+        { cause: err },
+      );
+    },
+  );
+  if (created) o.logger.info({ publication: o.publication }, 'publication created');
 }
 
 /**

@@ -21,6 +21,7 @@ import {
   listenAddress,
   listenPort,
   schemaOption,
+  withSchemaHint,
 } from '../shared.js';
 import { printableJson } from '../printable.js';
 
@@ -317,6 +318,9 @@ export function registerRelay(program: Command): void {
         await pool.end();
       });
       lifetime.daemon = true;
-      await relay.start();
+      // A role that may not use the schema: the grants it needs, not a bare 42501.
+      await relay.start().catch((err: unknown) => {
+        throw withSchemaHint(err, String(opts.schema));
+      });
     });
 }

@@ -4,7 +4,8 @@ import type { Queryable } from '../../src/database.js';
 import { backlog, laneOwners, liveRelays, type LiveRelay } from '../../relay/sql.js';
 import { walSlotsStatus, type WalSlotStatus } from '../../relay/wal/slot-sql.js';
 import { databaseOption, q, schemaOption, withPool } from '../shared.js';
-import { printJson, printLines } from '../printable.js';
+import { printError, printJson, printLines } from '../printable.js';
+import { SQLSTATE, sqlStateOf } from '../../src/postgres.js';
 
 /** Blocked topic-partitions listed per relay in the text output (`--json` lists all the relay wrote). */
 const MAX_LISTED_PARTITIONS = 20;
@@ -40,7 +41,7 @@ export function registerStatus(program: Command): void {
           backlog: await backlog(q(pool), schema),
           lanes: await laneOwners(q(pool), schema),
           blockedPartitions: listed(await liveRelays(q(pool), schema)),
-          walSlots: await walSlots(q(pool), opts.schema),
+          ...(await walSlots(q(pool), opts.schema)),
         };
         if (opts.json) {
           printJson(status, 2);
@@ -54,6 +55,7 @@ export function registerStatus(program: Command): void {
             );
           printBlocked(status.blockedPartitions);
           printWalSlots(status.walSlots);
+          if (status.walSlotsWarning) printError(`outboxkit: warning: ${status.walSlotsWarning.message}`);
         }
       });
     });
@@ -93,19 +95,59 @@ function printBlocked(partitions: readonly ListedPartition[]): void {
 }
 
 /**
- * The WAL relay slots of `schema` (relay/wal/slot-sql.ts, {@link walSlotsStatus}): none when no
- * WAL relay ran (table mode), before migration 0006 made `<schema>.wal_slots`, or when the role
- * may not read that table (a monitoring role: the rest of the status is still printed).
+ * Why `outboxkit status` could not list the WAL relay slots (`walSlotsWarning` in `--json`, a
+ * warning line on stderr in text mode); `walSlots` is then empty.
+ *
+ * - `reason: 'table-missing'`: `<schema>.wal_slots` does not exist (SQLSTATE 42P01: the schema was
+ *   migrated before migration 0006); fixed by `outboxkit migrate`.
+ * - `reason: 'permission-denied'`: the role may not read it (42501); fixed by `GRANT SELECT`.
+ *
+ * `message` says so, with the fix.
  */
-async function walSlots(db: Queryable, schema: string): Promise<WalSlotStatus[]> {
-  const quoted = quoteSchema(schema);
-  const { rows } = await db.query<{ present: boolean }>(
-    `SELECT CASE WHEN to_regclass($1) IS NULL THEN false
-                 ELSE has_table_privilege(to_regclass($1), 'SELECT') END AS present`,
-    [`${quoted}.wal_slots`],
-  );
-  if (rows[0]?.present !== true) return [];
-  return walSlotsStatus(db, quoted, walSlotName(schema));
+export interface WalSlotsWarning {
+  reason: 'table-missing' | 'permission-denied';
+  message: string;
+}
+
+/**
+ * The WAL relay slots of `schema` (relay/wal/slot-sql.ts, {@link walSlotsStatus}): none when no
+ * WAL relay ran (table mode). When `<schema>.wal_slots` does not exist or the role may not read it
+ * (a monitoring role), no slots and a {@link WalSlotsWarning} saying why: the rest of the status
+ * is still printed. Told apart by SQLSTATE; any other error fails the command.
+ */
+async function walSlots(
+  db: Queryable,
+  schema: string,
+): Promise<{ walSlots: WalSlotStatus[]; walSlotsWarning: WalSlotsWarning | null }> {
+  const table = `${quoteSchema(schema)}.wal_slots`;
+  try {
+    return { walSlots: await walSlotsStatus(db, quoteSchema(schema), walSlotName(schema)), walSlotsWarning: null };
+  } catch (err) {
+    const state = sqlStateOf(err);
+    if (state === SQLSTATE.UNDEFINED_TABLE) {
+      return {
+        walSlots: [],
+        walSlotsWarning: {
+          reason: 'table-missing',
+          message:
+            `WAL relay slots not listed: ${table} does not exist (a schema migrated before migration 0006); ` +
+            `run \`outboxkit migrate --schema ${schema}\` to create it.`,
+        },
+      };
+    }
+    if (state === SQLSTATE.INSUFFICIENT_PRIVILEGE) {
+      return {
+        walSlots: [],
+        walSlotsWarning: {
+          reason: 'permission-denied',
+          message:
+            `WAL relay slots not listed: the database role may not read ${table} (${(err as Error).message}); ` +
+            `grant it: GRANT SELECT ON ${table} TO <role>.`,
+        },
+      };
+    }
+    throw err;
+  }
 }
 
 /** A byte count for people: `812 B`, `3.4 MiB`. */

@@ -49,6 +49,7 @@ import {
   UnsupportedServerError,
   WalStreamError,
   isOutboxkitError,
+  permissionDeniedOr,
   schemaMissingOr,
 } from '../../src/errors.js';
 import type { Logger } from '../../src/logger.js';
@@ -98,7 +99,7 @@ import {
   readSlot,
   readSlotMarker,
 } from './slot-sql.js';
-import { SQLSTATE, sqlStateOf } from '../../src/postgres.js';
+import { SQLSTATE, isConnectionFailure, sqlStateOf } from '../../src/postgres.js';
 import { acquireSlotLease, endSlotReader, releaseSlotLease, renewSlotLease } from './slot-lease.js';
 
 /** Options of {@link createWalRelay}. */
@@ -239,7 +240,11 @@ export interface WalRelayEvents {
   'wal:published': [{ events: number; parked: number; deleted: number; transactions: number; lsn: string }];
   /** An event Kafka refused for itself was parked in its row. */
   'wal:parked': [{ seq: string; eventId?: string; error: string }];
-  /** A send failed for the broker's sake (held, retried after `delayMs`), or a statement or the stream failed. */
+  /**
+   * A send failed for the broker's sake (held, retried after `delayMs`), or a statement or the
+   * stream failed; `database` also for a connection to PostgreSQL refused or lost while the slot
+   * is checked or a reader starts.
+   */
   'wal:error': [{ error: Error; attempt: number; delayMs: number; what: 'send' | 'database' | 'stream' }];
   /**
    * A page of a resync was settled: `events` acknowledged by Kafka, `parked` parked, `deleted`
@@ -628,7 +633,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           if (!isOutboxkitError(err) || !err.retriable) throw err;
           attempt++;
           const delayMs = this.backoffMs(attempt);
-          this.emit('wal:error', { error: err, attempt, delayMs, what: 'stream' });
+          // PostgreSQL refusing or cutting the connection (checking the slot, starting a reader) is
+          // the database's failure; the slot held by another reader or relay is the stream's.
+          const what = isConnectionFailure(err) ? 'database' : 'stream';
+          this.emit('wal:error', { error: err, attempt, delayMs, what });
           await this.sleep(delayMs);
         }
       }
@@ -648,7 +656,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
    * @param running - false from start() (which rejects instead of logging that it stands by).
    * @returns undefined when this relay holds the lease; else who holds it and for how long yet, in ms.
    * @throws {@link WalStreamError} (retriable) when PostgreSQL fails; {@link SchemaMissingError}
-   *   before migration 0007.
+   *   before migration 0007; {@link PermissionDeniedError} when the role may not use `wal_slot_leases`.
    */
   private async claimSlot(running: boolean): Promise<{ owner: string; remainingMs: number } | undefined> {
     const slot = this.o.slot;
@@ -682,7 +690,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       this.renewTimer ??= setInterval(() => void this.renew(), Math.max(100, Math.floor(this.o.leaseMs / 3)));
       this.renewTimer.unref();
     } catch (err) {
-      const e = schemaMissingOr(err, this.o.schema);
+      // Before migration 0007, or a role without the lease table's privileges: not retriable.
+      const e = permissionDeniedOr(schemaMissingOr(err, this.o.schema), this.o.schema);
       if (isOutboxkitError(e)) throw e;
       throw new WalStreamError(`Taking the lease of replication slot ${slot} failed: ${String(err)}`, {
         cause: err,

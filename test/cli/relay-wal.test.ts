@@ -132,6 +132,30 @@ describe('outboxkit migrate --wal-publication', () => {
   });
 });
 
+describe('outboxkit migrate --wal-publication, its log line', () => {
+  // Breach caught: a log line with a key twice (pino's logger `name` and the result's `name`),
+  // which JSON.parse reads as the last one and other log readers refuse or read otherwise.
+  it('names the publication under `publication`, every key once', async () => {
+    const r = await cli(['migrate', '--database-url', db.url, '--schema', SCHEMA, '--wal-publication']);
+    expect(r.code, r.stderr).toBe(0);
+    const line = r.stdout.split('\n').find((l) => l.includes('WAL publication'));
+    expect(line, r.stdout).toBeDefined();
+    // pino writes one flat object; its keys are the `"key":` after `{` or `,` (no value here has those).
+    const keys = [...line!.matchAll(/[{,]"([^"]+)":/g)].map((m) => m[1]);
+    expect(keys.length).toBeGreaterThan(0);
+    expect(
+      keys.filter((k, i) => keys.indexOf(k) !== i),
+      line,
+    ).toEqual([]);
+    expect(JSON.parse(line!)).toMatchObject({
+      name: 'outboxkit',
+      publication: `${SCHEMA}_outbox_events`,
+      created: false,
+      msg: 'WAL publication exists already (kept as it is)',
+    });
+  });
+});
+
 describe('outboxkit relay --source wal', () => {
   // Breaches caught: the WAL source not reachable from the CLI, events out of commit order, a
   // relay reported ready while another holds the slot (or not ready while it streams), a

@@ -1,0 +1,132 @@
+/**
+ * The WAL relay through a PostgreSQL outage: its connections go through a TCP proxy the test cuts
+ * (every connection closed, new ones refused) and restores. The lost replication stream is a
+ * `stream` error; the attempts that follow, refused by the database while the relay checks its
+ * slot and starts a reader, are `database` errors (the daemon's
+ * `outboxkit_wal_relay_errors_total{what="database"}`), and the relay streams again once the
+ * database is back.
+ */
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
+import { beforeAll, describe, expect, inject, it } from 'vitest';
+import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
+import { createWalRelay, type WalRelayEvents } from '../../relay/wal/wal-relay.js';
+import { withPgTransaction } from '../../src/database.js';
+import { isOutboxkitError } from '../../src/errors.js';
+import { createOutbox } from '../../src/outbox/enqueue.js';
+import type { TestDatabase } from '../helpers/db.js';
+import { createTopics } from '../helpers/kafka.js';
+import { waitFor } from '../helpers/wait-for.js';
+import { walRelayTestFile } from '../helpers/wal.js';
+
+const PUBLICATION = 'outboxkit_wal_outage';
+const outbox = createOutbox({ source: 'wal' });
+const file = walRelayTestFile(PUBLICATION, { poolSize: 2 });
+const { relays, slots } = file;
+let db: TestDatabase;
+beforeAll(() => {
+  db = file.db;
+});
+
+/** A TCP proxy to `target` on a port of its own: `down()` closes every connection and the port, `up()` opens it again. */
+async function databaseProxy(target: URL) {
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect({ host: target.hostname, port: Number(target.port) });
+    for (const [a, b] of [
+      [client, upstream],
+      [upstream, client],
+    ] as const) {
+      sockets.add(a);
+      a.pipe(b);
+      a.on('error', () => b.destroy());
+      a.on('close', () => {
+        sockets.delete(a);
+        b.destroy();
+      });
+    }
+  });
+  const listen = (port: number) =>
+    new Promise<number>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, '127.0.0.1', () => {
+        server.off('error', reject);
+        resolve((server.address() as net.AddressInfo).port);
+      });
+    });
+  const port = await listen(0);
+  return {
+    port,
+    async down() {
+      const closed = new Promise((resolve) => server.close(resolve));
+      for (const s of sockets) s.destroy();
+      await closed;
+    },
+    async up() {
+      await listen(port);
+    },
+    async end() {
+      for (const s of sockets) s.destroy();
+      if (server.listening) await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+describe('WAL relay during a database outage', () => {
+  // Breach caught: a database outage counted as replication-stream failures only, so that
+  // outboxkit_wal_relay_errors_total{what="database"} stays 0 while PostgreSQL refuses the relay.
+  it('counts the refused reconnections as database errors, then streams again', async () => {
+    const [topic] = await createTopics(['wal-db-outage'], { partitions: 1 });
+    const slot = `outage_${randomBytes(4).toString('hex')}`;
+    await ensureLogicalSlot(db.pool, slot);
+    await db.pool.query('INSERT INTO outboxkit.wal_slots (slot_name, resync_pending) VALUES ($1, false)', [slot]);
+    slots.push(slot);
+    const target = new URL(db.url);
+    const proxy = await databaseProxy(target);
+    try {
+      const viaProxy = new URL(db.url);
+      viaProxy.host = `127.0.0.1:${proxy.port}`;
+      const relay = createWalRelay({
+        connection: viaProxy.toString(),
+        slot,
+        publication: PUBLICATION,
+        brokers: inject('kafkaBrokers'),
+        statusIntervalMs: 200,
+        brokerTimeoutMs: 3_000,
+        retryInitialMs: 50,
+        retryMaxMs: 300,
+      });
+      relays.push(relay);
+      const errors: WalRelayEvents['wal:error'][0][] = [];
+      relay.on('wal:error', (e) => errors.push(e));
+      await relay.start();
+      const write = (n: number) =>
+        withPgTransaction(db.pool, (c) =>
+          outbox.enqueue(c, [{ topic: topic!, key: 'k', type: 'test.event', payload: n }]),
+        );
+      await write(1);
+      await waitFor(() => relay.stats().published === 1, { timeoutMs: 15_000, message: 'first event not published' });
+
+      await proxy.down();
+      await waitFor(() => errors.filter((e) => e.what === 'database').length >= 2, {
+        timeoutMs: 15_000,
+        message: () => `no database errors while PostgreSQL refuses (${JSON.stringify(errors.map((e) => e.what))})`,
+      });
+      // The stream's loss first, then the refused checks of the slot (or starts of a reader).
+      expect(errors[0]?.what).toBe('stream');
+      const refused = errors.filter((e) => e.what === 'database');
+      expect(refused.every((e) => isOutboxkitError(e.error, 'OUTBOXKIT_WAL_STREAM_FAILED'))).toBe(true);
+      expect(refused.map((e) => (e.error.cause as { code?: string } | undefined)?.code)).toContain('ECONNREFUSED');
+
+      await proxy.up();
+      await write(2);
+      await waitFor(() => relay.stats().published === 2, {
+        timeoutMs: 20_000,
+        message: 'not published after the outage',
+      });
+    } finally {
+      for (const r of relays.splice(0)) await r.stop({ timeoutMs: 2_000 });
+      await proxy.end();
+    }
+  }, 60_000);
+});
