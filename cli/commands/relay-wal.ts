@@ -371,7 +371,7 @@ function walSlotGauges(
 }
 
 /** Why a WAL relay resyncs (relay/wal/wal-relay.ts). */
-const WAL_RESYNC_REASONS: readonly WalResyncReason[] = ['missing', 'lost', 'unrecorded', 'interrupted'];
+const WAL_RESYNC_REASONS: readonly WalResyncReason[] = ['missing', 'lost', 'unrecorded', 'interrupted', 'undecodable'];
 
 /** The `what` of the WAL relay's `wal:error` event (relay/wal/wal-relay.ts). */
 const WAL_ERROR_KINDS: readonly WalRelayEvents['wal:error'][0]['what'][] = ['send', 'database', 'stream'];

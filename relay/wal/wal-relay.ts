@@ -227,9 +227,13 @@ const optionsSchema = z
  *   relay drops it and creates it again;
  * - `unrecorded`: the slot exists but no relay recorded it in `wal_slots` (created by hand, or
  *   before migration 0006), so rows may predate it;
- * - `interrupted`: a resync began and did not end (the relay stopped or died during it).
+ * - `interrupted`: a resync began and did not end (the relay stopped or died during it);
+ * - `undecodable`: the slot's WAL cannot be decoded: its publication was dropped and created again
+ *   (pgoutput looks the publication up as of each change, so a change written while it did not
+ *   exist fails every reader, SQLSTATE 42704, whatever the publication is now); the relay drops
+ *   the slot and creates it again.
  */
-export type WalResyncReason = 'missing' | 'lost' | 'unrecorded' | 'interrupted';
+export type WalResyncReason = 'missing' | 'lost' | 'unrecorded' | 'interrupted' | 'undecodable';
 
 /**
  * Events a WAL relay emits (`wal:action` names); `relay.on(name, listener)`. LSNs are PostgreSQL's
@@ -405,6 +409,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private renewTimer: NodeJS.Timeout | undefined;
   private renewing: Promise<void> | undefined;
   private leasesLost = 0;
+  /** The reader found the slot's WAL undecodable (see undecodable()): the next check recreates it and resyncs. */
+  private slotUndecodable = false;
   /** The standby's last log line, so that it logs when the owner changes, not every poll. */
   private standbyOwner: string | undefined;
   private resolveEnded!: () => void;
@@ -482,7 +488,14 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       );
       resync = await this.checkSlot();
       // With a resync to run, the reader starts after it (watchStream()).
-      if (resync === undefined) this.reader = await this.startReader();
+      if (resync === undefined) {
+        try {
+          this.reader = await this.startReader();
+        } catch (err) {
+          // The stream watcher resyncs an undecodable slot (after another check of the slot).
+          if (!(await this.undecodable(err))) throw err;
+        }
+      }
     } catch (err) {
       await this.shutDown();
       throw schemaMissingOr(err, this.o.schema);
@@ -594,7 +607,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           this.dropQueued(reader);
         } catch (err) {
           if (this.stopping) return;
-          if (!isOutboxkitError(err) || !err.retriable) throw err;
+          if (!isOutboxkitError(err) || (!err.retriable && !(await this.undecodable(err)))) throw err;
           this.dropQueued(reader);
           attempt++;
           const delayMs = this.backoffMs(attempt);
@@ -642,6 +655,35 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       if (this.stopping || !this.holdsLease()) await reader.stop({ timeoutMs: 1_000 });
     }
+  }
+
+  /**
+   * Whether `err`, a reader's failure, says the slot's WAL cannot be decoded: SQLSTATE 42704
+   * (undefined_object) while the publication and the slot both exist. That is a publication
+   * dropped and created again: pgoutput looks it up as of each change, so the changes written
+   * while it did not exist fail every reader, forever. Sets {@link slotUndecodable}, so the next
+   * check of the slot drops it, creates it again and resyncs (the table holds every unpublished
+   * row). A publication that does not exist now stays an error the relay cannot retry (the CLI
+   * creates it at its next start).
+   */
+  private async undecodable(err: unknown): Promise<boolean> {
+    if (sqlStateOf(err) !== SQLSTATE.UNDEFINED_OBJECT || this.db === undefined) return false;
+    try {
+      const { rows } = await this.db.query<{ publication: boolean; slot: boolean }>(
+        `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1) AS publication,
+                EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2) AS slot`,
+        [this.o.publication, this.o.slot],
+      );
+      if (rows[0]?.publication !== true || rows[0]?.slot !== true) return false;
+    } catch {
+      return false;
+    }
+    this.log.warn(
+      { slot: this.o.slot, publication: this.o.publication, err },
+      'the slot cannot decode its WAL (its publication was dropped and created again): recreating the slot and resyncing',
+    );
+    this.slotUndecodable = true;
+    return true;
   }
 
   // ---- the lease: one reader per slot ----
@@ -842,11 +884,13 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           ? 'missing'
           : state.walStatus === 'lost'
             ? 'lost'
-            : marker === undefined
-              ? 'unrecorded'
-              : marker.resyncPending
-                ? 'interrupted'
-                : undefined;
+            : this.slotUndecodable
+              ? 'undecodable'
+              : marker === undefined
+                ? 'unrecorded'
+                : marker.resyncPending
+                  ? 'interrupted'
+                  : undefined;
       if (reason === undefined) return undefined;
       if (state?.active === true && reason !== 'missing') {
         // Another reader streams it (a lost slot cannot be dropped while held, and a resync beside
@@ -858,21 +902,24 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       this.log.warn(
         { slot, reason, walStatus: state?.walStatus, previousReason: marker?.resyncReason },
-        reason === 'missing' || reason === 'lost'
-          ? `replication slot ${reason}: creating it, then publishing every row of the outbox table before streaming (resync)`
+        reason === 'missing' || reason === 'lost' || reason === 'undecodable'
+          ? `replication slot ${reason}: creating it${reason === 'missing' ? '' : ' again'}, then publishing every row of the outbox table before streaming (resync)`
           : `replication slot needs a resync (${reason}): publishing every row of the outbox table before streaming`,
       );
       if (reason !== 'interrupted') {
         const mark = markResyncPendingSql(this.q, slot, reason);
         await db.query(mark.text, mark.values);
       }
-      if (reason === 'lost') {
+      if (reason === 'lost' || reason === 'undecodable') {
         const drop = dropSlotSql(slot);
         await db.query(drop.text, drop.values).catch((err: unknown) => {
           if (sqlStateOf(err) !== SQLSTATE.UNDEFINED_OBJECT) throw err;
         });
       }
-      if (reason === 'missing' || reason === 'lost') await ensureLogicalSlot(db, slot);
+      if (reason === 'missing' || reason === 'lost' || reason === 'undecodable') await ensureLogicalSlot(db, slot);
+      // Marked pending: a crash from here on resyncs at the next start (and an undecodable slot
+      // not yet dropped fails that start's reader again, which finds it again).
+      this.slotUndecodable = false;
       await crashPoint('wal-relay:slot-created');
       keep = true;
       this.slotLock = client;

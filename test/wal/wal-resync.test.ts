@@ -12,7 +12,7 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { beforeAll, describe, expect, inject, it } from 'vitest';
 
-import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
+import { ensureLogicalSlot, ensurePublication } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelay, type WalRelayEvents, type WalRelayOptions } from '../../relay/wal/wal-relay.js';
 import { isOutboxkitError } from '../../src/errors.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
@@ -219,6 +219,38 @@ describe('WAL relay resync', () => {
     expect(isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED')).toBe(true);
     expect((err as { retriable: boolean }).retriable).toBe(false);
     expect(await slotExists(slot)).toBe(false);
+  });
+
+  // Breach caught: a publication dropped and created again leaving the relay in a crash loop
+  // (every reader fails, SQLSTATE 42704, on the change written while it did not exist, whatever
+  // the publication is now: a trial saw exit 1 at every restart until the slot was dropped by
+  // hand), or the rows written meanwhile lost.
+  it('recreates a slot its publication left undecodable, and resyncs: nothing lost', async () => {
+    const [topic] = await createTopics(['wal-resync-undecodable'], { partitions: 1 });
+    const slot = newSlot();
+    const relayId = `undecodable-${slot}`;
+    const first = await startRelay(slot, { relayId });
+    const before = await enqueueMany(topic!, 2, 'before');
+    await waitFor(() => first.relay.stats().published === 2, { timeoutMs: 15_000, message: 'not streamed' });
+    await db.pool.query(`DROP PUBLICATION ${PUBLICATION}`);
+    const meanwhile = await enqueueMany(topic!, 2, 'meanwhile');
+    // The publication is missing now: an error the relay cannot retry (the CLI creates it and starts again).
+    const ended = await first.relay.ended.then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(isOutboxkitError(ended, 'OUTBOXKIT_WAL_STREAM_FAILED')).toBe(true);
+    await ensurePublication(db.pool, PUBLICATION, ['outboxkit.outbox_events']);
+    const after = await enqueueMany(topic!, 2, 'after');
+
+    const next = await startRelay(slot, { relayId });
+    await waitFor(() => next.seen.resyncs.length === 1, { timeoutMs: 20_000, message: 'no resync' });
+    expect(next.seen.resyncs[0]).toMatchObject({ reason: 'undecodable', events: 4 });
+    expect(await marker(slot)).toEqual({ resync_pending: false, resync_reason: 'undecodable' });
+    const last = await enqueueMany(topic!, 1, 'last');
+    await waitFor(() => next.relay.stats().published === 5, { timeoutMs: 15_000, message: 'not streamed after' });
+    expect(await eventIds(topic!, 7)).toEqual([...before, ...meanwhile, ...after, ...last]);
+    expect(await rowsLeft()).toBe(0);
   });
 
   // Breach caught: a slot created by hand after rows were written (rows older than it) trusted as
