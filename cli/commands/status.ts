@@ -177,6 +177,12 @@ function printWalSlots(slots: readonly WalSlotStatus[]): void {
       : s.resyncedAt === null
         ? ''
         : `; last resync ${new Date(s.resyncedAt).toISOString()} (${s.resyncReason ?? 'unknown'})`;
-    printLines(`  ${s.slot}: ${state}${resync}`);
+    const lease =
+      s.leaseOwner === null
+        ? ''
+        : s.leaseRemainingMs === 0
+          ? `; lease of ${s.leaseOwner} expired`
+          : `; lease held by ${s.leaseOwner} (${((s.leaseRemainingMs ?? 0) / 1000).toFixed(1)} s left)`;
+    printLines(`  ${s.slot}: ${state}${resync}${lease}`);
   }
 }

@@ -192,6 +192,14 @@ export interface WalSlotStatus {
   resyncStartedAt: number | null;
   /** When the last resync ended, in ms since the epoch (database clock); null if none ended. */
   resyncedAt: number | null;
+  /**
+   * The relay holding the slot's reader lease (`wal_slot_leases`, its `relayId`), also when the
+   * lease has expired; null when no relay holds it (never taken, or released at a stop), or when
+   * the lease table cannot be read (before migration 0007, or without `SELECT` on it).
+   */
+  leaseOwner: string | null;
+  /** How long the lease lasts yet, in ms of the database clock (0: expired, a standby may take it over); null as `leaseOwner`. */
+  leaseRemainingMs: number | null;
 }
 
 /**
@@ -236,6 +244,11 @@ export async function walSlotsStatus(db: Queryable, schema: string, defaultSlot:
     resynced_at: Date | null;
   }>(text, values);
   const bytes = (v: string | null) => (v === null ? null : Number(v));
+  const leases = await slotLeases(
+    db,
+    schema,
+    rows.map((r) => r.slot),
+  );
   return rows.map((r) => ({
     slot: r.slot,
     exists: r.exists,
@@ -248,5 +261,34 @@ export async function walSlotsStatus(db: Queryable, schema: string, defaultSlot:
     resyncReason: r.resync_reason,
     resyncStartedAt: r.resync_started_at?.getTime() ?? null,
     resyncedAt: r.resynced_at?.getTime() ?? null,
+    leaseOwner: leases.get(r.slot)?.owner ?? null,
+    leaseRemainingMs: leases.get(r.slot)?.remainingMs ?? null,
   }));
+}
+
+/**
+ * The reader leases of `slots` that a relay holds (owner set), by slot; empty when the lease
+ * table does not exist (a schema before migration 0007) or may not be read: the status lists the
+ * slots without their lease then.
+ */
+async function slotLeases(
+  db: Queryable,
+  schema: string,
+  slots: readonly string[],
+): Promise<Map<string, { owner: string; remainingMs: number }>> {
+  const leases = new Map<string, { owner: string; remainingMs: number }>();
+  if (slots.length === 0) return leases;
+  try {
+    const { rows } = await db.query<{ slot_name: string; owner_id: string; remaining_ms: number }>(
+      `SELECT slot_name, owner_id,
+              GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_expires_at - now())) * 1000))::float8 AS remaining_ms
+         FROM ${schema}.wal_slot_leases WHERE slot_name = ANY($1) AND owner_id IS NOT NULL`,
+      [slots],
+    );
+    for (const r of rows) leases.set(r.slot_name, { owner: r.owner_id, remainingMs: Number(r.remaining_ms) });
+  } catch (err) {
+    const state = sqlStateOf(err);
+    if (state !== SQLSTATE.UNDEFINED_TABLE && state !== SQLSTATE.INSUFFICIENT_PRIVILEGE) throw err;
+  }
+  return leases;
 }

@@ -361,8 +361,12 @@ interface QueuedTransaction {
  * and resyncs the rows already in the table. Writers use `createOutbox({ source: 'wal' })`.
  * Defaults: {@link WAL_RELAY_DEFAULTS}.
  *
+ * Several relays may run on one slot: the one holding its lease reads, the others stand by
+ * (`start()` rejects with a retriable `WalStreamError`: try again with a new relay) and take a
+ * dead or paused reader over when its lease ends (docs/wal-source.md, "One reader per slot").
+ *
  * Not yet (docs/wal-source.md): per-partition isolation (a broker failure holds the whole stream),
- * held keys behind a parked event, a standby lease.
+ * held keys behind a parked event.
  *
  * @throws {@link InvalidOptionsError} for invalid or unknown options (nothing is connected then).
  */

@@ -232,12 +232,16 @@ describe('outboxkit relay --source wal', () => {
         resyncPending: false,
         resyncReason: 'missing',
         resyncedAt: expect.any(Number),
+        // The first relay holds the reader lease, named by its id (host-pid-random by default).
+        leaseOwner: expect.stringMatching(/^.+-\d+-[0-9a-f]{8}$/),
+        leaseRemainingMs: expect.any(Number),
       }),
     ]);
     const text = await cli(['status', '--database-url', db.url, '--schema', SCHEMA]);
     expect(text.stdout).toMatch(
       new RegExp(
-        `^  ${SCHEMA}_relay: read by pid \\d+, wal_status reserved, retains .+; last resync .+ \\(missing\\)$`,
+        `^  ${SCHEMA}_relay: read by pid \\d+, wal_status reserved, retains .+; last resync .+ \\(missing\\); ` +
+          'lease held by .+ \\(\\d+\\.\\d s left\\)$',
         'm',
       ),
     );
