@@ -118,30 +118,98 @@ function describeError(err: unknown): string {
   return text;
 }
 
-/** A JSON string (its text between the quotes) or number, and whether the string is a key. */
-const JSON_LEAF = /"((?:[^"\\]|\\.)*)"(\s*:)?|-?\d[\d.eE+-]*/g;
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const COLON = 0x3a;
+const MINUS = 0x2d;
+const WHITESPACE = /\s/;
+
+const isDigit = (c: number): boolean => c >= 0x30 && c <= 0x39;
+/** `[\d.eE+-]`: a character of a number after its first digit. */
+const inNumber = (c: number): boolean =>
+  isDigit(c) || c === 0x2e || c === 0x65 || c === 0x45 || c === 0x2b || c === MINUS;
+/** A line terminator: what `.` does not match. */
+const endsLine = (c: number): boolean => c === 0x0a || c === 0x0d || c === 0x2028 || c === 0x2029;
+/** `\s`: ASCII spaces, tabs and line ends directly, the rest by the regular expression. */
+const isSpace = (c: number): boolean =>
+  c < 0x80 ? c === 0x20 || (c >= 0x09 && c <= 0x0d) : WHITESPACE.test(String.fromCharCode(c));
+
+/**
+ * The end of the JSON string whose text starts at `from` (just after its opening quote): the index
+ * of its closing quote, or, when it has none, `~f` where `f` is where the string breaks off (the
+ * end of `text`, or a backslash that escapes nothing: a line end, or the end of `text`).
+ */
+function stringEnd(text: string, from: number): number {
+  for (let k = from; k < text.length; k++) {
+    const c = text.charCodeAt(k);
+    if (c === QUOTE) return k;
+    if (c === BACKSLASH) {
+      if (k + 1 >= text.length || endsLine(text.charCodeAt(k + 1))) return ~k;
+      k++;
+    }
+  }
+  return ~text.length;
+}
 
 /**
  * What of `value` a reason must not show: for a JSON value (its first byte is `{`, `[` or `"`),
  * its strings and numbers but not its keys, else its whole text (UTF-8).
+ *
+ * The strings and numbers are the matches of `"((?:[^"\\]|\\.)*)"(\s*:)?|-?\d[\d.eE+-]*`, all of
+ * them (a string followed by `:` being a key), found in one pass by hand instead: irregexp keeps
+ * a backtracking entry for each character of such a string (some 23 MiB of fresh memory for a
+ * string of 1 MiB, 70-120 ms of page faults on a VM, and a RangeError from 8 MiB on), and the
+ * search tries again from each quote inside an unterminated string, which is quadratic
+ * (`"\"\"\"…`: 0.45 s at 40 KiB). A quote inside a string that breaks off at `f` opens a string that
+ * breaks off at `f` too (it is the second character of an escape, after which both read the same
+ * characters in the same state): such quotes are passed over.
  */
 function valueLeaves(value: Buffer): string[] {
   const text = value.toString('utf8');
   if (!/^\s*[[{"]/.test(text)) return [text];
   const leaves: string[] = [];
-  for (const m of text.matchAll(JSON_LEAF)) {
-    if (m[2] !== undefined) continue; // a key: the names of fields are no secret
-    const raw = m[1];
-    if (raw === undefined) leaves.push(m[0]);
-    else {
-      try {
-        leaves.push(JSON.parse(`"${raw}"`) as string);
-      } catch {
-        leaves.push(raw);
+  // Quotes before this index open a string that breaks off.
+  let brokenUntil = 0;
+  let i = 0;
+  while (i < text.length) {
+    const c = text.charCodeAt(i);
+    if (c === QUOTE && i >= brokenUntil) {
+      const end = stringEnd(text, i + 1);
+      if (end >= 0) {
+        let k = end + 1;
+        while (k < text.length && isSpace(text.charCodeAt(k))) k++;
+        if (text.charCodeAt(k) === COLON) {
+          i = k + 1; // a key: the names of fields are no secret
+          continue;
+        }
+        const raw = text.slice(i + 1, end);
+        // Without a backslash, unescaping changes nothing (JSON.parse returns the text, or refuses
+        // a control character in it and the text is kept): no copy of a long string.
+        leaves.push(raw.includes('\\') ? unescaped(raw) : raw);
+        i = end + 1;
+        continue;
       }
+      brokenUntil = ~end;
     }
+    if (isDigit(c) || (c === MINUS && isDigit(text.charCodeAt(i + 1)))) {
+      let k = i + 1;
+      while (k < text.length && inNumber(text.charCodeAt(k))) k++;
+      leaves.push(text.slice(i, k));
+      i = k;
+      continue;
+    }
+    i++;
   }
   return leaves;
+}
+
+/** The text of a JSON string with escapes (between its quotes) unescaped, or as it is when it is not valid JSON. */
+function unescaped(raw: string): string {
+  try {
+    return JSON.parse(`"${raw}"`) as string;
+  } catch {
+    return raw;
+  }
 }
 
 /** Longest word of a reason checked for the leaves of the value it holds (longer ones: their first 64 characters). */

@@ -188,6 +188,9 @@ const REASON_ATTACKS: Attack[] = [
   { name: 'words of the value in a long error message', make: (n) => run('abc ', n) },
   { name: 'a long word of the value', make: (n) => run('abcd', n) },
   { name: 'punctuation around words', make: (n) => run('"!a"', n) },
+  // A string that never ends, each quote in it escaped: read as JSON (it starts with a quote), and
+  // a search that tries again from each quote reads on to the end each time (quadratic).
+  { name: 'escaped quotes in an unterminated string', make: (n) => run('\\"', n, '"') },
 ];
 
 /** A Kafka message whose key, value and headers are all `value`. */

@@ -121,6 +121,16 @@ describe('reasonOf', () => {
     expect(reason).toMatch(/^Error: parse of card … failed; cause: SyntaxError: message withheld/);
     expect(reason).not.toContain('41111');
   });
+
+  it("reads a JSON value's long strings, and a string that never ends, in one pass", () => {
+    // A backtracking regular expression ran out of stack on a string of 8 MiB (RangeError).
+    const long = Buffer.from(JSON.stringify({ note: 'x'.repeat(8 * 1024 * 1024), card: CARD }));
+    expect(reasonOf(new Error(`card ${CARD} declined`), long)).toBe('Error: card … declined');
+    // No string ends (each quote after the first is escaped): no word of one is withheld, the
+    // numbers in it are.
+    const unterminated = Buffer.from(`"note \\"${CARD}\\" abc`);
+    expect(reasonOf(new Error(`card ${CARD} note abc`), unterminated)).toBe('Error: card … note abc');
+  });
 });
 
 describe('summarizeDeadLetter and replayMessage', () => {
