@@ -4,6 +4,7 @@
 CREATE TABLE "outboxkit"."wal_slot_leases" (
 	"slot_name" text PRIMARY KEY NOT NULL,
 	"owner_id" text,
+	"instance_id" text,
 	"fencing_token" bigint DEFAULT 0 NOT NULL,
 	"lease_expires_at" timestamp with time zone
 );

@@ -523,11 +523,16 @@ export async function listParked(db: Queryable, schema: string, limit = 100): Pr
   return rows;
 }
 
-/** Puts parked events back in line (attempts reset). */
+/**
+ * Puts parked events back in line (attempts reset). `next_attempt_at = now()` marks the operator's
+ * retry: due at once for the table relay (as a row whose backoff just ended), and what the WAL
+ * relay's sweep looks for ({@link readRetriedSql}): its stream brought the row's insert long ago,
+ * and an `UPDATE` is not streamed.
+ */
 export function retryParkedSql(schema: string, eventIds: readonly string[] | 'all'): SqlStatement {
   return {
     text: `UPDATE ${schema}.outbox_events
-        SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+        SET parked_at = NULL, next_attempt_at = now(), attempts = 0
       WHERE published_at IS NULL AND parked_at IS NOT NULL AND ($1::boolean OR event_id = ANY($2::uuid[]))`,
     values: [eventIds === 'all', eventIds === 'all' ? [] : eventIds],
   };
@@ -811,6 +816,40 @@ export async function readResync(
   p: { afterSeq: string; throughSeq: string; maxRows: number; maxBytes: number },
 ): Promise<ResyncRow[]> {
   const { rows } = await run<ResyncRow>(db, schema, readResyncSql(schema, p));
+  return rows;
+}
+
+/**
+ * Parked events an operator put back in line (`outboxkit parked retry`, {@link retryParkedSql}),
+ * for the WAL relay's sweep: rows neither published nor parked with `next_attempt_at` set (the
+ * WAL writer leaves it NULL and the WAL relay parks at once, so only a retry sets it), in seq
+ * order, at most `maxRows` rows and `maxBytes` payload bytes (the first row always comes).
+ * Through the index of blocked rows (few).
+ */
+export function readRetriedSql(schema: string, p: { maxRows: number; maxBytes: number }): SqlStatement {
+  return {
+    text: `WITH page AS (
+       SELECT seq, payload FROM ${schema}.outbox_events
+        WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL
+        ORDER BY seq LIMIT $1),
+     w AS (
+       SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
+         FROM page)
+     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.type, e.payload, e.headers
+       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
+      WHERE w.bytes <= $2 OR w.n = 1
+      ORDER BY e.seq`,
+    values: [p.maxRows, p.maxBytes],
+  };
+}
+
+/** Runs {@link readRetriedSql}. */
+export async function readRetried(
+  db: Queryable,
+  schema: string,
+  p: { maxRows: number; maxBytes: number },
+): Promise<ResyncRow[]> {
+  const { rows } = await run<ResyncRow>(db, schema, readRetriedSql(schema, p));
   return rows;
 }
 

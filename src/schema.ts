@@ -178,6 +178,12 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
   const walSlotLeases = schema.table('wal_slot_leases', {
     slotName: text('slot_name').primaryKey(),
     ownerId: text('owner_id'),
+    /**
+     * The holding relay object's own random id: two running relays given the same `relayId` are
+     * told apart (and the second stands by), while a relay restarted with its former `relayId`
+     * takes the lease back at once when no walsender reads the slot any more.
+     */
+    instanceId: text('instance_id'),
     fencingToken: bigint('fencing_token', { mode: 'bigint' })
       .notNull()
       .default(sql`0`),

@@ -249,6 +249,8 @@ export async function runWalRelay(args: {
   relay.ended.catch(async (err: unknown) => {
     if (stopping) return;
     logger.error({ err }, 'WAL relay stopped on an error it cannot retry; exiting');
+    // Its stop releases the slot's lease: a standby (or this relay's restart) reads at once.
+    await relay?.stop().catch(() => undefined);
     await pool.end().catch(() => undefined);
     process.exit(1);
   });

@@ -18,11 +18,16 @@ export interface SlotLeaseHeld {
   tookOverFrom: string | undefined;
 }
 
-/** A lease another relay holds, and for how long yet by the database clock, in ms. */
+/**
+ * A lease another relay holds, and for how long yet by the database clock, in ms. `sameId`: that
+ * relay runs with this relay's own `relayId` (two running relays given one id), and a walsender
+ * still reads the slot.
+ */
 export interface SlotLeaseBusy {
   acquired: false;
   owner: string;
   remainingMs: number;
+  sameId: boolean;
 }
 
 /** The row, so that the `UPDATE` below has one to lock; a no-op when it exists. */
@@ -35,26 +40,33 @@ export function insertSlotLeaseSql(schema: string, slot: string): SqlStatement {
 
 /**
  * Takes the lease when it is free (no owner: never held, or released by a relay that stopped),
- * ours, or expired by the database clock, for `leaseMs` from now. The fencing token grows when
- * the owner changes. The sub-select locks the row first and returns its former owner: two
- * standbys racing for an expired lease queue on that lock, and the second one's `WHERE` sees the
- * first one's fresh lease (READ COMMITTED re-checks the updated row), so at most one wins.
+ * this relay object's (`instanceId`), expired by the database clock, or held under this relay's
+ * `relayId` by another instance while no walsender reads the slot (the same relay restarted after
+ * a crash: it takes its lease back at once; a second running relay given the same id does not,
+ * while the first one streams). For `leaseMs` from now. The fencing token grows when the holder
+ * (`relayId` and instance) changes. The sub-select locks the row first and returns its former
+ * owner: two standbys racing for an expired lease queue on that lock, and the second one's `WHERE`
+ * sees the first one's fresh lease (READ COMMITTED re-checks the updated row), so at most one wins.
  */
 export function acquireSlotLeaseSql(
   schema: string,
-  o: { slot: string; ownerId: string; leaseMs: number },
+  o: { slot: string; ownerId: string; instanceId: string; leaseMs: number },
 ): SqlStatement {
   return {
     text: `UPDATE ${schema}.wal_slot_leases l
-              SET owner_id = $2,
-                  fencing_token = l.fencing_token + CASE WHEN l.owner_id IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END,
+              SET owner_id = $2, instance_id = $4,
+                  fencing_token = l.fencing_token
+                    + CASE WHEN l.owner_id IS NOT DISTINCT FROM $2 AND l.instance_id IS NOT DISTINCT FROM $4 THEN 0 ELSE 1 END,
                   lease_expires_at = now() + $3 * interval '1 millisecond'
              FROM (SELECT slot_name, owner_id, lease_expires_at FROM ${schema}.wal_slot_leases
                     WHERE slot_name = $1 FOR UPDATE) former
             WHERE l.slot_name = former.slot_name
-              AND (l.owner_id IS NULL OR l.owner_id = $2 OR l.lease_expires_at IS NULL OR l.lease_expires_at <= now())
+              AND (l.owner_id IS NULL OR l.lease_expires_at IS NULL OR l.lease_expires_at <= now()
+                   OR (l.owner_id = $2 AND l.instance_id IS NOT DISTINCT FROM $4)
+                   OR (l.owner_id = $2
+                       AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)))
         RETURNING l.fencing_token::text AS fencing_token, former.owner_id AS former_owner`,
-    values: [o.slot, o.ownerId, o.leaseMs],
+    values: [o.slot, o.ownerId, o.leaseMs, o.instanceId],
   };
 }
 
@@ -69,8 +81,8 @@ export function readSlotLeaseSql(schema: string, slot: string): SqlStatement {
 }
 
 /**
- * Takes or renews the lease of `slot` for `ownerId` (both in one call: a relay takes it before
- * reading, and calls again to renew). Runs {@link insertSlotLeaseSql} then
+ * Takes or renews the lease of `slot` for `ownerId` and its `instanceId` (a random id of the
+ * relay object) (both in one call: a relay takes it before reading, and calls again to renew). Runs {@link insertSlotLeaseSql} then
  * {@link acquireSlotLeaseSql}, and {@link readSlotLeaseSql} when another relay holds it.
  *
  * @param o.leaseMs - how long the lease lasts past this call, in ms (database clock).
@@ -79,7 +91,7 @@ export function readSlotLeaseSql(schema: string, slot: string): SqlStatement {
 export async function acquireSlotLease(
   db: Queryable,
   schema: string,
-  o: { slot: string; ownerId: string; leaseMs: number },
+  o: { slot: string; ownerId: string; instanceId: string; leaseMs: number },
 ): Promise<SlotLeaseHeld | SlotLeaseBusy> {
   const insert = insertSlotLeaseSql(schema, o.slot);
   await db.query(insert.text, insert.values);
@@ -96,11 +108,8 @@ export async function acquireSlotLease(
   }
   const read = readSlotLeaseSql(schema, o.slot);
   const busy = await db.query<{ owner_id: string | null; remaining_ms: number }>(read.text, read.values);
-  return {
-    acquired: false,
-    owner: busy.rows[0]?.owner_id ?? '?',
-    remainingMs: Number(busy.rows[0]?.remaining_ms ?? 0),
-  };
+  const owner = busy.rows[0]?.owner_id ?? '?';
+  return { acquired: false, owner, remainingMs: Number(busy.rows[0]?.remaining_ms ?? 0), sameId: owner === o.ownerId };
 }
 
 /**

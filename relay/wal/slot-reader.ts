@@ -250,7 +250,11 @@ export function createWalSlotReader(options: WalSlotReaderOptions): WalSlotReade
     let hint = 'The reader can be started again; what it had not confirmed comes again.';
     if (state === SQLSTATE.OBJECT_IN_USE) hint = 'Another reader holds the slot: one slot has one reader at a time.';
     if (state === SQLSTATE.UNDEFINED_OBJECT) {
-      hint = 'Create the slot and the publication first (ensureLogicalSlot(), ensurePublication()).';
+      hint =
+        when === 'start'
+          ? 'Create the slot and the publication first (ensureLogicalSlot(), ensurePublication()).'
+          : 'The publication was dropped: create it again (outboxkit migrate --wal-publication, or ensurePublication(); ' +
+            '`outboxkit relay --source wal` creates it when it starts); the WAL relay then recreates its slot and resyncs.';
     }
     return new WalStreamError(
       `The replication stream of slot ${o.slot} ${when === 'start' ? 'did not start' : 'ended'}: ${detail}. ${hint}`,

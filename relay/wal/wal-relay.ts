@@ -73,6 +73,13 @@ import { withDeadline } from '../broker-health.js';
  */
 const LEASE_ACT_FRACTION = 0.8;
 
+/**
+ * How often the relay looks for parked events an operator put back in line (`outboxkit parked
+ * retry`), in ms: their rows are published from the table, since the stream brought their inserts
+ * long ago and an `UPDATE` is not streamed.
+ */
+export const WAL_RETRIED_SWEEP_MS = 5_000;
+
 /** What the WAL relay does when Kafka does not answer in time (the message of {@link withDeadline}'s error). */
 const WAL_RELAY_ON_TIMEOUT = 'the WAL relay holds its stream (nothing is confirmed) and retries with backoff.';
 import {
@@ -83,7 +90,7 @@ import {
   type RelayOptions,
 } from '../options.js';
 import { toRecord } from '../record.js';
-import { deleteRelayed, maxSeq, parkRelayed, readResync, transactionsVisible } from '../sql.js';
+import { deleteRelayed, maxSeq, parkRelayed, readResync, readRetried, transactionsVisible } from '../sql.js';
 import { decodeOutboxRow } from './outbox-row.js';
 import {
   createWalSlotReader,
@@ -134,14 +141,16 @@ export interface WalRelayOptions {
   producerOptions?: RelayOptions['producerOptions'];
   /**
    * This instance's id: the owner of the slot's lease (`wal_slot_leases`), named in standbys' logs.
-   * Unique per running relay. @defaultValue `<hostname>-<pid>-<random>`
+   * Give each running relay its own (two running with one id are told apart: the second stands
+   * by, logging why); a relay restarted with its former id takes its lease back as soon as no
+   * walsender reads the slot. @defaultValue `<hostname>-<pid>-<random>`
    */
   relayId?: string;
   /**
    * The slot's reader lease, in ms (database clock): renewed every third of it; a standby takes
    * over a relay that has not renewed it for this long (dead, paused, cut off from PostgreSQL) and
    * ends its walsender. The relay itself stops sending once 80 % of it has passed since its last
-   * renewal was sent. @defaultValue 10_000
+   * renewal was sent. 1,000 to 3,600,000, above `brokerTimeoutMs`. @defaultValue 10_000
    */
   leaseMs?: number;
   /** Most events in one send; transactions waiting are put together up to it. @defaultValue 500 */
@@ -197,7 +206,7 @@ const optionsSchema = z
       .string({ error: 'must be a string' })
       .min(1, { error: 'must not be empty' })
       .default(() => `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`),
-    leaseMs: option.integer(1_000).default(WAL_RELAY_DEFAULTS.leaseMs),
+    leaseMs: option.integer(1_000, 3_600_000).default(WAL_RELAY_DEFAULTS.leaseMs),
     ...RELAY_KAFKA_OPTIONS_SHAPE,
     producerOptions: RELAY_PRODUCER_OPTIONS_SCHEMA.optional(),
     batchSize: option.integer(1).default(WAL_RELAY_DEFAULTS.batchSize),
@@ -209,6 +218,15 @@ const optionsSchema = z
   } satisfies Record<keyof WalRelayOptions, z.ZodType>)
   .superRefine((o, ctx) => {
     option.retryDelaysInOrder(o, ctx);
+    if (o.brokerTimeoutMs >= o.leaseMs) {
+      ctx.addIssue(
+        option.sentence(
+          `brokerTimeoutMs must be below leaseMs, got ${o.brokerTimeoutMs} and ${o.leaseMs}: a send starts while the ` +
+            'lease is fresh and may wait up to brokerTimeoutMs, so with a shorter lease a standby takes over while it ' +
+            `waits and its records arrive late. Lower brokerTimeoutMs or raise leaseMs (defaults ${WAL_RELAY_DEFAULTS.brokerTimeoutMs} and ${WAL_RELAY_DEFAULTS.leaseMs}).`,
+        ),
+      );
+    }
     if (!o.kafka && !(o.brokers && o.brokers.length > 0)) {
       ctx.addIssue(option.sentence('The WAL relay needs `brokers` or `kafka`.'));
     }
@@ -240,7 +258,11 @@ export type WalResyncReason = 'missing' | 'lost' | 'unrecorded' | 'interrupted' 
  * text form (`0/19782D0`, possibly zero-padded).
  */
 export interface WalRelayEvents {
-  /** A batch was settled: `events` acknowledged by Kafka, `parked` parked, `deleted` rows deleted, `transactions` confirmed up to `lsn`. */
+  /**
+   * A batch was settled: `events` acknowledged by Kafka, `parked` parked, `deleted` rows deleted,
+   * `transactions` confirmed up to `lsn`; also for parked events an operator put back in line,
+   * published from the table (`transactions` 0, `lsn` the last confirmed).
+   */
   'wal:published': [{ events: number; parked: number; deleted: number; transactions: number; lsn: string }];
   /** An event Kafka refused for itself was parked in its row. */
   'wal:parked': [{ seq: string; eventId?: string; error: string }];
@@ -413,8 +435,14 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private renewTimer: NodeJS.Timeout | undefined;
   private renewing: Promise<void> | undefined;
   private leasesLost = 0;
+  /** This relay object's own id in the lease row: tells two running relays given one `relayId` apart. */
+  private readonly instanceId = randomUUID();
+  /** The walsender this relay could not end (42501), so that it says so once per walsender. */
+  private unendedPid: number | undefined;
   /** The reader found the slot's WAL undecodable (see undecodable()): the next check recreates it and resyncs. */
   private slotUndecodable = false;
+  private retriedTimer: NodeJS.Timeout | undefined;
+  private sweeping = false;
   /** The standby's last log line, so that it logs when the owner changes, not every poll. */
   private standbyOwner: string | undefined;
   private resolveEnded!: () => void;
@@ -496,8 +524,13 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         try {
           this.reader = await this.startReader();
         } catch (err) {
-          // The stream watcher resyncs an undecodable slot (after another check of the slot).
-          if (!(await this.undecodable(err))) throw err;
+          // The stream watcher resyncs an undecodable slot (after another check of the slot), and
+          // retries a reader that cannot start yet (a former reader's walsender still holds the
+          // slot), keeping the lease meanwhile.
+          const retriable = isOutboxkitError(err) && err.retriable;
+          if (!retriable && !(await this.undecodable(err))) throw err;
+          if (retriable)
+            this.log.warn({ err, slot: this.o.slot }, 'the reader cannot start yet; retrying with backoff');
         }
       }
     } catch (err) {
@@ -505,6 +538,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       throw schemaMissingOr(err, this.o.schema);
     }
     this.loopDone = this.publishLoop().catch((err: unknown) => this.fail(err));
+    this.retriedTimer = setInterval(() => void this.publishRetried(), WAL_RETRIED_SWEEP_MS);
+    this.retriedTimer.unref();
     this.streamDone = this.watchStream(this.reader, resync).catch((err: unknown) => this.fail(err));
     this.log.info(
       {
@@ -532,7 +567,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       await this.shutDown();
       await this.streamDone;
-      this.log.info({ slot: this.o.slot, confirmedLsn: this.confirmedLsn }, 'WAL relay stopped');
+      // The LSN this relay confirmed last (none when it confirmed nothing: the slot reader's log has the slot's).
+      this.log.info(
+        { slot: this.o.slot, confirmedLsn: this.confirmedLsn === '0/0' ? undefined : this.confirmedLsn },
+        'WAL relay stopped',
+      );
       this.resolveEnded();
     })();
     return this.stopPromise;
@@ -565,6 +604,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   }
 
   private async shutDown(): Promise<void> {
+    clearInterval(this.retriedTimer);
     await this.reader?.stop({ timeoutMs: 1_000 }).catch(() => undefined);
     await this.slotLock?.end().catch(() => undefined);
     this.slotLock = undefined;
@@ -690,6 +730,36 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     return true;
   }
 
+  /**
+   * Publishes the parked events an operator put back in line (`outboxkit parked retry`: rows with
+   * `next_attempt_at` set, {@link readRetried}), a page at a time, through the stream's send, park
+   * and delete path; run every {@link WAL_RETRIED_SWEEP_MS} while this relay holds the lease and no
+   * resync runs (a resync publishes them anyway). They go out after the later events of their keys,
+   * which were not held behind them. One refused again is parked again. A failure is logged and
+   * left to the next sweep.
+   */
+  private async publishRetried(): Promise<void> {
+    if (this.sweeping || this.stopping || this.resyncing || !this.holdsLease() || this.db === undefined) return;
+    this.sweeping = true;
+    try {
+      const rows = await readRetried(this.db, this.q, { maxRows: this.o.batchSize, maxBytes: this.o.maxBatchBytes });
+      if (rows.length === 0) return;
+      const items = rows.map((row): QueuedItem => {
+        const record = toRecord(row);
+        return { seq: row.seq, eventId: row.event_id, record, bytes: recordBytes(record) };
+      });
+      const settled = await this.exclusive(() => this.settle(items));
+      if (settled === undefined) return;
+      this.count(settled);
+      this.log.info({ slot: this.o.slot, ...settled }, 'parked events put back in line by an operator settled');
+      this.emit('wal:published', { ...settled, transactions: 0, lsn: this.confirmedLsn });
+    } catch (err) {
+      this.log.warn({ err, slot: this.o.slot }, 'publishing retried parked events failed; trying again later');
+    } finally {
+      this.sweeping = false;
+    }
+  }
+
   // ---- the lease: one reader per slot ----
 
   /**
@@ -708,10 +778,22 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     const slot = this.o.slot;
     const sentAt = performance.now();
     try {
-      const got = await acquireSlotLease(this.db!, this.q, { slot, ownerId: this.o.relayId, leaseMs: this.o.leaseMs });
+      const got = await acquireSlotLease(this.db!, this.q, {
+        slot,
+        ownerId: this.o.relayId,
+        instanceId: this.instanceId,
+        leaseMs: this.o.leaseMs,
+      });
       if (!got.acquired) {
+        if (got.sameId && this.standbyOwner !== got.owner) {
+          this.log.warn(
+            { slot, relayId: got.owner },
+            "another running WAL relay holds the replication slot's lease under this relay's own relayId: give each " +
+              'running relay its own id (--relay-id, OUTBOXKIT_RELAY_ID); standing by',
+          );
+        }
         // start() rejects with it instead (its caller says what it does about it).
-        if (running && this.standbyOwner !== got.owner) {
+        else if (running && this.standbyOwner !== got.owner) {
           this.log.info(
             { slot, owner: got.owner, remainingMs: got.remainingMs },
             'another WAL relay holds the replication slot; standing by',
@@ -756,8 +838,14 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           retriable: true,
         });
       }
+      const { rows } = await this.db!.query<{ pid: number }>(
+        'SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1',
+        [slot],
+      ).catch(() => ({ rows: [] as { pid: number }[] }));
+      if (rows[0]?.pid !== undefined && rows[0].pid === this.unendedPid) return undefined; // said already
+      this.unendedPid = rows[0]?.pid;
       this.log.warn(
-        { slot, err },
+        { slot, pid: this.unendedPid, error: err instanceof Error ? err.message : String(err) },
         'a walsender still holds the replication slot and this role may not end it: grant pg_signal_backend to ' +
           "the relay's role (or run the relays as one role); the slot frees at wal_sender_timeout",
       );

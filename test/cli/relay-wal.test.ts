@@ -279,6 +279,42 @@ describe('outboxkit relay --source wal', () => {
     expect(await second.exited).toEqual({ code: 0, signal: null });
   }, 90_000);
 
+  // Breach caught (a trial): two running relays given one --relay-id both taking the lease as
+  // theirs and ending each other's walsender every half second, forever, publishing duplicates.
+  it('a second running relay with the same --relay-id stands by, saying why, and never fights', async () => {
+    const [topic] = await createTopics(['wal-same-id'], { partitions: 1 });
+    const same = ['--relay-id', 'same-id', '--wal-lease-ms', '2000', '--broker-timeout-ms', '1500'];
+    const a = spawnWalRelay(same);
+    await logLine(a, 'WAL relay started');
+    const b = spawnWalRelay(same);
+    expect(await logLine(b, "under this relay's own relayId")).toMatchObject({ relayId: 'same-id' });
+    for (let n = 0; n < 3; n++) {
+      await withPgTransaction(db.pool, (c) =>
+        outbox.enqueue(c, [{ topic: topic!, key: 'k', type: 'test.event', payload: { n } }]),
+      );
+    }
+    await readTopic(
+      topic!,
+      (m) => m,
+      (all) => all.length >= 3,
+      20_000,
+    );
+    // Several leases long: a fight would show within one.
+    await new Promise((r) => setTimeout(r, 6_000));
+    const all = await readTopic(
+      topic!,
+      (m) => m,
+      (got) => got.length >= 3,
+      20_000,
+    );
+    expect(all.map((m) => (JSON.parse(m.value!.toString()) as { n: number }).n)).toEqual([0, 1, 2]);
+    for (const r of [a, b]) expect(r.output.join('')).not.toContain('ended the walsender');
+    expect(a.output.join('')).not.toContain("lost the replication slot's lease");
+    for (const r of [a, b]) r.proc.kill('SIGTERM');
+    expect(await a.exited).toEqual({ code: 0, signal: null });
+    expect(await b.exited).toEqual({ code: 0, signal: null });
+  }, 60_000);
+
   // Breaches caught: a paused reader (its walsender, and so the slot, held until
   // wal_sender_timeout, 60 s here) never taken over, or only at wal_sender_timeout; a former
   // reader that wakes in the middle of a batch and sends it after the takeover (late duplicates
@@ -295,7 +331,8 @@ describe('outboxkit relay --source wal', () => {
         ),
       );
     const leaseMs = 2_000;
-    const lease = ['--wal-lease-ms', String(leaseMs)];
+    // The lease above the broker timeout, as the relay requires.
+    const lease = ['--wal-lease-ms', String(leaseMs), '--broker-timeout-ms', '1500'];
     // A stops itself (SIGSTOP) holding its second batch, before the send: a GC pause, a stopped VM.
     const a = spawnWalRelay([...lease, '--relay-id', 'relay-a'], {
       OUTBOXKIT_CRASH_POINT: 'wal-relay:before-send',

@@ -19,8 +19,9 @@ afterAll(async () => {
   await db?.drop();
 });
 
-const acquire = (slot: string, ownerId: string, leaseMs = 60_000) =>
-  acquireSlotLease(db.pool, SCHEMA, { slot, ownerId, leaseMs });
+/** Each relay id runs as one relay object (instance) unless `instanceId` is given. */
+const acquire = (slot: string, ownerId: string, leaseMs = 60_000, instanceId = `${ownerId}-instance`) =>
+  acquireSlotLease(db.pool, SCHEMA, { slot, ownerId, instanceId, leaseMs });
 
 /** Ends the lease now, as if its owner had stopped renewing it long ago. */
 const expire = (slot: string) =>
@@ -85,7 +86,10 @@ describe('the WAL slot lease', () => {
     await acquire(slot, 'a');
     expect(await releaseSlotLease(db.pool, SCHEMA, { slot, ownerId: 'a', fencingToken: '1' })).toBe(true);
     expect(await acquire(slot, 'b')).toMatchObject({ acquired: true, fencingToken: '2', tookOverFrom: undefined });
-    // The same id again after a crash (a restart with a stable relayId) takes it back at once.
-    expect(await acquire(slot, 'b')).toMatchObject({ acquired: true, fencingToken: '2' });
+    // The same id again after a crash (a restart with a stable relayId: another instance) takes it
+    // back at once while no walsender reads the slot (none of that name exists here); a new token.
+    expect(await acquire(slot, 'b', 60_000, 'b-restarted')).toMatchObject({ acquired: true, fencingToken: '3' });
+    // Renewals by that instance keep it.
+    expect(await acquire(slot, 'b', 60_000, 'b-restarted')).toMatchObject({ acquired: true, fencingToken: '3' });
   });
 });

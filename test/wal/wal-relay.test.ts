@@ -17,13 +17,13 @@ import pg from 'pg';
 import { beforeAll, describe, expect, inject, it } from 'vitest';
 
 import { toRecord } from '../../relay/record.js';
-import { listParked, readPending } from '../../relay/sql.js';
+import { listParked, readPending, retryParked } from '../../relay/sql.js';
 import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelay, type WalRelayOptions } from '../../relay/wal/wal-relay.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
 import { withPgTransaction } from '../../src/database.js';
 import type { TestDatabase } from '../helpers/db.js';
-import { createTopics, messagesIn, readTopic } from '../helpers/kafka.js';
+import { createTopics, createTopicsOn, messagesIn, readTopic, testKafka } from '../helpers/kafka.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { confirmedFlush, currentWalLsn, slotActive, walRelayTestFile } from '../helpers/wal.js';
 
@@ -367,6 +367,16 @@ describe('WAL relay', () => {
     const parked = await listParked(db.pool, 'outboxkit');
     expect(parked.map((p) => p.event_id)).toEqual([lost]);
     expect(parked[0]!.last_error).toMatch(/UNKNOWN_TOPIC_OR_PARTITION/);
+
+    // Breach caught: `outboxkit parked retry` a no-op in WAL mode (an UPDATE is not streamed, so
+    // the requeued row sat in the table, listed nowhere, until a resync). The operator creates the
+    // topic and retries: the running relay publishes it from the table and deletes its row.
+    await createTopicsOn(testKafka(), [{ topic: missing, numPartitions: 1 }]);
+    expect(await retryParked(db.pool, '"outboxkit"', [lost!])).toBe(1);
+    const retried = await readAll(missing, (all) => all.length >= 1);
+    expect(retried.map((m) => m.headers['event-id'])).toEqual([lost]);
+    await waitFor(async () => (await rowsLeft()) === 0, { timeoutMs: 10_000, message: 'retried row not deleted' });
+    expect(await listParked(db.pool, 'outboxkit')).toEqual([]);
   });
 
   // Breach caught: events lost or confirmed while the broker cannot be reached (a send that failed

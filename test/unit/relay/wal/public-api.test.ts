@@ -53,8 +53,15 @@ describe('outboxkit/relay exports the WAL relay', () => {
     expect(() => createWalRelay({ ...options, lane: 1 } as WalRelayOptions)).toThrow(
       expect.objectContaining({ code: 'OUTBOXKIT_INVALID_OPTIONS' }),
     );
-    // The lease: at least 1 s; before start() no lease is held.
-    expect(() => createWalRelay({ ...options, leaseMs: 500 })).toThrow(/leaseMs must be an integer ≥ 1000/);
+    // The lease: 1 s to 1 h (a longer one would overflow the renewal timer), above brokerTimeoutMs;
+    // before start() no lease is held.
+    expect(() => createWalRelay({ ...options, leaseMs: 500 })).toThrow(
+      /leaseMs must be an integer from 1000 to 3600000/,
+    );
+    expect(() => createWalRelay({ ...options, leaseMs: 99_999_999_999 })).toThrow(/leaseMs must be an integer/);
+    expect(() => createWalRelay({ ...options, leaseMs: 2_000, brokerTimeoutMs: 3_000 })).toThrow(
+      /brokerTimeoutMs must be below leaseMs, got 3000 and 2000/,
+    );
     expect(relay.stats()).toMatchObject({ leaseHeld: false, fencingToken: undefined, standbyOf: undefined });
     expectTypeOf<WalRelayEvents['wal:published'][0]['events']>().toEqualTypeOf<number>();
     expectTypeOf<WalRelayReadiness['stream']>().toEqualTypeOf<boolean>();
