@@ -784,6 +784,33 @@ export async function maxSeq(db: Queryable, schema: string): Promise<string> {
 }
 
 /**
+ * A page of outbox rows the WAL relay reads from the table: those matching `where` (whose
+ * parameters are `values`, $1 on), in seq order, at most `maxRows` rows and `maxBytes` payload
+ * bytes (the first row always comes).
+ */
+function walTablePageSql(
+  schema: string,
+  where: string,
+  values: unknown[],
+  p: { maxRows: number; maxBytes: number },
+): SqlStatement {
+  const maxRows = `$${values.length + 1}`;
+  const maxBytes = `$${values.length + 2}`;
+  return {
+    text: `WITH page AS (
+       SELECT seq, payload FROM ${schema}.outbox_events WHERE ${where} ORDER BY seq LIMIT ${maxRows}),
+     w AS (
+       SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
+         FROM page)
+     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.type, e.payload, e.headers
+       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
+      WHERE w.bytes <= ${maxBytes} OR w.n = 1
+      ORDER BY e.seq`,
+    values: [...values, p.maxRows, p.maxBytes],
+  };
+}
+
+/**
  * The next page of a WAL relay's resync: rows neither published nor parked with `afterSeq < seq
  * <= throughSeq`, in seq order (the table relay's order), at most `maxRows` rows and `maxBytes`
  * payload bytes (the first row always comes). Through the pending-rows index. Every lane, no
@@ -793,20 +820,12 @@ export function readResyncSql(
   schema: string,
   p: { afterSeq: string; throughSeq: string; maxRows: number; maxBytes: number },
 ): SqlStatement {
-  return {
-    text: `WITH page AS (
-       SELECT seq, payload FROM ${schema}.outbox_events
-        WHERE seq > $1::bigint AND seq <= $2::bigint AND published_at IS NULL AND parked_at IS NULL
-        ORDER BY seq LIMIT $3),
-     w AS (
-       SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
-         FROM page)
-     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.type, e.payload, e.headers
-       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
-      WHERE w.bytes <= $4 OR w.n = 1
-      ORDER BY e.seq`,
-    values: [p.afterSeq, p.throughSeq, p.maxRows, p.maxBytes],
-  };
+  return walTablePageSql(
+    schema,
+    'seq > $1::bigint AND seq <= $2::bigint AND published_at IS NULL AND parked_at IS NULL',
+    [p.afterSeq, p.throughSeq],
+    p,
+  );
 }
 
 /** Runs {@link readResyncSql}. */
@@ -827,20 +846,7 @@ export async function readResync(
  * Through the index of blocked rows (few).
  */
 export function readRetriedSql(schema: string, p: { maxRows: number; maxBytes: number }): SqlStatement {
-  return {
-    text: `WITH page AS (
-       SELECT seq, payload FROM ${schema}.outbox_events
-        WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL
-        ORDER BY seq LIMIT $1),
-     w AS (
-       SELECT seq, sum(octet_length(payload)) OVER (ORDER BY seq) AS bytes, row_number() OVER (ORDER BY seq) AS n
-         FROM page)
-     SELECT e.seq::text AS seq, e.event_id, e.topic, e.key, e.type, e.payload, e.headers
-       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
-      WHERE w.bytes <= $2 OR w.n = 1
-      ORDER BY e.seq`,
-    values: [p.maxRows, p.maxBytes],
-  };
+  return walTablePageSql(schema, 'published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL', [], p);
 }
 
 /** Runs {@link readRetriedSql}. */
