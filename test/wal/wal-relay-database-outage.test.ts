@@ -13,6 +13,7 @@ import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelayEvents } from '../../relay/wal/wal-relay.js';
 import { withPgTransaction } from '../../src/database.js';
 import { isOutboxkitError } from '../../src/errors.js';
+import type { Logger } from '../../src/logger.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
 import type { TestDatabase } from '../helpers/db.js';
 import { createTopics } from '../helpers/kafka.js';
@@ -83,6 +84,13 @@ describe('WAL relay during a database outage', () => {
     slots.push(slot);
     const target = new URL(db.url);
     const proxy = await databaseProxy(target);
+    // The relay's log, shown if the test fails (a CI run once saw no publish within 20 s after the outage).
+    const lines: string[] = [];
+    const line = (level: string) => (obj: Record<string, unknown>, msg?: string) =>
+      lines.push(
+        `${level} ${msg ?? ''} ${JSON.stringify(obj, (_k, v: unknown) => (v instanceof Error ? v.message : v)).slice(0, 400)}`,
+      );
+    const logger: Logger = { debug: () => {}, info: line('info'), warn: line('warn'), error: line('error') };
     try {
       const viaProxy = new URL(db.url);
       viaProxy.host = `127.0.0.1:${proxy.port}`;
@@ -95,6 +103,7 @@ describe('WAL relay during a database outage', () => {
         brokerTimeoutMs: 3_000,
         retryInitialMs: 50,
         retryMaxMs: 300,
+        logger,
       });
       relays.push(relay);
       const errors: WalRelayEvents['wal:error'][0][] = [];
@@ -120,13 +129,17 @@ describe('WAL relay during a database outage', () => {
 
       await proxy.up();
       await write(2);
+      let ended: unknown;
+      relay.ended.catch((err: unknown) => (ended = err));
       await waitFor(() => relay.stats().published === 2, {
-        timeoutMs: 20_000,
-        message: 'not published after the outage',
+        timeoutMs: 40_000,
+        message: () =>
+          `not published after the outage (stats ${JSON.stringify(relay.stats())}, ended ${String(ended)}, ` +
+          `errors ${JSON.stringify(errors.slice(-5).map((e) => [e.what, e.error.message]))}, log:\n${lines.slice(-30).join('\n')})`,
       });
     } finally {
       for (const r of relays.splice(0)) await r.stop({ timeoutMs: 2_000 });
       await proxy.end();
     }
-  }, 60_000);
+  }, 90_000);
 });
