@@ -109,9 +109,15 @@ export function sqlStateOf(err: unknown): string | undefined {
   return undefined;
 }
 
-/** Node.js socket codes of a connection that could not be made ({@link UNREACHABLE_SOCKET_CODES}) or was cut. */
-const CONNECTION_SOCKET_CODES: ReadonlySet<string> = new Set([
+/**
+ * Node.js socket codes of a connection to PostgreSQL that could not be made
+ * ({@link UNREACHABLE_SOCKET_CODES}, and a host or network down) or was cut: the one list of
+ * {@link isConnectionFailure} and of the idempotency store's classification (pg-errors.ts).
+ */
+export const CONNECTION_SOCKET_CODES: ReadonlySet<string> = new Set([
   ...UNREACHABLE_SOCKET_CODES,
+  'EHOSTDOWN',
+  'ENETDOWN',
   'ECONNRESET',
   'ECONNABORTED',
   'EPIPE',

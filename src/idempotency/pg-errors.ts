@@ -3,7 +3,7 @@
  * and Node.js system error codes, never by message text. Pure logic.
  */
 import { schemaMissingOr } from '../errors.js';
-import { errorChain, MISSING_RELATION_SQLSTATES, SQLSTATE, sqlStateOf } from '../postgres.js';
+import { CONNECTION_SOCKET_CODES, errorChain, MISSING_RELATION_SQLSTATES, SQLSTATE, sqlStateOf } from '../postgres.js';
 
 export { SQLSTATE, sqlStateOf };
 
@@ -21,24 +21,9 @@ const UNAVAILABLE_STATES: ReadonlySet<string> = new Set([
   SQLSTATE.READ_ONLY_SQL_TRANSACTION,
 ]);
 
-/** Node.js socket/DNS error codes meaning the server cannot be reached. */
-const NETWORK_CODES: ReadonlySet<string> = new Set([
-  'ECONNREFUSED',
-  'ECONNRESET',
-  'ECONNABORTED',
-  'ETIMEDOUT',
-  'EPIPE',
-  'ENOTFOUND',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'EHOSTDOWN',
-  'ENETUNREACH',
-  'ENETDOWN',
-]);
-
 function networkCodeOf(err: unknown): string | undefined {
   for (const e of errorChain(err)) {
-    if (typeof e.code === 'string' && NETWORK_CODES.has(e.code)) return e.code;
+    if (typeof e.code === 'string' && CONNECTION_SOCKET_CODES.has(e.code)) return e.code;
   }
   return undefined;
 }
