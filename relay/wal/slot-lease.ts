@@ -70,20 +70,40 @@ export function acquireSlotLeaseSql(
   };
 }
 
-/** Who holds the lease and for how long yet (ms, database clock; 0 when expired). */
-export function readSlotLeaseSql(schema: string, slot: string): SqlStatement {
+/** Who holds the leases of `slots` and for how long yet (ms, database clock; 0 when expired); `owner_id` NULL when free. */
+export function readSlotLeasesSql(schema: string, slots: readonly string[]): SqlStatement {
   return {
-    text: `SELECT owner_id,
+    text: `SELECT slot_name, owner_id,
                   GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_expires_at - now())) * 1000))::float8 AS remaining_ms
-             FROM ${schema}.wal_slot_leases WHERE slot_name = $1`,
-    values: [slot],
+             FROM ${schema}.wal_slot_leases WHERE slot_name = ANY($1)`,
+    values: [slots],
   };
+}
+
+/**
+ * Runs {@link readSlotLeasesSql}: the leases of `slots` a relay holds (expired ones included), by
+ * slot, with the time left in ms (0 when expired).
+ *
+ * @throws pg's error (SQLSTATE 42P01 before migration 0007, 42501 without `SELECT` on the table).
+ */
+export async function readSlotLeases(
+  db: Queryable,
+  schema: string,
+  slots: readonly string[],
+): Promise<Map<string, { owner: string; remainingMs: number }>> {
+  const { text, values } = readSlotLeasesSql(schema, slots);
+  const { rows } = await db.query<{ slot_name: string; owner_id: string | null; remaining_ms: number }>(text, values);
+  const leases = new Map<string, { owner: string; remainingMs: number }>();
+  for (const r of rows) {
+    if (r.owner_id !== null) leases.set(r.slot_name, { owner: r.owner_id, remainingMs: Number(r.remaining_ms) });
+  }
+  return leases;
 }
 
 /**
  * Takes or renews the lease of `slot` for `ownerId` and its `instanceId` (a random id of the
  * relay object) (both in one call: a relay takes it before reading, and calls again to renew). Runs {@link insertSlotLeaseSql} then
- * {@link acquireSlotLeaseSql}, and {@link readSlotLeaseSql} when another relay holds it.
+ * {@link acquireSlotLeaseSql}, and {@link readSlotLeases} when another relay holds it.
  *
  * @param o.leaseMs - how long the lease lasts past this call, in ms (database clock).
  * @throws pg's error when PostgreSQL fails (SQLSTATE 42P01 before migration 0007).
@@ -106,10 +126,9 @@ export async function acquireSlotLease(
       tookOverFrom: former !== null && former !== o.ownerId ? former : undefined,
     };
   }
-  const read = readSlotLeaseSql(schema, o.slot);
-  const busy = await db.query<{ owner_id: string | null; remaining_ms: number }>(read.text, read.values);
-  const owner = busy.rows[0]?.owner_id ?? '?';
-  return { acquired: false, owner, remainingMs: Number(busy.rows[0]?.remaining_ms ?? 0), sameId: owner === o.ownerId };
+  const busy = (await readSlotLeases(db, schema, [o.slot])).get(o.slot);
+  const owner = busy?.owner ?? '?';
+  return { acquired: false, owner, remainingMs: busy?.remainingMs ?? 0, sameId: owner === o.ownerId };
 }
 
 /**

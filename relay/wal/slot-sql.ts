@@ -9,6 +9,7 @@ import type { Queryable } from '../../src/database.js';
 import { InvalidOptionsError } from '../../src/errors.js';
 import { SQLSTATE, sqlStateOf, type SqlStatement } from '../../src/postgres.js';
 import { parseLsn } from './lsn.js';
+import { readSlotLeases } from './slot-lease.js';
 import { checkReplicationName } from '../../src/wal-publication.js';
 
 export { checkReplicationName, createPublicationSql, ensurePublication } from '../../src/wal-publication.js';
@@ -267,28 +268,21 @@ export async function walSlotsStatus(db: Queryable, schema: string, defaultSlot:
 }
 
 /**
- * The reader leases of `slots` that a relay holds (owner set), by slot; empty when the lease
- * table does not exist (a schema before migration 0007) or may not be read: the status lists the
- * slots without their lease then.
+ * The reader leases of `slots` ({@link readSlotLeases}); empty when the lease table does not exist
+ * (a schema before migration 0007) or may not be read: the status lists the slots without their
+ * lease then.
  */
 async function slotLeases(
   db: Queryable,
   schema: string,
   slots: readonly string[],
 ): Promise<Map<string, { owner: string; remainingMs: number }>> {
-  const leases = new Map<string, { owner: string; remainingMs: number }>();
-  if (slots.length === 0) return leases;
+  if (slots.length === 0) return new Map();
   try {
-    const { rows } = await db.query<{ slot_name: string; owner_id: string; remaining_ms: number }>(
-      `SELECT slot_name, owner_id,
-              GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_expires_at - now())) * 1000))::float8 AS remaining_ms
-         FROM ${schema}.wal_slot_leases WHERE slot_name = ANY($1) AND owner_id IS NOT NULL`,
-      [slots],
-    );
-    for (const r of rows) leases.set(r.slot_name, { owner: r.owner_id, remainingMs: Number(r.remaining_ms) });
+    return await readSlotLeases(db, schema, slots);
   } catch (err) {
     const state = sqlStateOf(err);
     if (state !== SQLSTATE.UNDEFINED_TABLE && state !== SQLSTATE.INSUFFICIENT_PRIVILEGE) throw err;
+    return new Map();
   }
-  return leases;
 }
