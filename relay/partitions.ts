@@ -19,7 +19,7 @@
  * (the client's round-robin): it waits only when no partition of its topic can take writes.
  */
 import type { Logger } from '../src/logger.js';
-import type { TopicPartitions } from '../src/kafka/types.js';
+import type { KafkaAdmin, KafkaClient, TopicPartitions } from '../src/kafka/types.js';
 
 /** What the gate needs of the cluster. */
 export interface PartitionSource {
@@ -29,6 +29,36 @@ export interface PartitionSource {
   minInsyncReplicas(topics: readonly string[]): Promise<Map<string, number>>;
   /** The partition a key goes to, of `partitionCount` (the client's partitioner). */
   partitionForKey(key: string, partitionCount: number): number;
+}
+
+/**
+ * A {@link PartitionSource} asking the cluster through `client`: `withAdmin` runs a request with a
+ * connected admin client and bounds its wait (the relays' own); `onDescribed` is called after each
+ * metadata answer.
+ */
+export function clusterPartitionSource(
+  client: KafkaClient,
+  withAdmin: <T>(what: string, fn: (admin: KafkaAdmin) => Promise<T>) => Promise<T>,
+  onDescribed: () => void = () => {},
+): PartitionSource {
+  return {
+    describe: async (topics) => {
+      const described = await withAdmin('a metadata request', (a) => a.describeTopics(topics));
+      onDescribed();
+      return described;
+    },
+    minInsyncReplicas: (topics) =>
+      withAdmin('a topic configuration read', async (a) => {
+        const configs = await a.describeTopicConfigs(topics, ['min.insync.replicas']);
+        const values = new Map<string, number>();
+        for (const [topic, c] of configs) {
+          const n = Number(c['min.insync.replicas']);
+          if (Number.isSafeInteger(n) && n > 0) values.set(topic, n);
+        }
+        return values;
+      }),
+    partitionForKey: (key, count) => client.partitionForKey(key, count),
+  };
 }
 
 /** A topic-partition that cannot take writes now. */
@@ -124,6 +154,17 @@ export class PartitionGate {
       }
     }
     return out;
+  }
+
+  /**
+   * Whether `row` would wait now for a blocked partition: its key's partition is blocked, or it has
+   * no key and no partition of its topic takes writes. Records nothing (unlike {@link split}).
+   */
+  blocks(row: GatedRow): boolean {
+    const view = this.topics.get(row.topic);
+    if (!view || view.blocked.size === 0) return false;
+    if (row.key === null) return view.partitionCount > 0 && view.blocked.size >= view.partitionCount;
+    return view.blocked.has(this.source.partitionForKey(row.key, view.partitionCount));
   }
 
   /**

@@ -36,7 +36,7 @@ import type { KafkaAdmin, KafkaClient, KafkaFailure, OutboundRecord } from '../s
 import { BrokerHealth, noProducer, withDeadline } from './broker-health.js';
 import { Lanes, type LaneLease } from './lanes.js';
 import { MarkQueue, type MarkBatch } from './mark-queue.js';
-import { PartitionGate, type BlockedPartition } from './partitions.js';
+import { PartitionGate, clusterPartitionSource, type BlockedPartition } from './partitions.js';
 import {
   RELAY_PRODUCER_DEFAULTS,
   resolveRelayOptions,
@@ -226,24 +226,11 @@ export class Relay extends EventEmitter<RelayEvents> {
     );
     this.gate = client
       ? new PartitionGate(
-          {
-            describe: async (topics) => {
-              const described = await this.withAdmin('a metadata request', (a) => a.describeTopics(topics));
-              this.metadataAnsweredAt = performance.now();
-              return described;
-            },
-            minInsyncReplicas: (topics) =>
-              this.withAdmin('a topic configuration read', async (a) => {
-                const configs = await a.describeTopicConfigs(topics, ['min.insync.replicas']);
-                const values = new Map<string, number>();
-                for (const [topic, c] of configs) {
-                  const n = Number(c['min.insync.replicas']);
-                  if (Number.isSafeInteger(n) && n > 0) values.set(topic, n);
-                }
-                return values;
-              }),
-            partitionForKey: (key, count) => client.partitionForKey(key, count),
-          },
+          clusterPartitionSource(
+            client,
+            (what, fn) => this.withAdmin(what, fn),
+            () => (this.metadataAnsweredAt = performance.now()),
+          ),
           this.logger,
         )
       : undefined;

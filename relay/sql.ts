@@ -526,7 +526,7 @@ export async function listParked(db: Queryable, schema: string, limit = 100): Pr
 /**
  * Puts parked events back in line (attempts reset). `next_attempt_at = now()` marks the operator's
  * retry: due at once for the table relay (as a row whose backoff just ended), and what the WAL
- * relay's sweep looks for ({@link readRetriedSql}): its stream brought the row's insert long ago,
+ * relay walks from the table ({@link readHeldSql}): its stream brought the row's insert long ago,
  * and an `UPDATE` is not streamed.
  */
 export function retryParkedSql(schema: string, eventIds: readonly string[] | 'all'): SqlStatement {
@@ -747,17 +747,26 @@ export async function transactionsVisible(db: Queryable, xids: readonly number[]
  * backoff: the stream cannot wait on one event, and the row is its durable copy. No fencing: one
  * slot has one reader at a time (docs/wal-source.md, "One reader per slot").
  */
-export function parkRelayedSql(schema: string, p: { seq: string; error: string }): SqlStatement {
+export function parkRelayedSql(schema: string, p: { seq: string; error: string; lsn?: string }): SqlStatement {
   return {
     text: `UPDATE ${schema}.outbox_events
-        SET attempts = attempts + 1, last_error = left($2, 2000), next_attempt_at = NULL, parked_at = now()
+        SET attempts = attempts + 1, last_error = left($2, 2000), next_attempt_at = NULL, parked_at = now(),
+            wal_lsn = coalesce(wal_lsn, $3::pg_lsn)
       WHERE seq = $1::bigint AND published_at IS NULL`,
-    values: [p.seq, p.error],
+    values: [p.seq, p.error, p.lsn ?? null],
   };
 }
 
-/** Runs {@link parkRelayedSql}; true when the row was there to park. */
-export async function parkRelayed(db: Queryable, schema: string, p: { seq: string; error: string }): Promise<boolean> {
+/**
+ * Runs {@link parkRelayedSql}; true when the row was there to park. `lsn`: the commit LSN of the
+ * row's transaction, for a row from the stream (kept if the row has one already), so that the rows
+ * held behind it keep their place after it (`wal_lsn`).
+ */
+export async function parkRelayed(
+  db: Queryable,
+  schema: string,
+  p: { seq: string; error: string; lsn?: string },
+): Promise<boolean> {
   const { rowCount } = await run(db, schema, parkRelayedSql(schema, p));
   return rowCount > 0;
 }
@@ -839,24 +848,105 @@ export async function readResync(
 }
 
 /**
- * Parked events an operator put back in line (`outboxkit parked retry`, {@link retryParkedSql}),
- * for the WAL relay's sweep: rows neither published nor parked with `next_attempt_at` set (the
- * WAL writer leaves it NULL and the WAL relay parks at once, so only a retry sets it), in seq
- * order, at most `maxRows` rows and `maxBytes` payload bytes (the first row always comes).
- * Through the index of blocked rows (few).
+ * Leaves rows the WAL relay holds in the table past the stream (their partition cannot take
+ * writes, or an earlier event of their key is held or parked): `next_attempt_at` set (when it is
+ * not yet) and `wal_lsn` their transaction's commit LSN (kept when set: a row held by a resync, or
+ * brought again by the stream, keeps its first place). One statement per batch, before the slot is
+ * confirmed past the rows' transactions: the table then holds what the stream will not bring
+ * again. `lsns[i]` belongs to `seqs[i]` (null for a resync's rows, which precede every streamed
+ * row). The relay publishes them later with {@link readHeld}.
  */
-export function readRetriedSql(schema: string, p: { maxRows: number; maxBytes: number }): SqlStatement {
-  return walTablePageSql(schema, 'published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL', [], p);
+export function holdRelayedSql(
+  schema: string,
+  p: { seqs: readonly string[]; lsns: readonly (string | null)[] },
+): SqlStatement {
+  return {
+    text: `UPDATE ${schema}.outbox_events e
+        SET next_attempt_at = coalesce(e.next_attempt_at, now()), wal_lsn = coalesce(e.wal_lsn, h.lsn)
+       FROM unnest($1::bigint[], $2::pg_lsn[]) AS h(seq, lsn)
+      WHERE e.seq = h.seq AND e.published_at IS NULL AND e.parked_at IS NULL`,
+    values: [p.seqs, p.lsns],
+  };
 }
 
-/** Runs {@link readRetriedSql}. */
-export async function readRetried(
+/** Runs {@link holdRelayedSql}; returns the rows it found (fewer when some are not visible yet, or gone). */
+export async function holdRelayed(
   db: Queryable,
   schema: string,
-  p: { maxRows: number; maxBytes: number },
-): Promise<ResyncRow[]> {
-  const { rows } = await run<ResyncRow>(db, schema, readRetriedSql(schema, p));
+  p: { seqs: readonly string[]; lsns: readonly (string | null)[] },
+): Promise<number> {
+  if (p.seqs.length === 0) return 0;
+  const { rowCount } = await run(db, schema, holdRelayedSql(schema, p));
+  return rowCount;
+}
+
+/** A row the WAL relay holds in the table (see {@link readHeldSql}). */
+export interface HeldRow extends ResyncRow {
+  /** Its place in commit order: `coalesce(wal_lsn, '0/0')`. */
+  lsn: string;
+  /** Parked (not due): it holds the later events of its key when keys are held behind failures. */
+  parked: boolean;
+}
+
+/**
+ * The next page of the rows the WAL relay holds in the table, in commit order: rows neither
+ * published nor deleted that are held (`next_attempt_at` set: held past the stream, or a parked
+ * event an operator put back in line) or parked, after `(afterLsn, afterSeq)` in the order
+ * `(coalesce(wal_lsn, '0/0'), seq)`, at most `maxRows` rows and `maxBytes` payload bytes (the
+ * first row always comes). Through `outbox_events_wal_held_idx`.
+ */
+export function readHeldSql(
+  schema: string,
+  p: { afterLsn: string; afterSeq: string; maxRows: number; maxBytes: number },
+): SqlStatement {
+  const place = `coalesce(wal_lsn, '0/0'::pg_lsn)`;
+  return {
+    text: `WITH page AS (
+       SELECT seq, ${place} AS lsn, payload FROM ${schema}.outbox_events
+        WHERE published_at IS NULL AND (parked_at IS NOT NULL OR next_attempt_at IS NOT NULL)
+          AND (${place}, seq) > ($1::pg_lsn, $2::bigint)
+        ORDER BY ${place}, seq LIMIT $3),
+     w AS (
+       SELECT seq, lsn, sum(octet_length(payload)) OVER (ORDER BY lsn, seq) AS bytes,
+              row_number() OVER (ORDER BY lsn, seq) AS n
+         FROM page)
+     SELECT e.seq::text AS seq, w.lsn::text AS lsn, e.parked_at IS NOT NULL AS parked,
+            e.event_id, e.topic, e.key, e.type, e.payload, e.headers
+       FROM w JOIN ${schema}.outbox_events e ON e.seq = w.seq
+      WHERE w.bytes <= $4 OR w.n = 1
+      ORDER BY w.lsn, e.seq`,
+    values: [p.afterLsn, p.afterSeq, p.maxRows, p.maxBytes],
+  };
+}
+
+/** Runs {@link readHeldSql}. */
+export async function readHeld(
+  db: Queryable,
+  schema: string,
+  p: { afterLsn: string; afterSeq: string; maxRows: number; maxBytes: number },
+): Promise<HeldRow[]> {
+  const { rows } = await run<HeldRow>(db, schema, readHeldSql(schema, p));
   return rows;
+}
+
+/**
+ * The keys of the rows the WAL relay holds in the table (held rows; parked ones too when
+ * `parked`): read when a reader starts, so that the stream's later events of those keys are held
+ * behind them. Through the index of blocked rows (few).
+ */
+export function heldKeysSql(schema: string, p: { parked: boolean }): SqlStatement {
+  return {
+    text: `SELECT DISTINCT key FROM ${schema}.outbox_events
+      WHERE published_at IS NULL AND key IS NOT NULL
+        AND (next_attempt_at IS NOT NULL OR ($1::boolean AND parked_at IS NOT NULL))`,
+    values: [p.parked],
+  };
+}
+
+/** Runs {@link heldKeysSql}. */
+export async function heldKeys(db: Queryable, schema: string, p: { parked: boolean }): Promise<string[]> {
+  const { rows } = await run<{ key: string }>(db, schema, heldKeysSql(schema, p));
+  return rows.map((r) => r.key);
 }
 
 /**

@@ -40,6 +40,8 @@ export const SQLSTATE = Object.freeze({
   INSUFFICIENT_PRIVILEGE: '42501',
   /** `undefined_table`: the table does not exist. */
   UNDEFINED_TABLE: '42P01',
+  /** `undefined_column`: a column that does not exist (a migration not run yet). */
+  UNDEFINED_COLUMN: '42703',
   /** `undefined_object`: for example a replication slot or publication that does not exist. */
   UNDEFINED_OBJECT: '42704',
   /** `duplicate_object`: for example a replication slot or publication that already exists. */

@@ -49,6 +49,11 @@ export const bytea = customType<{ data: Buffer; driverData: Buffer }>({
   dataType: () => 'bytea',
 });
 
+/** PostgreSQL `pg_lsn`, a WAL position in its text form (`16/B374D848`). */
+export const pgLsn = customType<{ data: string; driverData: string }>({
+  dataType: () => 'pg_lsn',
+});
+
 /** States of an idempotency record. `processing` → `completed` | `failed`; `uncertain` (lease mode). */
 export const IDEMPOTENCY_STATES = ['processing', 'completed', 'failed', 'uncertain'] as const;
 export type IdempotencyState = (typeof IDEMPOTENCY_STATES)[number];
@@ -88,6 +93,14 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
       lastError: text('last_error'),
       parkedAt: timestamp('parked_at', { withTimezone: true }),
       publishedAt: timestamp('published_at', { withTimezone: true }),
+      /**
+       * WAL mode only: the commit LSN of the row's transaction, set by the WAL relay when it leaves
+       * the row in the table past the stream (held behind a partition that cannot take writes or a
+       * parked event of its key) or parks it, so that held rows go out later in commit order
+       * (docs/wal-source.md, "Held keys"). NULL otherwise, and for rows a resync held (they precede
+       * every streamed row).
+       */
+      walLsn: pgLsn('wal_lsn'),
     },
     (t) => [
       // The relay's read path: pending rows in seq order (parked rows leave it). Only pending rows
@@ -100,6 +113,11 @@ export function outboxkitTables(schemaName: string = DEFAULT_SCHEMA) {
       // events of their keys back.
       index('outbox_events_blocked_idx')
         .on(t.lane, t.key, t.seq)
+        .where(sql`${t.publishedAt} IS NULL AND (${t.parkedAt} IS NOT NULL OR ${t.nextAttemptAt} IS NOT NULL)`),
+      // The WAL relay's held rows in commit order (resync rows, without an LSN, first), walked a
+      // page at a time when their partitions take writes again or an operator retries a parked one.
+      index('outbox_events_wal_held_idx')
+        .on(sql`coalesce(${t.walLsn}, '0/0'::pg_lsn)`, t.seq)
         .where(sql`${t.publishedAt} IS NULL AND (${t.parkedAt} IS NOT NULL OR ${t.nextAttemptAt} IS NOT NULL)`),
       // Retention cleanup of published rows.
       index('outbox_events_published_idx')

@@ -84,6 +84,7 @@ describe('migrate()', () => {
       '0005_outbox_key_locks',
       '0006_wal_slots',
       '0007_wal_slot_leases',
+      '0008_wal_held',
     ]);
     expect((await tables('shared_app')).sort()).toContain('outboxkit_migrations');
   });

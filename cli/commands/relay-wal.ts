@@ -109,6 +109,7 @@ export async function runWalRelay(args: {
         brokerTimeoutMs: Number(opts.brokerTimeoutMs),
         statusIntervalMs: Number(opts.walStatusIntervalMs),
         leaseMs: Number(opts.walLeaseMs),
+        holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
         relayId,
         logger,
       });

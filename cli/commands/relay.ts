@@ -33,7 +33,6 @@ const TABLE_ONLY = [
   'pollIntervalMs',
   'leaseMs',
   'maxAttempts',
-  'holdKeyBehindFailure',
   'publishedRetentionMs',
   'cleanupRowsPerSecond',
   'listen',

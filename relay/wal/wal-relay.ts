@@ -30,12 +30,16 @@
  * passed since its last renewal was sent (by its own monotonic clock), so a paused relay that
  * wakes stops its reader instead of publishing more than the batch it had passed that check with.
  *
- * Failures (this slice): a broker failure (connection, timeout, partition without a leader) holds
- * the whole stream and retries with full-jitter backoff, confirming nothing; the reader keeps the
- * walsender alive meanwhile. A record Kafka refuses for itself (too large, topic missing or
- * forbidden) is parked in its row (`parked_at`, `last_error`; `outboxkit parked list`) and the
- * stream goes on. Not yet: per-partition isolation (G7: only the events of a partition that cannot
- * take writes wait), held keys behind a parked event.
+ * Failures: after a failed send the relay asks the cluster which partitions cannot take writes
+ * (relay/partitions.ts). Events bound for those, and the later events of their keys, are held: left
+ * in the table, marked with their commit LSN, and the stream goes on past them (G7: only they
+ * wait; ./held-keys.ts). With `holdKeyBehindFailure` (the default) the later events of a parked
+ * event's key are held behind it too. Held rows are published from the table in commit order once
+ * nothing holds their key (see drainHeld()). A failure the cluster does not explain (the cluster
+ * unreachable, a leader just gone and not replaced yet) holds the stream and retries with
+ * full-jitter backoff, confirming nothing; the reader keeps the walsender alive meanwhile. A record
+ * Kafka refuses for itself (too large, topic missing or forbidden) is parked in its row
+ * (`parked_at`, `last_error`; `outboxkit parked list`) and the stream goes on.
  */
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
@@ -46,6 +50,7 @@ import { z } from 'zod';
 import {
   InvalidOptionsError,
   LifecycleError,
+  SchemaMissingError,
   UnsupportedServerError,
   WalStreamError,
   isOutboxkitError,
@@ -66,6 +71,11 @@ import { firstFailure } from '../../src/kafka/outcomes.js';
 import { readTopicLimits, recordBytes, splitByTopicLimit } from '../../src/kafka/topic-limits.js';
 import type { KafkaClient, KafkaFailure, KafkaProducer, OutboundRecord } from '../../src/kafka/types.js';
 import { withDeadline } from '../broker-health.js';
+import { PARTITION_RECHECK_MS } from '../relay.js';
+import { PartitionGate, clusterPartitionSource, type BlockedPartition } from '../partitions.js';
+import type { KafkaAdmin } from '../../src/kafka/types.js';
+import { HeldKeys } from './held-keys.js';
+import { formatLsn } from './lsn.js';
 
 /**
  * The share of `leaseMs`, from the moment its last renewal was sent, during which a relay acts on
@@ -80,6 +90,13 @@ const LEASE_ACT_FRACTION = 0.8;
  */
 export const WAL_RETRIED_SWEEP_MS = 5_000;
 
+/**
+ * While a partition cannot take writes, how often the relay walks its held rows anyway, in ms (it
+ * walks them at once when a partition takes writes again): a parked event an operator put back in
+ * line among many held rows goes out within this.
+ */
+const WAL_HELD_WALK_WHILE_BLOCKED_MS = 30_000;
+
 /** What the WAL relay does when Kafka does not answer in time (the message of {@link withDeadline}'s error). */
 const WAL_RELAY_ON_TIMEOUT = 'the WAL relay holds its stream (nothing is confirmed) and retries with backoff.';
 import {
@@ -90,7 +107,17 @@ import {
   type RelayOptions,
 } from '../options.js';
 import { toRecord } from '../record.js';
-import { deleteRelayed, maxSeq, parkRelayed, readResync, readRetried, transactionsVisible } from '../sql.js';
+import {
+  deleteRelayed,
+  heldKeys,
+  holdRelayed,
+  maxSeq,
+  parkRelayed,
+  readHeld,
+  readResync,
+  transactionsVisible,
+  type ResyncRow,
+} from '../sql.js';
 import { decodeOutboxRow } from './outbox-row.js';
 import {
   createWalSlotReader,
@@ -153,6 +180,13 @@ export interface WalRelayOptions {
    * renewal was sent. 1,000 to 3,600,000, above `brokerTimeoutMs`. @defaultValue 10_000
    */
   leaseMs?: number;
+  /**
+   * Strict per-key order behind a parked event: its key's later events are held in the table until
+   * an operator retries it (`outboxkit parked retry`, then they follow it) or skips it. `false`
+   * lets them go ahead (the parked event is then out of order if it is retried). Events of other
+   * keys flow either way. As the table relay's option. @defaultValue true
+   */
+  holdKeyBehindFailure?: boolean;
   /** Most events in one send; transactions waiting are put together up to it. @defaultValue 500 */
   batchSize?: number;
   /**
@@ -185,6 +219,7 @@ export interface WalRelayOptions {
 /** Defaults of {@link WalRelayOptions}. */
 export const WAL_RELAY_DEFAULTS = Object.freeze({
   leaseMs: RELAY_DEFAULTS.leaseMs,
+  holdKeyBehindFailure: RELAY_DEFAULTS.holdKeyBehindFailure,
   batchSize: RELAY_DEFAULTS.batchSize,
   maxBatchBytes: RELAY_DEFAULTS.maxBatchBytes,
   brokerTimeoutMs: RELAY_DEFAULTS.brokerTimeoutMs,
@@ -209,6 +244,7 @@ const optionsSchema = z
     leaseMs: option.integer(1_000, 3_600_000).default(WAL_RELAY_DEFAULTS.leaseMs),
     ...RELAY_KAFKA_OPTIONS_SHAPE,
     producerOptions: RELAY_PRODUCER_OPTIONS_SCHEMA.optional(),
+    holdKeyBehindFailure: option.boolean().default(WAL_RELAY_DEFAULTS.holdKeyBehindFailure),
     batchSize: option.integer(1).default(WAL_RELAY_DEFAULTS.batchSize),
     maxBatchBytes: option.integer(1).default(WAL_RELAY_DEFAULTS.maxBatchBytes),
     brokerTimeoutMs: option.integer(100).default(WAL_RELAY_DEFAULTS.brokerTimeoutMs),
@@ -259,11 +295,14 @@ export type WalResyncReason = 'missing' | 'lost' | 'unrecorded' | 'interrupted' 
  */
 export interface WalRelayEvents {
   /**
-   * A batch was settled: `events` acknowledged by Kafka, `parked` parked, `deleted` rows deleted,
-   * `transactions` confirmed up to `lsn`; also for parked events an operator put back in line,
-   * published from the table (`transactions` 0, `lsn` the last confirmed).
+   * A batch was settled: `events` acknowledged by Kafka, `parked` parked, `held` held in the table
+   * (their partition cannot take writes, or their key is held), `deleted` rows deleted,
+   * `transactions` confirmed up to `lsn`; also for held rows and parked events an operator put back
+   * in line, published from the table (`transactions` 0, `lsn` the last confirmed).
    */
-  'wal:published': [{ events: number; parked: number; deleted: number; transactions: number; lsn: string }];
+  'wal:published': [
+    { events: number; parked: number; held: number; deleted: number; transactions: number; lsn: string },
+  ];
   /** An event Kafka refused for itself was parked in its row. */
   'wal:parked': [{ seq: string; eventId?: string; error: string }];
   /**
@@ -276,14 +315,24 @@ export interface WalRelayEvents {
    * A page of a resync was settled: `events` acknowledged by Kafka, `parked` parked, `deleted`
    * rows deleted, the table read through seq `throughSeq` (text). Nothing is confirmed on the slot.
    */
-  'wal:resync-page': [{ slot: string; events: number; parked: number; deleted: number; throughSeq: string }];
+  'wal:resync-page': [
+    { slot: string; events: number; parked: number; held: number; deleted: number; throughSeq: string },
+  ];
   /**
    * A resync ended: the rows of the outbox table, read in seq order, were published (`events`;
    * `deleted` rows deleted) or parked (`parked`) before the stream starts; `durationMs` in ms. It
    * began with a warning in the log naming the slot and the reason.
    */
   'wal:resync': [
-    { slot: string; reason: WalResyncReason; events: number; parked: number; deleted: number; durationMs: number },
+    {
+      slot: string;
+      reason: WalResyncReason;
+      events: number;
+      parked: number;
+      held: number;
+      deleted: number;
+      durationMs: number;
+    },
   ];
 }
 
@@ -323,8 +372,10 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
    */
   readonly ended: Promise<void>;
   /**
-   * Counters for tests and metrics: events `published` (resyncs included) and `parked`, rows
-   * `deleted`, the last `confirmedLsn`, transactions `queued`; `resyncs` ended, the events they
+   * Counters for tests and metrics: events `published` (resyncs included), `parked` and `held` (left
+   * in the table behind a partition that could not take writes or a held key; published later and
+   * counted then too), rows `deleted`, the last `confirmedLsn`, transactions `queued`, keys held now
+   * (`heldKeys`), the topic-partitions that cannot take writes now (`blockedPartitions`); `resyncs` ended, the events they
    * published (`resynced`), and whether one is running (`resyncing`); whether this relay holds the
    * slot's lease now (`leaseHeld`) and its fencing token (`fencingToken`, a decimal string, or
    * undefined), the relay holding it while this one stands by (`standbyOf`: its `relayId`, or
@@ -333,9 +384,12 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
   stats(): {
     published: number;
     parked: number;
+    held: number;
     deleted: number;
     confirmedLsn: string;
     queued: number;
+    heldKeys: number;
+    blockedPartitions: BlockedPartition[];
     resyncs: number;
     resynced: number;
     resyncing: boolean;
@@ -356,6 +410,13 @@ interface QueuedItem {
   seq: string;
   eventId?: string;
   record?: OutboundRecord;
+  /** The event's key (kept when a record is dropped to be parked): a parked event holds it. */
+  key: string | null;
+  /**
+   * Its place in commit order, for holding it: its transaction's commit end LSN (stream), the
+   * slot's confirmed position when the resync began (resync), or none (held rows, placed already).
+   */
+  lsn?: string;
   /** Why the row could not be decoded: parked as it comes. */
   error?: string;
   bytes: number;
@@ -423,7 +484,17 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private stopPromise: Promise<void> | undefined;
   private loopDone: Promise<void> | undefined;
   private streamDone: Promise<void> | undefined;
-  private readonly counts = { published: 0, parked: 0, deleted: 0, resyncs: 0, resynced: 0 };
+  private readonly counts = { published: 0, parked: 0, held: 0, deleted: 0, resyncs: 0, resynced: 0 };
+  /** Which topic-partitions cannot take writes now (asked after a failed send, rechecked while any). */
+  private readonly gate: PartitionGate;
+  /** Keys whose events are held in the table: the stream's later events of them are held too. */
+  private held: HeldKeys;
+  /** The admin client of the partition checks, connected on first use. */
+  private admin: { client: KafkaAdmin; connecting: Promise<void> } | undefined;
+  private recheckTimer: NodeJS.Timeout | undefined;
+  private rechecking = false;
+  /** When the held rows were last walked (performance.now() ms), and the gate's changes then. */
+  private heldWalk = { at: -Infinity, changes: -1 };
   private resyncing = false;
   /** The session holding the slot's advisory lock during a check and resync (ended by shutDown()). */
   private slotLock: pg.Client | undefined;
@@ -466,6 +537,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
             // As the table relay: kafkajs's entries to the logger given, else to kafkajs's console logger.
             { logLevel: 'warn', ...(options.logger ? { logger: options.logger } : {}) },
           );
+    this.gate = new PartitionGate(
+      clusterPartitionSource(this.client, (what, fn) => this.withAdmin(what, fn)),
+      this.log,
+    );
+    this.held = new HeldKeys(this.gate);
     this.ended = new Promise<void>((res, rej) => {
       this.resolveEnded = res;
       this.rejectEnded = rej;
@@ -488,7 +564,13 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     };
     let resync: ResyncPlan | undefined;
     try {
-      await pool.query(`SELECT 1 FROM ${this.q}.outbox_events LIMIT 0`);
+      await pool.query(`SELECT wal_lsn FROM ${this.q}.outbox_events LIMIT 0`).catch((err: unknown) => {
+        if (sqlStateOf(err) !== SQLSTATE.UNDEFINED_COLUMN) throw err;
+        throw new SchemaMissingError(
+          `${this.o.schema}.outbox_events has no wal_lsn column (migration 0008); run \`outboxkit migrate --schema ${this.o.schema}\` or migrate() first.`,
+          { cause: err },
+        );
+      });
       // A server that cannot decode its WAL: no retry can help (the slot cannot be made).
       const level = await pool.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
       if (level.rows[0]?.v !== 'logical') {
@@ -514,6 +596,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           { retriable: true },
         );
       }
+      await this.loadHeldKeys();
       // The broker may be down at start: the relay starts anyway and its sends back off.
       await this.producer().catch((err: unknown) =>
         this.log.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
@@ -538,8 +621,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       throw schemaMissingOr(err, this.o.schema);
     }
     this.loopDone = this.publishLoop().catch((err: unknown) => this.fail(err));
-    this.retriedTimer = setInterval(() => void this.publishRetried(), WAL_RETRIED_SWEEP_MS);
+    this.retriedTimer = setInterval(() => void this.drainHeld(false), WAL_RETRIED_SWEEP_MS);
     this.retriedTimer.unref();
+    this.recheckTimer = setInterval(() => void this.recheckPartitions(), PARTITION_RECHECK_MS);
+    this.recheckTimer.unref();
     this.streamDone = this.watchStream(this.reader, resync).catch((err: unknown) => this.fail(err));
     this.log.info(
       {
@@ -582,6 +667,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       ...this.counts,
       confirmedLsn: this.confirmedLsn,
       queued: this.queue.length,
+      heldKeys: this.held.size,
+      blockedPartitions: this.gate.blocked(),
       resyncing: this.resyncing,
       leaseHeld: this.holdsLease(),
       fencingToken: this.lease?.fencingToken,
@@ -605,6 +692,16 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
 
   private async shutDown(): Promise<void> {
     clearInterval(this.retriedTimer);
+    clearInterval(this.recheckTimer);
+    const admin = this.admin;
+    this.admin = undefined;
+    if (admin) {
+      void admin.connecting
+        .then(() =>
+          withDeadline(admin.client.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT),
+        )
+        .catch(() => undefined);
+    }
     await this.reader?.stop({ timeoutMs: 1_000 }).catch(() => undefined);
     await this.slotLock?.end().catch(() => undefined);
     this.slotLock = undefined;
@@ -673,6 +770,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
               continue;
             }
           }
+          await this.loadHeldKeys();
           const plan = resync ?? (await this.checkSlot());
           resync = undefined;
           if (plan !== undefined && !(await this.resync(plan))) {
@@ -731,33 +829,101 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   }
 
   /**
-   * Publishes the parked events an operator put back in line (`outboxkit parked retry`: rows with
-   * `next_attempt_at` set, {@link readRetried}), a page at a time, through the stream's send, park
-   * and delete path; run every {@link WAL_RETRIED_SWEEP_MS} while this relay holds the lease and no
-   * resync runs (a resync publishes them anyway). They go out after the later events of their keys,
-   * which were not held behind them. One refused again is parked again. A failure is logged and
-   * left to the next sweep.
+   * Walks the rows held in the table in commit order (`readHeld()`, a page per turn of the send
+   * chain, so stream batches go between pages) and publishes those nothing holds any more, through
+   * the stream's send, park and delete path: held rows whose partition takes writes again, and
+   * parked events an operator put back in line (`outboxkit parked retry`). A key stays held while
+   * a row of it stays in the table: its partition cannot take writes yet, or it is parked (with
+   * `holdKeyBehindFailure`). At the end of the walk, in the same turn as its last read, the relay's
+   * held keys become those: rows the stream held meanwhile come after the walk's position (their
+   * commit LSN is higher), so the walk met them.
+   *
+   * Run every {@link WAL_RETRIED_SWEEP_MS} (every {@link WAL_HELD_WALK_WHILE_BLOCKED_MS} while a
+   * partition cannot take writes and none changed, so that a long outage's held rows are not read
+   * again and again), and at once (`now`) when a partition takes writes again; while this relay
+   * holds the lease and no resync runs (a resync publishes and holds as the stream does). A
+   * failure is logged and left to the next walk.
    */
-  private async publishRetried(): Promise<void> {
+  private async drainHeld(now: boolean): Promise<void> {
     if (this.sweeping || this.stopping || this.resyncing || !this.holdsLease() || this.db === undefined) return;
+    if (
+      !now &&
+      this.gate.anyBlocked &&
+      this.gate.changes === this.heldWalk.changes &&
+      performance.now() - this.heldWalk.at < WAL_HELD_WALK_WHILE_BLOCKED_MS
+    ) {
+      return;
+    }
     this.sweeping = true;
+    this.heldWalk = { at: performance.now(), changes: this.gate.changes };
+    const totals = { events: 0, parked: 0, held: 0, deleted: 0 };
     try {
-      const rows = await readRetried(this.db, this.q, { maxRows: this.o.batchSize, maxBytes: this.o.maxBatchBytes });
-      if (rows.length === 0) return;
-      const items = rows.map((row): QueuedItem => {
-        const record = toRecord(row);
-        return { seq: row.seq, eventId: row.event_id, record, bytes: recordBytes(record) };
-      });
-      const settled = await this.exclusive(() => this.settle(items));
-      if (settled === undefined) return;
-      this.count(settled);
-      this.log.info({ slot: this.o.slot, ...settled }, 'parked events put back in line by an operator settled');
-      this.emit('wal:published', { ...settled, transactions: 0, lsn: this.confirmedLsn });
+      const stay = new HeldKeys(this.gate);
+      let after = { lsn: '0/0', seq: '0' };
+      for (;;) {
+        const page = await this.exclusive(async () => {
+          const rows = await readHeld(this.db!, this.q, {
+            afterLsn: after.lsn,
+            afterSeq: after.seq,
+            maxRows: this.o.batchSize,
+            maxBytes: this.o.maxBatchBytes,
+          });
+          if (rows.length === 0) {
+            // The walk's end, in the turn of its last read: no stream batch held rows since.
+            this.held = stay;
+            return undefined;
+          }
+          const items: QueuedItem[] = [];
+          for (const row of rows) {
+            if (row.parked) {
+              // It stays parked; with holdKeyBehindFailure its key's later rows stay behind it.
+              if (this.o.holdKeyBehindFailure) stay.add(row.key);
+              continue;
+            }
+            items.push(tableItem(row));
+          }
+          const settled =
+            items.length === 0 ? { events: 0, parked: 0, held: 0, deleted: 0 } : await this.settle(items, stay, false);
+          const last = rows[rows.length - 1]!;
+          after = { lsn: last.lsn, seq: last.seq };
+          return settled;
+        });
+        if (page === undefined) break;
+        this.count({ ...page, held: 0 });
+        totals.events += page.events;
+        totals.parked += page.parked;
+        totals.deleted += page.deleted;
+      }
+      if (totals.events + totals.parked > 0) {
+        this.log.info({ slot: this.o.slot, ...totals, heldKeys: this.held.size }, 'held events settled from the table');
+        this.emit('wal:published', { ...totals, transactions: 0, lsn: this.confirmedLsn });
+      }
     } catch (err) {
-      this.log.warn({ err, slot: this.o.slot }, 'publishing retried parked events failed; trying again later');
+      this.log.warn({ err, slot: this.o.slot }, 'publishing held events from the table failed; trying again later');
     } finally {
       this.sweeping = false;
     }
+  }
+
+  /**
+   * Reads the keys of the rows held in the table (and of parked rows, with
+   * `holdKeyBehindFailure`) before a resync or a reader starts, so that the stream's later events
+   * of those keys are held behind them: this relay, or another, held them before.
+   *
+   * @throws {@link WalStreamError} (retriable) when PostgreSQL fails.
+   */
+  private async loadHeldKeys(): Promise<void> {
+    try {
+      this.held = new HeldKeys(this.gate, await heldKeys(this.db!, this.q, { parked: this.o.holdKeyBehindFailure }));
+    } catch (err) {
+      const e = permissionDeniedOr(schemaMissingOr(err, this.o.schema), this.o.schema);
+      if (isOutboxkitError(e)) throw e;
+      throw new WalStreamError(`Reading the held keys of ${this.o.schema}.outbox_events failed: ${String(err)}`, {
+        cause: err,
+        retriable: true,
+      });
+    }
+    if (this.held.size > 0) this.log.info({ slot: this.o.slot, heldKeys: this.held.size }, 'keys held in the table');
   }
 
   // ---- the lease: one reader per slot ----
@@ -1039,11 +1205,16 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
    */
   private async resync(plan: ResyncPlan): Promise<boolean> {
     const began = Date.now();
-    const totals = { events: 0, parked: 0, deleted: 0 };
+    const totals = { events: 0, parked: 0, held: 0, deleted: 0 };
     this.resyncing = true;
     try {
       const through = await this.withDatabaseRetry(() => maxSeq(this.db!, this.q));
       if (through === undefined) return false;
+      // The place in commit order of the rows the resync holds: after every row streamed before
+      // (confirmed, so below the slot's position) and before every row the stream brings from here.
+      const slot = await this.withDatabaseRetry(async () => (await readSlot(this.db!, this.o.slot)) ?? null);
+      if (slot === undefined) return false;
+      const place = formatLsn(slot?.confirmedFlushLsn ?? 0n);
       let after = '0';
       for (;;) {
         const rows = await this.withDatabaseRetry(() =>
@@ -1056,15 +1227,13 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         );
         if (rows === undefined) return false;
         if (rows.length === 0) break;
-        const items = rows.map((row): QueuedItem => {
-          const record = toRecord(row);
-          return { seq: row.seq, eventId: row.event_id, record, bytes: recordBytes(record) };
-        });
-        const settled = await this.exclusive(() => this.settle(items));
+        const items = rows.map((row) => tableItem(row, place));
+        const settled = await this.exclusive(() => this.settle(items, this.held, true));
         if (settled === undefined) return false;
         this.count(settled);
         totals.events += settled.events;
         totals.parked += settled.parked;
+        totals.held += settled.held;
         totals.deleted += settled.deleted;
         after = rows[rows.length - 1]!.seq;
         this.log.debug({ slot: this.o.slot, ...settled, throughSeq: after }, 'WAL resync page settled');
@@ -1085,9 +1254,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     }
   }
 
-  private count(settled: { events: number; parked: number; deleted: number }): void {
+  private count(settled: { events: number; parked: number; held: number; deleted: number }): void {
     this.counts.published += settled.events;
     this.counts.parked += settled.parked;
+    this.counts.held += settled.held;
     this.counts.deleted += settled.deleted;
   }
 
@@ -1129,12 +1299,20 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
             { retriable: false },
           );
         }
-        items.push({ seq: decoded.seq, error: decoded.error, bytes: 0, xid: tx.xid });
+        items.push({ seq: decoded.seq, error: decoded.error, key: null, bytes: 0, xid: tx.xid, lsn: tx.commitEndLsn });
         continue;
       }
       const record = toRecord(decoded.row);
       const size = recordBytes(record);
-      items.push({ seq: decoded.row.seq, eventId: decoded.row.event_id, record, bytes: size, xid: tx.xid });
+      items.push({
+        seq: decoded.row.seq,
+        eventId: decoded.row.event_id,
+        record,
+        key: record.key,
+        bytes: size,
+        xid: tx.xid,
+        lsn: tx.commitEndLsn,
+      });
       bytes += size;
     }
     if (items.length === 0) {
@@ -1195,42 +1373,71 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
    * next reader).
    */
   private async publish(batch: readonly QueuedTransaction[]): Promise<void> {
-    const settled = await this.settle(batch.flatMap((tx) => tx.items));
+    const settled = await this.settle(
+      batch.flatMap((tx) => tx.items),
+      this.held,
+      true,
+    );
     if (settled === undefined) return;
     for (const tx of batch) tx.reader.confirm(tx.commitEndLsn);
     const lsn = batch[batch.length - 1]!.commitEndLsn;
     this.confirmedLsn = lsn;
-    const { events, parked, deleted } = settled;
     this.count(settled);
-    this.log.debug({ events, parked, deleted, transactions: batch.length, lsn }, 'WAL batch settled');
-    this.emit('wal:published', { events, parked, deleted, transactions: batch.length, lsn });
+    this.log.debug({ ...settled, transactions: batch.length, lsn }, 'WAL batch settled');
+    this.emit('wal:published', { ...settled, transactions: batch.length, lsn });
   }
 
   /**
-   * Sends the items' events in their order, parks those Kafka refuses for themselves, and deletes
-   * the acknowledged rows (the stream's batches and the resync's pages alike); the caller counts.
+   * Sends the items' events in their order, parks those Kafka refuses for themselves, holds those
+   * `keys` holds (their partition cannot take writes, or their key is held), and deletes the
+   * acknowledged rows (the stream's batches, the resync's pages and held rows alike); the caller
+   * counts. With `mark`, held rows are marked held in the table with their place in commit order
+   * (`holdRelayed()`) before it returns, and so before the caller confirms their transactions;
+   * held rows walked from the table are marked already.
+   *
+   * After a failed send the relay asks the cluster which partitions cannot take writes: the items
+   * bound for those are held from then on, and the others go again. A failure the cluster does not
+   * explain holds the whole call, retrying the same events with backoff.
    *
    * @returns the counts, or undefined when the relay stopped before the rows were deleted.
    */
-  private async settle(items: QueuedItem[]): Promise<{ events: number; parked: number; deleted: number } | undefined> {
+  private async settle(
+    items: QueuedItem[],
+    keys: HeldKeys,
+    mark: boolean,
+  ): Promise<{ events: number; parked: number; held: number; deleted: number } | undefined> {
     const acked: string[] = [];
+    const held: QueuedItem[] = [];
     let parked = 0;
     let attempt = 0;
     /** Items before this index go one per send: their chunk was refused for a record's sake. */
     let singlesUntil = 0;
+    const holds = (item: QueuedItem): boolean =>
+      item.record !== undefined && keys.holds({ topic: item.record.topic, key: item.record.key });
     let i = 0;
     while (i < items.length) {
       if (this.stopping) return undefined;
       const item = items[i]!;
       if (item.record === undefined) {
-        if (!(await this.park(item, item.error ?? 'not decodable'))) return undefined;
+        if (!(await this.park(item, item.error ?? 'not decodable', keys))) return undefined;
         parked++;
+        i++;
+        continue;
+      }
+      if (holds(item)) {
+        held.push(item);
         i++;
         continue;
       }
       let end = i + 1;
       if (i >= singlesUntil) {
-        while (end < items.length && end - i < this.o.batchSize && items[end]!.record !== undefined) end++;
+        while (
+          end < items.length &&
+          end - i < this.o.batchSize &&
+          items[end]!.record !== undefined &&
+          !holds(items[end]!)
+        )
+          end++;
       }
       const records = items.slice(i, end).map((it) => it.record!);
       const chunk = splitByTopicLimit(records, await this.limits(records))[0]!;
@@ -1254,18 +1461,25 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           singlesUntil = i + chunk.length;
           continue;
         }
-        if (!(await this.park(item, `${failure.code ?? 'error'}: ${failure.error.message}`))) return undefined;
+        if (!(await this.park(item, `${failure.code ?? 'error'}: ${failure.error.message}`, keys))) return undefined;
         parked++;
         i++;
         continue;
       }
       // kafkajs retries an unknown topic as the broker's failure until its retries or our deadline
       // end: when the cluster answers and a topic of the chunk is missing, its events are parked.
-      if (await this.parkMissingTopics(items.slice(i, i + chunk.length))) {
+      const sent = items.slice(i, i + chunk.length);
+      if (await this.parkMissingTopics(sent)) {
         attempt = 0;
         continue;
       }
-      // The broker's failure: the stream holds, nothing is confirmed; the same events go again.
+      // A partition of the chunk that cannot take writes: its events are held from now on (the
+      // loop holds them as it comes to them), the others go again at once.
+      if (await this.blockedBy(sent.map((it) => it.record!))) {
+        attempt = 0;
+        continue;
+      }
+      // The broker's failure, not explained by a partition: nothing is confirmed; the same events go again.
       attempt++;
       const delayMs = this.backoffMs(attempt);
       this.log.warn({ err: failure.error, attempt, delayMs }, 'send to Kafka failed; holding the stream and retrying');
@@ -1273,6 +1487,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       await this.sleep(delayMs);
     }
     await crashPoint('wal-relay:after-send');
+    if (mark && held.length > 0 && !(await this.markHeld(held))) return undefined;
     // After the acknowledgement and before the confirmation: a crash in between republishes.
     let deleted = await this.withDatabaseRetry(() => deleteRelayed(this.db!, this.q, acked));
     if (deleted === undefined) return undefined;
@@ -1289,7 +1504,90 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       deleted += again;
     }
     await crashPoint('wal-relay:after-delete');
-    return { events: acked.length, parked, deleted };
+    return { events: acked.length, parked, held: held.length, deleted };
+  }
+
+  /**
+   * Marks `items` held in the table, in one statement (as deletes, again once their transactions
+   * are visible when some rows were not found; rows still absent were published and deleted
+   * already). False when the relay stopped first.
+   */
+  private async markHeld(items: readonly QueuedItem[]): Promise<boolean> {
+    const p = { seqs: items.map((it) => it.seq), lsns: items.map((it) => it.lsn ?? null) };
+    const found = await this.withDatabaseRetry(() => holdRelayed(this.db!, this.q, p));
+    if (found === undefined) return false;
+    if (found < items.length) {
+      const xids = items.filter((it) => it.xid !== undefined).map((it) => it.xid!);
+      if (!(await this.waitVisible(xids))) return false;
+      if ((await this.withDatabaseRetry(() => holdRelayed(this.db!, this.q, p))) === undefined) return false;
+    }
+    return true;
+  }
+
+  /**
+   * Whether a failed send of `records` is explained by a partition that cannot take writes: asks
+   * the cluster for their topics' partitions (bounded by {@link metadataTimeoutMs}); true when one
+   * of them goes to a partition that cannot take writes now. False when the cluster does not
+   * answer, or names none (a leader that just died is not replaced yet).
+   */
+  private async blockedBy(records: readonly OutboundRecord[]): Promise<boolean> {
+    try {
+      await this.gate.refresh(records.map((r) => r.topic));
+    } catch (err) {
+      this.log.debug({ err }, 'the cluster did not answer a metadata request after a failed send');
+      return false;
+    }
+    return records.some((r) => this.gate.blocks(r));
+  }
+
+  /**
+   * While some topic-partition cannot take writes: asks the cluster again (every
+   * {@link PARTITION_RECHECK_MS}); when the set changed, walks the held rows at once.
+   */
+  private async recheckPartitions(): Promise<void> {
+    if (!this.gate.anyBlocked || this.rechecking || this.stopping) return;
+    this.rechecking = true;
+    try {
+      const changes = this.gate.changes;
+      await this.gate.refresh(this.gate.blockedTopics());
+      if (this.gate.changes !== changes) void this.drainHeld(true);
+    } catch (err) {
+      this.log.debug({ err }, 'partition recheck failed');
+    } finally {
+      this.rechecking = false;
+    }
+  }
+
+  /**
+   * Longest wait for a metadata request of the partition checks, in ms: a cluster that answers
+   * does so in milliseconds (as the table relay's).
+   */
+  private get metadataTimeoutMs(): number {
+    return Math.min(this.o.brokerTimeoutMs, 2_000);
+  }
+
+  /** `fn` with the relay's admin client (connected on first use), bounded by {@link metadataTimeoutMs}. */
+  private async withAdmin<T>(what: string, fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
+    if (this.stopping) throw new LifecycleError('the WAL relay is stopping');
+    let conn = this.admin;
+    if (!conn) {
+      const client = this.client.admin();
+      conn = this.admin = { client, connecting: client.connect() };
+    }
+    try {
+      await withDeadline(conn.connecting, this.metadataTimeoutMs, 'an admin connect', WAL_RELAY_ON_TIMEOUT);
+      return await withDeadline(fn(conn.client), this.metadataTimeoutMs, what, WAL_RELAY_ON_TIMEOUT);
+    } catch (err) {
+      if (this.admin === conn) this.admin = undefined;
+      const dropped = conn;
+      void dropped.connecting
+        .catch(() => undefined)
+        .then(() =>
+          withDeadline(dropped.client.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT),
+        )
+        .catch(() => undefined);
+      throw err;
+    }
   }
 
   /**
@@ -1323,16 +1621,21 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     return marked;
   }
 
-  /** Parks `item`'s row with `error`; false when the relay stopped before it could. */
-  private async park(item: QueuedItem, error: string): Promise<boolean> {
-    let done = await this.withDatabaseRetry(() => parkRelayed(this.db!, this.q, { seq: item.seq, error }));
+  /**
+   * Parks `item`'s row with `error` (and its place in commit order); with `holdKeyBehindFailure`
+   * its key is held in `keys` from here on. False when the relay stopped before it could.
+   */
+  private async park(item: QueuedItem, error: string, keys: HeldKeys): Promise<boolean> {
+    const p = { seq: item.seq, error, lsn: item.lsn };
+    let done = await this.withDatabaseRetry(() => parkRelayed(this.db!, this.q, p));
     if (done === undefined) return false;
     if (!done && item.xid !== undefined) {
       // Not seen: its transaction may not be visible yet (see settle()); once it is, again.
       if (!(await this.waitVisible([item.xid]))) return false;
-      done = await this.withDatabaseRetry(() => parkRelayed(this.db!, this.q, { seq: item.seq, error }));
+      done = await this.withDatabaseRetry(() => parkRelayed(this.db!, this.q, p));
       if (done === undefined) return false;
     }
+    if (this.o.holdKeyBehindFailure) keys.add(item.key);
     this.log.warn({ seq: item.seq, eventId: item.eventId, topic: item.record?.topic, error }, 'event parked');
     this.emit('wal:parked', { seq: item.seq, eventId: item.eventId, error });
     return true;
@@ -1464,6 +1767,12 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     });
     this.cancelSleep = undefined;
   }
+}
+
+/** A row read from the table as an item to settle; `lsn`: its place in commit order when it is held. */
+function tableItem(row: ResyncRow, lsn?: string): QueuedItem {
+  const record = toRecord(row);
+  return { seq: row.seq, eventId: row.event_id, record, key: record.key, bytes: recordBytes(record), lsn };
 }
 
 function resolve(options: WalRelayOptions) {

@@ -42,14 +42,24 @@ export interface Written {
   committedAt: number;
 }
 
+/** An event the writers enqueue. */
+type OutageEvent = { topic: string; key: string; type: string; payload: { n: number } };
+
 /**
- * Enqueues `ratePerSecond` events (one per transaction) until `stop()`: event n goes to
- * `topicOf(n)` with key `keyOf(n)`; its payload is `{ n }`.
+ * Enqueues `ratePerSecond` events (one per transaction, one after another: commit order is the
+ * order of n) until `stop()`: event n goes to `topicOf(n)` with key `keyOf(n)`; its payload is
+ * `{ n }`. Through `write` (the table writer's `enqueue` unless given: a WAL writer's).
  */
 export function startWriters(
   pool: pg.Pool,
-  options: { ratePerSecond: number; topicOf: (n: number) => string; keyOf: (n: number) => string },
+  options: {
+    ratePerSecond: number;
+    topicOf: (n: number) => string;
+    keyOf: (n: number) => string;
+    write?: (client: pg.PoolClient, event: OutageEvent) => Promise<unknown>;
+  },
 ): { written: Written[]; stop(): Promise<void> } {
+  const write = options.write ?? ((c: pg.PoolClient, e: OutageEvent) => enqueue(c, e));
   const written: Written[] = [];
   let stopped = false;
   let n = 0;
@@ -62,7 +72,7 @@ export function startWriters(
       const i = n++;
       const topic = options.topicOf(i);
       const key = options.keyOf(i);
-      await withPgTransaction(pool, (c) => enqueue(c, { topic, key, type: 'outage.test', payload: { n: i } }));
+      await withPgTransaction(pool, (c) => write(c, { topic, key, type: 'outage.test', payload: { n: i } }));
       written.push({ n: i, topic, key, committedAt: Date.now() });
     }
   })();

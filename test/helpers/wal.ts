@@ -8,6 +8,7 @@ import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, inject } from 'vitest';
 import { ensurePublication } from '../../relay/wal/slot-sql.js';
+import { ensureWalPostgres } from '../../scripts/services.js';
 import { migrate } from '../../src/migrate.js';
 import { kill } from './processes.js';
 import {
@@ -25,8 +26,9 @@ import { waitFor } from './wait-for.js';
  * @throws Error naming `npm run services:up` and WAL_DATABASE_URL when it does not.
  */
 export async function requireWalDatabaseUrl(): Promise<string> {
-  const url = inject('walDatabaseUrl');
-  const setupError = inject('walDatabaseError');
+  // The cluster project has no global setup: its WAL tests bring the server up themselves.
+  const url = inject('walDatabaseUrl') ?? (await ensureWalPostgres());
+  const setupError = inject('walDatabaseError') ?? null;
   const fix =
     'Run `npm run services:up` (it starts a PostgreSQL at wal_level=logical on 127.0.0.1:5433), ' +
     'or set WAL_DATABASE_URL to such a server.';

@@ -43,6 +43,7 @@ describe('outboxkit/relay exports the WAL relay', () => {
     expect(relay.stats()).toMatchObject({ published: 0, parked: 0, deleted: 0, confirmedLsn: '0/0', queued: 0 });
     expect(WAL_RELAY_DEFAULTS).toEqual({
       leaseMs: 10_000,
+      holdKeyBehindFailure: true,
       batchSize: 500,
       maxBatchBytes: 900_000,
       brokerTimeoutMs: 5_000,
