@@ -175,7 +175,13 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
       // Created after the table exists; ensurePublication() takes "already exists" as success, so a
       // second migrator (or a relay creating it) never makes this fail.
       const created = await ensurePublication(client, publication, [`${schema}.outbox_events`]);
-      if (created) logger.info({ publication }, 'outboxkit WAL publication created');
+      // The one line about the publication (the CLI logs none of its own). Its field is
+      // `publication`, not `name`: a pino logger's own `name` comes first in the line, and a second
+      // `name` key would make it JSON with a duplicate key.
+      logger.info(
+        { publication, created },
+        created ? 'outboxkit WAL publication created' : 'outboxkit WAL publication exists already (kept as it is)',
+      );
       return { applied, serverVersionNum, walPublication: { name: publication, created } };
     } finally {
       await client.query(`SELECT pg_advisory_unlock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
