@@ -42,7 +42,10 @@ export const ERROR_CODES = [
   'OUTBOXKIT_INVALID_MESSAGE',
   /** A component was used after it was stopped, or started twice. */
   'OUTBOXKIT_LIFECYCLE',
-  /** outboxkit's tables (or its schema) do not exist in the database: run `outboxkit migrate`. */
+  /**
+   * outboxkit's tables (or its schema) do not exist in the database: run `outboxkit migrate`. From
+   * migrate() itself: a table was dropped after it was migrated (the message says how to recreate it).
+   */
   'OUTBOXKIT_SCHEMA_MISSING',
   /** An outbox encoder hook (`createOutbox({ encode })`) failed or returned no bytes. */
   'OUTBOXKIT_ENCODING_FAILED',
@@ -195,6 +198,12 @@ export class LifecycleError extends OutboxkitError {
  * outboxkit's schema or tables do not exist in the database it was pointed at (SQLSTATE 42P01
  * undefined_table or 3F000 invalid_schema_name). Run `outboxkit migrate` (or `migrate()`) with the
  * same schema option.
+ *
+ * Also thrown by `migrate()` when a table that an applied migration created is missing (dropped
+ * after it was migrated): migrate never applies a recorded migration again, so it stops before
+ * applying anything, and the message names the tables and how to create them again (restore them,
+ * or delete the migrations' records and migrate again, or run their statements by hand;
+ * test/migrate.test.ts).
  */
 export class SchemaMissingError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {

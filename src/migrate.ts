@@ -8,7 +8,8 @@
  *   nothing left to do;
  * - rewrites the schema identifier that drizzle-kit wrote (`"outboxkit"`) to the configured one;
  * - applies each migration in its own transaction and records it with the file's SHA-256, refusing
- *   to continue when an applied file was edited afterwards;
+ *   to continue when an applied file was edited afterwards, or when a table that an applied
+ *   migration created was dropped since (it never applies a recorded migration again);
  * - checks the server version first (PostgreSQL 13 or later).
  */
 import { createHash } from 'node:crypto';
@@ -19,6 +20,7 @@ import pg from 'pg';
 import {
   InvalidOptionsError,
   MigrationError,
+  SchemaMissingError,
   UnsupportedServerError,
   optionNames,
   refuseUnknownOptions,
@@ -87,6 +89,13 @@ interface JournalEntry {
   tag: string;
 }
 
+/** A migration of the journal, its SQL as drizzle-kit wrote it (schema `"outboxkit"`). */
+interface MigrationFile {
+  tag: string;
+  text: string;
+  sha256: string;
+}
+
 /** The migrations/ folder that ships with this package (source or built layout). */
 export function defaultMigrationsFolder(): string {
   const here = path.dirname(fileURLToPath(import.meta.url));
@@ -127,6 +136,9 @@ export function rewriteSchema(sqlText: string, quotedSchema: string): string {
  * @throws {@link UnsupportedServerError} when the server is older than PostgreSQL 13.
  * @throws {@link MigrationError} when a migration fails (that migration is rolled back; earlier
  *   ones stay), or an applied migration's file was changed since.
+ * @throws {@link SchemaMissingError} when a table that an applied migration created is missing
+ *   (dropped after it was migrated), before any pending migration is applied; the message names
+ *   the tables and how to create them again.
  * @throws {@link InvalidOptionsError} on an unknown option name (a misspelt `schema` would
  *   otherwise migrate the default schema), an invalid schema name or a missing connection; nothing
  *   is connected then.
@@ -134,7 +146,7 @@ export function rewriteSchema(sqlText: string, quotedSchema: string): string {
 export async function migrate(options: MigrateOptions = {}): Promise<MigrateResult> {
   refuseUnknownOptions(options ?? {}, MIGRATE_OPTION_NAMES, 'migrate');
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  const quoted = quoteSchema(schema);
+  quoteSchema(schema); // refuses an invalid name before anything connects
   const logger = options.logger ?? noopLogger;
   const folder = options.migrationsFolder ?? defaultMigrationsFolder();
   const publication = resolveWalPublication(options.walPublication, schema);
@@ -170,12 +182,18 @@ export async function migrate(options: MigrateOptions = {}): Promise<MigrateResu
     // One lock per schema: migrations of different schemas do not wait for each other.
     await client.query(`SELECT pg_advisory_lock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
     try {
-      const applied = await applyPending(client, quoted, folder, logger);
+      const applied = await applyPending(client, schema, folder, logger);
       if (publication === undefined) return { applied, serverVersionNum };
       // Created after the table exists; ensurePublication() takes "already exists" as success, so a
       // second migrator (or a relay creating it) never makes this fail.
       const created = await ensurePublication(client, publication, [`${schema}.outbox_events`]);
-      if (created) logger.info({ publication }, 'outboxkit WAL publication created');
+      // The one line about the publication (the CLI logs none of its own). Its field is
+      // `publication`, not `name`: a pino logger's own `name` comes first in the line, and a second
+      // `name` key would make it JSON with a duplicate key.
+      logger.info(
+        { publication, created },
+        created ? 'outboxkit WAL publication created' : 'outboxkit WAL publication exists already (kept as it is)',
+      );
       return { applied, serverVersionNum, walPublication: { name: publication, created } };
     } finally {
       await client.query(`SELECT pg_advisory_unlock(hashtextextended($1, 0))`, [`outboxkit:migrate:${schema}`]);
@@ -200,7 +218,8 @@ function resolveWalPublication(option: unknown, schema: string): string | undefi
   );
 }
 
-async function applyPending(client: pg.Client, quoted: string, folder: string, logger: Logger): Promise<string[]> {
+async function applyPending(client: pg.Client, schema: string, folder: string, logger: Logger): Promise<string[]> {
+  const quoted = quoteSchema(schema);
   await client.query(`CREATE SCHEMA IF NOT EXISTS ${quoted}`);
   await client.query(
     `CREATE TABLE IF NOT EXISTS ${quoted}.outboxkit_migrations (
@@ -214,21 +233,25 @@ async function applyPending(client: pg.Client, quoted: string, folder: string, l
       await client.query<{ tag: string; sha256: string }>(`SELECT tag, sha256 FROM ${quoted}.outboxkit_migrations`)
     ).rows.map((r) => [r.tag, r.sha256]),
   );
-  const applied: string[] = [];
-  for (const entry of readJournal(folder)) {
-    const file = path.join(folder, `${entry.tag}.sql`);
-    const text = readFileSync(file, 'utf8');
-    const sha256 = createHash('sha256').update(text).digest('hex');
-    const previous = done.get(entry.tag);
-    if (previous !== undefined) {
-      if (previous !== sha256) {
-        throw new MigrationError(
-          `Migration ${entry.tag} was changed after it was applied (sha256 ${previous} in the database, ${sha256} on disk); ` +
-            'restore the original file and add a new migration instead.',
-        );
-      }
-      continue;
+  const migrations: MigrationFile[] = readJournal(folder).map((entry) => {
+    const text = readFileSync(path.join(folder, `${entry.tag}.sql`), 'utf8');
+    return { tag: entry.tag, text, sha256: createHash('sha256').update(text).digest('hex') };
+  });
+  const recorded = migrations.filter((m) => done.has(m.tag));
+  for (const { tag, sha256 } of recorded) {
+    const previous = done.get(tag);
+    if (previous !== sha256) {
+      throw new MigrationError(
+        `Migration ${tag} was changed after it was applied (sha256 ${previous} in the database, ${sha256} on disk); ` +
+          'restore the original file and add a new migration instead.',
+      );
     }
+  }
+  // Before the pending ones, which may change those tables.
+  await refuseDroppedTables(client, schema, recorded);
+  const applied: string[] = [];
+  for (const { tag, text, sha256 } of migrations) {
+    if (done.has(tag)) continue;
     const statements = rewriteSchema(text, quoted)
       .split('--> statement-breakpoint')
       .map((s) => s.trim())
@@ -236,19 +259,79 @@ async function applyPending(client: pg.Client, quoted: string, folder: string, l
     await client.query('BEGIN');
     try {
       for (const statement of statements) await client.query(statement);
-      await client.query(`INSERT INTO ${quoted}.outboxkit_migrations (tag, sha256) VALUES ($1, $2)`, [
-        entry.tag,
-        sha256,
-      ]);
+      await client.query(`INSERT INTO ${quoted}.outboxkit_migrations (tag, sha256) VALUES ($1, $2)`, [tag, sha256]);
       await client.query('COMMIT');
     } catch (err) {
       await client.query('ROLLBACK');
-      throw new MigrationError(`Migration ${entry.tag} failed and was rolled back: ${(err as Error).message}`, {
+      throw new MigrationError(`Migration ${tag} failed and was rolled back: ${(err as Error).message}`, {
         cause: err,
       });
     }
-    logger.info({ tag: entry.tag }, 'outboxkit migration applied');
-    applied.push(entry.tag);
+    logger.info({ tag }, 'outboxkit migration applied');
+    applied.push(tag);
   }
   return applied;
+}
+
+/**
+ * The tables a migration's SQL names (`"outboxkit"."<table>"`, as drizzle-kit writes them): with
+ * `created`, only those it creates (`CREATE [UNLOGGED] TABLE`). Read from the text, never edited.
+ */
+function migrationTables(sqlText: string, options: { created?: boolean } = {}): string[] {
+  const table = `"${DEFAULT_SCHEMA}"\\."([a-z0-9_]+)"`;
+  const pattern = options.created ? `CREATE (?:UNLOGGED )?TABLE (?:IF NOT EXISTS )?${table}` : table;
+  return [...new Set([...sqlText.matchAll(new RegExp(pattern, 'g'))].map((m) => m[1]!))];
+}
+
+/**
+ * Refuses a schema where a table that a recorded migration created is missing (dropped after it was
+ * migrated). migrate() never applies a recorded migration again, so it would otherwise call the
+ * schema up to date while the writers, the relays and `outboxkit status` fail on the table.
+ *
+ * @throws {@link SchemaMissingError} naming the missing tables, the migrations that created them,
+ *   and how to create them again: delete those migrations' records (and those of the later ones
+ *   that change the tables) so that migrate() applies them again, when every table they name is
+ *   missing; else restore the tables, or run those migrations' statements by hand.
+ */
+async function refuseDroppedTables(
+  client: pg.Client,
+  schema: string,
+  recorded: readonly MigrationFile[],
+): Promise<void> {
+  const creator = new Map<string, string>();
+  for (const m of recorded) for (const t of migrationTables(m.text, { created: true })) creator.set(t, m.tag);
+  if (creator.size === 0) return;
+  // Tables, partitioned tables included; read from the catalog, which any role may read.
+  const { rows } = await client.query<{ name: string }>(
+    `SELECT c.relname AS name FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')`,
+    [schema],
+  );
+  const present = new Set(rows.map((r) => r.name));
+  const missing = [...creator.keys()].filter((t) => !present.has(t));
+  if (missing.length === 0) return;
+  // What has to run again: the migrations that created the missing tables and those that changed them since.
+  const again = recorded.filter((m) => migrationTables(m.text).some((t) => missing.includes(t)));
+  // Those that also name a table still there cannot run again as a whole (its CREATE TABLE or ADD COLUMN would fail).
+  const blocking = again.filter((m) => migrationTables(m.text).some((t) => present.has(t))).map((m) => m.tag);
+  const quoted = quoteSchema(schema);
+  const them = missing.length === 1 ? 'it' : 'them';
+  const creators = [...new Set(missing.map((t) => creator.get(t)!))];
+  const tags = again.map((m) => m.tag);
+  const fix =
+    blocking.length === 0
+      ? `delete the record${tags.length === 1 ? '' : 's'} of ${tags.join(', ')} (DELETE FROM ${quoted}.outboxkit_migrations ` +
+        `WHERE tag IN (${tags.map((t) => `'${t}'`).join(', ')})) and run \`outboxkit migrate --schema ${schema}\` ` +
+        'or migrate() again'
+      : `run the statements that create and change ${them} in ${tags.map((t) => `migrations/${t}.sql`).join(', ')} ` +
+        `(in outboxkit's package)${schema === DEFAULT_SCHEMA ? '' : `, with ${quoted} in place of "${DEFAULT_SCHEMA}"`}: ` +
+        `${blocking.join(', ')} also ${blocking.length === 1 ? 'names' : 'name'} tables that are still there, ` +
+        `so ${blocking.length === 1 ? 'it' : 'they'} cannot run again as a whole`;
+  throw new SchemaMissingError(
+    `outboxkit's table${missing.length === 1 ? '' : 's'} ${missing.map((t) => `${quoted}.${t}`).join(', ')} ` +
+      `${missing.length === 1 ? 'is' : 'are'} missing, though ` +
+      `${creators.length === 1 ? `migration ${creators[0]}, which created ${them}, is` : `migrations ${creators.join(', ')}, which created ${them}, are`} ` +
+      `recorded as applied in ${quoted}.outboxkit_migrations: dropped since, and migrate never applies a recorded ` +
+      `migration again. Restore ${them} from a backup, or, to create ${them} again empty, ${fix}.`,
+  );
 }

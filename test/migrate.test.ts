@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { migrate, defaultMigrationsFolder } from '../src/migrate.js';
 import { isOutboxkitError } from '../src/errors.js';
 import { createTestDatabase, type TestDatabase } from './helpers/db.js';
+import { finished, jsonError, spawnCli } from './helpers/processes.js';
 
 const run = promisify(execFile);
 let db: TestDatabase;
@@ -103,5 +104,52 @@ describe('migrate()', () => {
       (e: unknown) => e,
     );
     expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+  });
+});
+
+describe('migrate() on a schema that lost a table a recorded migration created', () => {
+  // Breach caught: "schema is up to date" over a dropped table (its migration is recorded, so never
+  // applied again), while the writers, the relays and `outboxkit status` fail on it and say to migrate.
+  it('OUTBOXKIT_SCHEMA_MISSING naming the table and the record to delete; done, migrate creates it again', async () => {
+    await migrate({ connectionString: db.url, schema: 'dropped_one' });
+    await db.pool.query('DROP TABLE dropped_one.wal_slots');
+    const message =
+      'outboxkit\'s table "dropped_one".wal_slots is missing, though migration 0006_wal_slots, which created it, ' +
+      'is recorded as applied in "dropped_one".outboxkit_migrations: dropped since, and migrate never applies a ' +
+      'recorded migration again. Restore it from a backup, or, to create it again empty, delete the record of ' +
+      '0006_wal_slots (DELETE FROM "dropped_one".outboxkit_migrations WHERE tag IN (\'0006_wal_slots\')) and run ' +
+      '`outboxkit migrate --schema dropped_one` or migrate() again.';
+    const err = await migrate({ connectionString: db.url, schema: 'dropped_one' }).catch((e: unknown) => e);
+    expect(isOutboxkitError(err, 'OUTBOXKIT_SCHEMA_MISSING')).toBe(true);
+    expect((err as Error).message).toBe(message);
+
+    const r = await finished(spawnCli(['migrate', '--schema', 'dropped_one', '--database-url', db.url, '--json']));
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe('');
+    expect(jsonError(r)).toEqual({ code: 'OUTBOXKIT_SCHEMA_MISSING', message });
+
+    // What the message says to do.
+    await db.pool.query(`DELETE FROM "dropped_one".outboxkit_migrations WHERE tag IN ('0006_wal_slots')`);
+    expect((await migrate({ connectionString: db.url, schema: 'dropped_one' })).applied).toEqual(['0006_wal_slots']);
+    expect(await tables('dropped_one')).toContain('wal_slots');
+  });
+
+  it('a table whose migration created others still there: the migration file to run by hand; nothing applied', async () => {
+    await migrate({ connectionString: db.url, schema: 'dropped_init' });
+    // relay_lanes: no later migration changes it, so 0000_init alone is named.
+    await db.pool.query('DROP TABLE dropped_init.relay_lanes');
+    // 0007 pending: refused before it is applied.
+    await db.pool.query('DROP TABLE dropped_init.wal_slot_leases');
+    await db.pool.query(`DELETE FROM dropped_init.outboxkit_migrations WHERE tag = '0007_wal_slot_leases'`);
+    const err = await migrate({ connectionString: db.url, schema: 'dropped_init' }).catch((e: unknown) => e);
+    expect(isOutboxkitError(err, 'OUTBOXKIT_SCHEMA_MISSING')).toBe(true);
+    expect((err as Error).message).toBe(
+      'outboxkit\'s table "dropped_init".relay_lanes is missing, though migration 0000_init, which created it, ' +
+        'is recorded as applied in "dropped_init".outboxkit_migrations: dropped since, and migrate never applies a ' +
+        'recorded migration again. Restore it from a backup, or, to create it again empty, run the statements that ' +
+        'create and change it in migrations/0000_init.sql (in outboxkit\'s package), with "dropped_init" in place of ' +
+        '"outboxkit": 0000_init also names tables that are still there, so it cannot run again as a whole.',
+    );
+    expect(await tables('dropped_init')).not.toContain('wal_slot_leases');
   });
 });

@@ -46,17 +46,8 @@ export function registerMigrate(program: Command): void {
         await client.end().catch(() => undefined);
       }
       const { applied, walPublication } = result;
+      // migrate() logged the publication's line itself (created, or kept as it is).
       if (opts.json) printJson(walPublication ? { applied, walPublication } : { applied });
-      else {
-        logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
-        if (walPublication) {
-          // `publication`, not the result's `name`: pino's own `name` field (the logger's) comes first
-          // in the line, and a second `name` key would make it JSON with a duplicate key.
-          logger.info(
-            { publication: walPublication.name, created: walPublication.created },
-            walPublication.created ? 'WAL publication created' : 'WAL publication exists already (kept as it is)',
-          );
-        }
-      }
+      else logger.info({ applied }, applied.length ? 'migrations applied' : 'schema is up to date');
     });
 }

@@ -125,29 +125,28 @@ async function walSlots(
   } catch (err) {
     const state = sqlStateOf(err);
     if (state === SQLSTATE.UNDEFINED_TABLE) {
-      return {
-        walSlots: [],
-        walSlotsWarning: {
-          reason: 'table-missing',
-          message:
-            `WAL relay slots not listed: ${table} does not exist (a schema migrated before migration 0006); ` +
-            `run \`outboxkit migrate --schema ${schema}\` to create it.`,
-        },
-      };
+      return notListed(
+        'table-missing',
+        `${table} does not exist (a schema migrated before migration 0006); ` +
+          `run \`outboxkit migrate --schema ${schema}\` to create it.`,
+      );
     }
     if (state === SQLSTATE.INSUFFICIENT_PRIVILEGE) {
-      return {
-        walSlots: [],
-        walSlotsWarning: {
-          reason: 'permission-denied',
-          message:
-            `WAL relay slots not listed: the database role may not read ${table} (${(err as Error).message}); ` +
-            `grant it: GRANT SELECT ON ${table} TO <role>.`,
-        },
-      };
+      return notListed(
+        'permission-denied',
+        `the database role may not read ${table} (${(err as Error).message}); grant it: GRANT SELECT ON ${table} TO <role>.`,
+      );
     }
     throw err;
   }
+}
+
+/** No WAL relay slots, and the {@link WalSlotsWarning} of `reason`: `WAL relay slots not listed: <why>`. */
+function notListed(
+  reason: WalSlotsWarning['reason'],
+  why: string,
+): { walSlots: WalSlotStatus[]; walSlotsWarning: WalSlotsWarning } {
+  return { walSlots: [], walSlotsWarning: { reason, message: `WAL relay slots not listed: ${why}` } };
 }
 
 /** A byte count for people: `812 B`, `3.4 MiB`. */

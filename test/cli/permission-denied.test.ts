@@ -6,12 +6,12 @@
  * not help). The roles are real ones made for the test (trust authentication), dropped after it.
  */
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import * as root from '../../src/index.js';
 import { migrate } from '../../src/migrate.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { finished, jsonError, spawnCli } from '../helpers/processes.js';
+import { asRole, dropRoles } from '../helpers/roles.js';
 import { createWalTestDatabase, requireWalDatabaseUrl } from '../helpers/wal.js';
 
 const cli = (args: string[]) => finished(spawnCli(args));
@@ -55,23 +55,9 @@ afterAll(async () => {
     [inject('databaseUrl'), [STRANGER]],
     [walUrl, [STRANGER, READER]],
   ] as const) {
-    if (url === undefined) continue;
-    const admin = new pg.Client({ connectionString: url });
-    await admin.connect();
-    try {
-      for (const role of roles) await admin.query(`DROP ROLE IF EXISTS ${role}`);
-    } finally {
-      await admin.end();
-    }
+    if (url !== undefined) await dropRoles(url, roles);
   }
 });
-
-/** `url` with the user name `role`. */
-function asRole(url: string, role: string): string {
-  const u = new URL(url);
-  u.username = role;
-  return u.toString();
-}
 
 const GRANTS =
   'As the schema\'s owner, grant it: GRANT USAGE ON SCHEMA "outboxkit" TO <role>; then the privileges on the tables, ' +

@@ -151,8 +151,26 @@ describe('outboxkit migrate --wal-publication, its log line', () => {
       name: 'outboxkit',
       publication: `${SCHEMA}_outbox_events`,
       created: false,
-      msg: 'WAL publication exists already (kept as it is)',
+      msg: 'outboxkit WAL publication exists already (kept as it is)',
     });
+  });
+
+  // Breach caught: the publication reported twice, by migrate() and again by the CLI (a user trial
+  // saw "outboxkit WAL publication created" followed by "WAL publication created").
+  it('reports the publication in one line: created, then kept as it is', async () => {
+    const schema = `w_${randomBytes(4).toString('hex')}`;
+    // The first run creates it, the second keeps it.
+    for (const [created, msg] of [
+      [true, 'outboxkit WAL publication created'],
+      [false, 'outboxkit WAL publication exists already (kept as it is)'],
+    ] as const) {
+      const r = await cli(['migrate', '--database-url', db.url, '--schema', schema, '--wal-publication']);
+      expect(r.code, r.stderr).toBe(0);
+      const lines = r.stdout.split('\n').filter((l) => l.includes('publication'));
+      expect(lines.map((l) => JSON.parse(l) as unknown)).toEqual([
+        expect.objectContaining({ publication: `${schema}_outbox_events`, created, msg }),
+      ]);
+    }
   });
 });
 

@@ -6,10 +6,10 @@
  * The role is a real one made for the test (trust authentication), dropped after it.
  */
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { finished, spawnCli } from '../helpers/processes.js';
+import { asRole, dropRoles } from '../helpers/roles.js';
 
 const cli = (args: string[]) => finished(spawnCli(args));
 
@@ -30,21 +30,8 @@ beforeAll(async () => {
 afterAll(async () => {
   await Promise.all([db?.drop(), old?.drop()]);
   // Its grants went with the database: the role owns nothing left.
-  const admin = new pg.Client({ connectionString: inject('databaseUrl') });
-  await admin.connect();
-  try {
-    await admin.query(`DROP ROLE IF EXISTS ${ROLE}`);
-  } finally {
-    await admin.end();
-  }
+  await dropRoles(inject('databaseUrl'), [ROLE]);
 });
-
-/** `url` with the user name `role`. */
-function asRole(url: string, role: string): string {
-  const u = new URL(url);
-  u.username = role;
-  return u.toString();
-}
 
 interface Status {
   backlog: { pending: number };

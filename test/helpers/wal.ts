@@ -7,7 +7,8 @@ import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, inject } from 'vitest';
-import { ensurePublication } from '../../relay/wal/slot-sql.js';
+import { ensureLogicalSlot, ensurePublication } from '../../relay/wal/slot-sql.js';
+import type { WalRelayOptions } from '../../relay/wal/wal-relay.js';
 import { ensureWalPostgres } from '../../scripts/services.js';
 import { migrate } from '../../src/migrate.js';
 import { kill } from './processes.js';
@@ -256,6 +257,38 @@ export function walRelayTestFile(publication: string, options: { poolSize?: numb
     relays: [] as { stop(options?: { timeoutMs?: number }): Promise<void> }[],
     slots: [] as string[],
     children: [] as ChildProcess[],
+    /**
+     * A WAL relay's options on this file's database and publication and the test broker, with
+     * short timings so that a failure and the recovery show within a test: status every 200 ms,
+     * a 3 s broker timeout, retries from 50 ms up to 500 ms. `overrides` replace any of them.
+     */
+    relayOptions(slot: string, overrides: Partial<WalRelayOptions> = {}): WalRelayOptions {
+      return {
+        connection: file.db.url,
+        slot,
+        publication,
+        brokers: inject('kafkaBrokers'),
+        statusIntervalMs: 200,
+        brokerTimeoutMs: 3_000,
+        retryInitialMs: 50,
+        retryMaxMs: 500,
+        ...overrides,
+      };
+    },
+    /**
+     * A slot named `<prefix>_<8 hex digits>`, made now (before the test's rows) and recorded in
+     * `wal_slots` as a relay records one it made, with no resync pending: a relay streams it
+     * without a resync. Dropped after the test.
+     */
+    async createStreamingSlot(prefix: string): Promise<string> {
+      const slot = randomSlotName(prefix);
+      await ensureLogicalSlot(file.db.pool, slot);
+      file.slots.push(slot);
+      await file.db.pool.query('INSERT INTO outboxkit.wal_slots (slot_name, resync_pending) VALUES ($1, false)', [
+        slot,
+      ]);
+      return slot;
+    },
   };
   beforeAll(async () => {
     file.db = await createWalTestDatabase({ poolSize: options.poolSize ?? 4 });

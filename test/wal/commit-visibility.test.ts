@@ -11,11 +11,9 @@
  *   behind once every event is on the topic (the relay waits for its batch's transactions to be
  *   visible when a DELETE took fewer rows than were acknowledged).
  */
-import { randomBytes } from 'node:crypto';
 import { beforeAll, describe, expect, inject, it } from 'vitest';
 
 import { transactionsVisible } from '../../relay/sql.js';
-import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelay } from '../../relay/wal/wal-relay.js';
 import { withPgTransaction } from '../../src/database.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
@@ -67,10 +65,7 @@ describe('commit visibility of streamed transactions', () => {
 
   it('many small concurrent transactions streamed as they commit leave no row behind', async () => {
     const topic = (await createTopics(['wal-visibility'], { partitions: 1 }))[0]!;
-    const slot = `vis_${randomBytes(4).toString('hex')}`;
-    await ensureLogicalSlot(db.pool, slot);
-    file.slots.push(slot);
-    await db.pool.query('INSERT INTO outboxkit.wal_slots (slot_name, resync_pending) VALUES ($1, false)', [slot]);
+    const slot = await file.createStreamingSlot('vis');
     const relay: WalRelay = createWalRelay({
       connection: db.url,
       slot,

@@ -6,10 +6,8 @@
  * `outboxkit_wal_relay_errors_total{what="database"}`), and the relay streams again once the
  * database is back.
  */
-import { randomBytes } from 'node:crypto';
 import net from 'node:net';
-import { beforeAll, describe, expect, inject, it } from 'vitest';
-import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { createWalRelay, type WalRelayEvents } from '../../relay/wal/wal-relay.js';
 import { withPgTransaction } from '../../src/database.js';
 import { isOutboxkitError } from '../../src/errors.js';
@@ -23,7 +21,7 @@ import { walRelayTestFile } from '../helpers/wal.js';
 const PUBLICATION = 'outboxkit_wal_outage';
 const outbox = createOutbox({ source: 'wal' });
 const file = walRelayTestFile(PUBLICATION, { poolSize: 2 });
-const { relays, slots } = file;
+const { relays } = file;
 let db: TestDatabase;
 beforeAll(() => {
   db = file.db;
@@ -78,10 +76,7 @@ describe('WAL relay during a database outage', () => {
   // outboxkit_wal_relay_errors_total{what="database"} stays 0 while PostgreSQL refuses the relay.
   it('counts the refused reconnections as database errors, then streams again', async () => {
     const [topic] = await createTopics(['wal-db-outage'], { partitions: 1 });
-    const slot = `outage_${randomBytes(4).toString('hex')}`;
-    await ensureLogicalSlot(db.pool, slot);
-    await db.pool.query('INSERT INTO outboxkit.wal_slots (slot_name, resync_pending) VALUES ($1, false)', [slot]);
-    slots.push(slot);
+    const slot = await file.createStreamingSlot('outage');
     const target = new URL(db.url);
     const proxy = await databaseProxy(target);
     // The relay's log, shown if the test fails (a CI run once saw no publish within 20 s after the outage).
@@ -94,17 +89,9 @@ describe('WAL relay during a database outage', () => {
     try {
       const viaProxy = new URL(db.url);
       viaProxy.host = `127.0.0.1:${proxy.port}`;
-      const relay = createWalRelay({
-        connection: viaProxy.toString(),
-        slot,
-        publication: PUBLICATION,
-        brokers: inject('kafkaBrokers'),
-        statusIntervalMs: 200,
-        brokerTimeoutMs: 3_000,
-        retryInitialMs: 50,
-        retryMaxMs: 300,
-        logger,
-      });
+      const relay = createWalRelay(
+        file.relayOptions(slot, { connection: viaProxy.toString(), retryMaxMs: 300, logger }),
+      );
       relays.push(relay);
       const errors: WalRelayEvents['wal:error'][0][] = [];
       relay.on('wal:error', (e) => errors.push(e));

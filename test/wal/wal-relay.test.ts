@@ -18,7 +18,6 @@ import { beforeAll, describe, expect, inject, it } from 'vitest';
 
 import { toRecord } from '../../relay/record.js';
 import { listParked, readPending, retryParked } from '../../relay/sql.js';
-import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelay, type WalRelayOptions } from '../../relay/wal/wal-relay.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
 import { withPgTransaction } from '../../src/database.js';
@@ -34,7 +33,7 @@ const outbox = createOutbox({ source: 'wal' });
 
 /** The migrated database, and what each test started (stopped and dropped after it). */
 const file = walRelayTestFile(PUBLICATION);
-const { relays, slots, children } = file;
+const { relays, children } = file;
 let db: TestDatabase;
 beforeAll(() => {
   db = file.db;
@@ -45,26 +44,12 @@ beforeAll(() => {
  * (no resync pending): the relay streams it without a resync, so these tests see the stream alone
  * (test/wal/wal-resync.test.ts has the resync's).
  */
-async function createSlot(): Promise<string> {
-  const slot = `relay_${randomBytes(4).toString('hex')}`;
-  await ensureLogicalSlot(db.pool, slot);
-  await db.pool.query('INSERT INTO outboxkit.wal_slots (slot_name, resync_pending) VALUES ($1, false)', [slot]);
-  slots.push(slot);
-  return slot;
+function createSlot(): Promise<string> {
+  return file.createStreamingSlot('relay');
 }
 
 async function startRelay(slot: string, options: Partial<WalRelayOptions> = {}): Promise<WalRelay> {
-  const relay = createWalRelay({
-    connection: db.url,
-    slot,
-    publication: PUBLICATION,
-    brokers: inject('kafkaBrokers'),
-    statusIntervalMs: 200,
-    brokerTimeoutMs: 3_000,
-    retryInitialMs: 50,
-    retryMaxMs: 500,
-    ...options,
-  });
+  const relay = createWalRelay(file.relayOptions(slot, options));
   relays.push(relay);
   await relay.start();
   return relay;

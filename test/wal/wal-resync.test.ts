@@ -58,18 +58,7 @@ function makeRelay(slot: string, options: Partial<WalRelayOptions> = {}): { rela
     warn: (_obj, msg) => seen.warnings.push(msg),
     error: () => {},
   };
-  const relay = createWalRelay({
-    connection: db.url,
-    slot,
-    publication: PUBLICATION,
-    brokers: inject('kafkaBrokers'),
-    statusIntervalMs: 200,
-    brokerTimeoutMs: 3_000,
-    retryInitialMs: 50,
-    retryMaxMs: 500,
-    logger,
-    ...options,
-  });
+  const relay = createWalRelay(file.relayOptions(slot, { logger, ...options }));
   relay.on('wal:resync', (r) => seen.resyncs.push(r));
   relays.push(relay);
   return { relay, seen };
