@@ -30,6 +30,7 @@ import { ensurePublication, walSlotsStatus, type WalSlotStatus } from '../../rel
 import {
   createWalRelay,
   WAL_RELAY_DEFAULTS,
+  WAL_SAME_RELAY_ID,
   type WalRelay,
   type WalRelayEvents,
   type WalResyncReason,
@@ -217,7 +218,9 @@ export async function runWalRelay(args: {
         await current.start();
         break;
       } catch (err) {
-        if (stopping || !isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED') || !err.retriable) throw err;
+        // A signal during start(): stop() ended the attempt (its pool, its reader); not a failure.
+        if (stopping) return;
+        if (!isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED') || !err.retriable) throw err;
         const standbyOf = current.stats().standbyOf;
         const backoffMs =
           WAL_RELAY_DEFAULTS.retryInitialMs +
@@ -227,8 +230,13 @@ export async function runWalRelay(args: {
         if (standbyOf === undefined) {
           logger.warn({ err, attempt, delayMs, slot }, 'the replication slot cannot be read now; retrying');
         } else if (standbyOf !== standbyLogged) {
-          // The relay logged it (info); the CLI says what it does about it, once per owner.
-          logger.info({ slot, owner: standbyOf, pollMs: delayMs }, 'standing by until the slot lease is free');
+          // Said once per owner (each attempt is a new relay): a relay running under this one's id
+          // is a configuration mistake (warn).
+          if (err.message.includes(WAL_SAME_RELAY_ID)) {
+            logger.warn({ slot, relayId: standbyOf, pollMs: delayMs }, `${WAL_SAME_RELAY_ID}; standing by`);
+          } else {
+            logger.info({ slot, owner: standbyOf, pollMs: delayMs }, 'standing by until the slot lease is free');
+          }
         }
         standbyLogged = standbyOf;
         await new Promise<void>((resolve) => {

@@ -97,6 +97,14 @@ export const WAL_RETRIED_SWEEP_MS = 5_000;
  */
 const WAL_HELD_WALK_WHILE_BLOCKED_MS = 30_000;
 
+/**
+ * What a relay says when another running relay holds the slot's lease under its own `relayId` (a
+ * standby's log line, and the end of `start()`'s error message).
+ */
+export const WAL_SAME_RELAY_ID =
+  "another running WAL relay holds the replication slot's lease under this relay's own relayId: give each " +
+  'running relay its own id (--relay-id, OUTBOXKIT_RELAY_ID)';
+
 /** What the WAL relay does when Kafka does not answer in time (the message of {@link withDeadline}'s error). */
 const WAL_RELAY_ON_TIMEOUT = 'the WAL relay holds its stream (nothing is confirmed) and retries with backoff.';
 import {
@@ -592,7 +600,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       if (busy !== undefined) {
         throw new WalStreamError(
           `Replication slot ${this.o.slot} is read by WAL relay ${busy.owner}, whose lease ends in ${busy.remainingMs} ms ` +
-            'unless renewed; this relay stands by (start a new one to try again).',
+            `unless renewed; this relay stands by (start a new one to try again)${busy.sameId ? `. ${WAL_SAME_RELAY_ID}.` : '.'}`,
           { retriable: true },
         );
       }
@@ -940,7 +948,9 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
    * @throws {@link WalStreamError} (retriable) when PostgreSQL fails; {@link SchemaMissingError}
    *   before migration 0007; {@link PermissionDeniedError} when the role may not use `wal_slot_leases`.
    */
-  private async claimSlot(running: boolean): Promise<{ owner: string; remainingMs: number } | undefined> {
+  private async claimSlot(
+    running: boolean,
+  ): Promise<{ owner: string; remainingMs: number; sameId?: boolean } | undefined> {
     const slot = this.o.slot;
     const sentAt = performance.now();
     try {
@@ -951,22 +961,18 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         leaseMs: this.o.leaseMs,
       });
       if (!got.acquired) {
-        if (got.sameId && this.standbyOwner !== got.owner) {
-          this.log.warn(
-            { slot, relayId: got.owner },
-            "another running WAL relay holds the replication slot's lease under this relay's own relayId: give each " +
-              'running relay its own id (--relay-id, OUTBOXKIT_RELAY_ID); standing by',
-          );
-        }
-        // start() rejects with it instead (its caller says what it does about it).
-        else if (running && this.standbyOwner !== got.owner) {
-          this.log.info(
-            { slot, owner: got.owner, remainingMs: got.remainingMs },
-            'another WAL relay holds the replication slot; standing by',
-          );
+        // start() rejects instead, saying the same (its caller says what it does about it, once).
+        if (running && this.standbyOwner !== got.owner) {
+          if (got.sameId) this.log.warn({ slot, relayId: got.owner }, `${WAL_SAME_RELAY_ID}; standing by`);
+          else {
+            this.log.info(
+              { slot, owner: got.owner, remainingMs: got.remainingMs },
+              'another WAL relay holds the replication slot; standing by',
+            );
+          }
         }
         this.standbyOwner = got.owner;
-        return { owner: got.owner, remainingMs: got.remainingMs };
+        return { owner: got.owner, remainingMs: got.remainingMs, sameId: got.sameId };
       }
       this.standbyOwner = undefined;
       if (got.tookOverFrom !== undefined) {

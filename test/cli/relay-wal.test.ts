@@ -328,6 +328,8 @@ describe('outboxkit relay --source wal', () => {
     expect(all.map((m) => (JSON.parse(m.value!.toString()) as { n: number }).n)).toEqual([0, 1, 2]);
     for (const r of [a, b]) expect(r.output.join('')).not.toContain('ended the walsender');
     expect(a.output.join('')).not.toContain("lost the replication slot's lease");
+    // Said once, not at every poll of the lease (each poll is a new relay object).
+    expect(b.stdout.join('').split("under this relay's own relayId").length - 1).toBe(1);
     for (const r of [a, b]) r.proc.kill('SIGTERM');
     expect(await a.exited).toEqual({ code: 0, signal: null });
     expect(await b.exited).toEqual({ code: 0, signal: null });

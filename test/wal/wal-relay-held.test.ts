@@ -8,10 +8,9 @@
  * outage case (a partition without a leader) is in test/cluster/wal-partial-outage.test.ts.
  */
 import { randomBytes } from 'node:crypto';
-import { beforeAll, describe, expect, inject, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { listParked, retryParked } from '../../relay/sql.js';
-import { ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelay } from '../../relay/wal/wal-relay.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
 import { withPgTransaction } from '../../src/database.js';
@@ -28,25 +27,8 @@ beforeAll(() => {
   db = file.db;
 });
 
-async function createSlot(): Promise<string> {
-  const slot = `held_${randomBytes(4).toString('hex')}`;
-  await ensureLogicalSlot(db.pool, slot);
-  await db.pool.query('INSERT INTO outboxkit.wal_slots (slot_name, resync_pending) VALUES ($1, false)', [slot]);
-  file.slots.push(slot);
-  return slot;
-}
-
 async function startRelay(slot: string): Promise<WalRelay> {
-  const relay = createWalRelay({
-    connection: db.url,
-    slot,
-    publication: PUBLICATION,
-    brokers: inject('kafkaBrokers'),
-    statusIntervalMs: 200,
-    brokerTimeoutMs: 3_000,
-    retryInitialMs: 50,
-    retryMaxMs: 500,
-  });
+  const relay = createWalRelay(file.relayOptions(slot));
   file.relays.push(relay);
   await relay.start();
   return relay;
@@ -81,7 +63,7 @@ describe('WAL relay: keys held behind a parked event', () => {
   it('holds the key in the table, across a restart, and publishes it in order after the retry', async () => {
     const [topic] = await createTopics(['wal-held'], { partitions: 1 });
     const missing = `wal-held-missing-${randomBytes(4).toString('hex')}`;
-    const slot = await createSlot();
+    const slot = await file.createStreamingSlot('held');
     let relay = await startRelay(slot);
 
     const parked = await enqueue(missing, 'k', 'parked');

@@ -237,7 +237,10 @@ describe('WAL relay resync', () => {
     expect(next.seen.resyncs[0]).toMatchObject({ reason: 'undecodable', events: 4 });
     expect(await marker(slot)).toEqual({ resync_pending: false, resync_reason: 'undecodable' });
     const last = await enqueueMany(topic!, 1, 'last');
-    await waitFor(() => next.relay.stats().published === 5, { timeoutMs: 15_000, message: 'not streamed after' });
+    await waitFor(() => next.relay.stats().published === 5, {
+      timeoutMs: 15_000,
+      message: () => `not streamed after; stats ${JSON.stringify(next.relay.stats())}`,
+    });
     expect(await eventIds(topic!, 7)).toEqual([...before, ...meanwhile, ...after, ...last]);
     expect(await rowsLeft()).toBe(0);
   });
