@@ -24,6 +24,9 @@
  * that the resync publishes and the stream then brings again are later duplicates with the same
  * `event-id` (docs/wal-source.md, "Slot loss and resync").
  *
+ * Kafka's side (the producer, bounded sends, topics' limits, which partitions cannot take writes)
+ * is ./wal-kafka.ts; the keys held in the table are ./held-keys.ts.
+ *
  * One reader per slot: a relay reads only while it holds the slot's lease (`wal_slot_leases`,
  * ./slot-lease.ts), renewed every third of `leaseMs`; others stand by and take an expired lease
  * over, ending the former reader's walsender. A relay sends nothing once 80 % of its lease has
@@ -64,17 +67,14 @@ import { fullJitterBackoffMs } from '../../src/backoff.js';
 import { crashPoint } from '../../src/crash-point.js';
 import type { Queryable } from '../../src/database.js';
 import { createKafkajsClient, kafkaClientOf, type Kafka } from '../../src/kafka/kafkajs/client.js';
-import { RELAY_PRODUCER_RETRY } from '../../src/kafka/kafkajs/producer.js';
 import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
 import { loadPlatformaticKafka } from '../../src/kafka/platformatic/load.js';
-import { firstFailure } from '../../src/kafka/outcomes.js';
-import { readTopicLimits, recordBytes, splitByTopicLimit } from '../../src/kafka/topic-limits.js';
-import type { KafkaClient, KafkaFailure, KafkaProducer, OutboundRecord } from '../../src/kafka/types.js';
-import { withDeadline } from '../broker-health.js';
+import { recordBytes, splitByTopicLimit } from '../../src/kafka/topic-limits.js';
+import type { KafkaClient, OutboundRecord } from '../../src/kafka/types.js';
 import { PARTITION_RECHECK_MS } from '../relay.js';
-import { PartitionGate, clusterPartitionSource, type BlockedPartition } from '../partitions.js';
-import type { KafkaAdmin } from '../../src/kafka/types.js';
+import type { BlockedPartition } from '../partitions.js';
 import { HeldKeys } from './held-keys.js';
+import { WalKafka } from './wal-kafka.js';
 import { formatLsn } from './lsn.js';
 
 /**
@@ -104,13 +104,9 @@ const WAL_HELD_WALK_WHILE_BLOCKED_MS = 30_000;
 export const WAL_SAME_RELAY_ID =
   "another running WAL relay holds the replication slot's lease under this relay's own relayId: give each " +
   'running relay its own id (--relay-id, OUTBOXKIT_RELAY_ID)';
-
-/** What the WAL relay does when Kafka does not answer in time (the message of {@link withDeadline}'s error). */
-const WAL_RELAY_ON_TIMEOUT = 'the WAL relay holds its stream (nothing is confirmed) and retries with backoff.';
 import {
   RELAY_DEFAULTS,
   RELAY_KAFKA_OPTIONS_SHAPE,
-  RELAY_PRODUCER_DEFAULTS,
   RELAY_PRODUCER_OPTIONS_SCHEMA,
   type RelayOptions,
 } from '../options.js';
@@ -470,14 +466,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private readonly log: Logger;
   private readonly q: string;
   private readonly connection: pg.ClientConfig;
-  private readonly client: KafkaClient;
-  /** As given (validated by the schema): typed as the producer takes them. */
-  private readonly producerOptions: WalRelayOptions['producerOptions'];
+  /** The producer, admin requests and the view of blocked partitions. */
+  private readonly kafka: WalKafka;
   private pool: pg.Pool | undefined;
   private db: Queryable | undefined;
   private reader: WalSlotReader | undefined;
-  private producerConnecting: Promise<KafkaProducer> | undefined;
-  private readonly topicLimits = new Map<string, number>();
   private readonly queue: QueuedTransaction[] = [];
   private queuedEvents = 0;
   private queuedBytes = 0;
@@ -493,14 +486,9 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private loopDone: Promise<void> | undefined;
   private streamDone: Promise<void> | undefined;
   private readonly counts = { published: 0, parked: 0, held: 0, deleted: 0, resyncs: 0, resynced: 0 };
-  /** Which topic-partitions cannot take writes now (asked after a failed send, rechecked while any). */
-  private readonly gate: PartitionGate;
   /** Keys whose events are held in the table: the stream's later events of them are held too. */
   private held: HeldKeys;
-  /** The admin client of the partition checks, connected on first use. */
-  private admin: { client: KafkaAdmin; connecting: Promise<void> } | undefined;
   private recheckTimer: NodeJS.Timeout | undefined;
-  private rechecking = false;
   /** When the held rows were last walked (performance.now() ms), and the gate's changes then. */
   private heldWalk = { at: -Infinity, changes: -1 };
   private resyncing = false;
@@ -531,12 +519,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   constructor(options: WalRelayOptions) {
     super();
     this.o = resolve(options);
-    this.producerOptions = options.producerOptions;
     this.log = this.o.logger;
     this.q = quoteSchema(this.o.schema);
     this.connection =
       typeof this.o.connection === 'string' ? { connectionString: this.o.connection } : { ...this.o.connection };
-    this.client = this.o.kafka
+    const client = this.o.kafka
       ? kafkaClientOf(this.o.kafka)
       : this.o.kafkaClient === 'platformatic'
         ? createPlatformaticClient({ clientId: 'outboxkit-wal-relay', brokers: this.o.brokers! })
@@ -545,11 +532,16 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
             // As the table relay: kafkajs's entries to the logger given, else to kafkajs's console logger.
             { logLevel: 'warn', ...(options.logger ? { logger: options.logger } : {}) },
           );
-    this.gate = new PartitionGate(
-      clusterPartitionSource(this.client, (what, fn) => this.withAdmin(what, fn)),
+    this.kafka = new WalKafka(
+      client,
+      {
+        brokerTimeoutMs: this.o.brokerTimeoutMs,
+        maxBatchBytes: this.o.maxBatchBytes,
+        producerOptions: options.producerOptions,
+      },
       this.log,
     );
-    this.held = new HeldKeys(this.gate);
+    this.held = new HeldKeys(this.kafka.gate);
     this.ended = new Promise<void>((res, rej) => {
       this.resolveEnded = res;
       this.rejectEnded = rej;
@@ -606,9 +598,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       await this.loadHeldKeys();
       // The broker may be down at start: the relay starts anyway and its sends back off.
-      await this.producer().catch((err: unknown) =>
-        this.log.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
-      );
+      await this.kafka
+        .producer()
+        .catch((err: unknown) =>
+          this.log.warn({ err }, 'Kafka producer could not connect at start; retrying with backoff'),
+        );
       resync = await this.checkSlot();
       // With a resync to run, the reader starts after it (watchStream()).
       if (resync === undefined) {
@@ -676,7 +670,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       confirmedLsn: this.confirmedLsn,
       queued: this.queue.length,
       heldKeys: this.held.size,
-      blockedPartitions: this.gate.blocked(),
+      blockedPartitions: this.kafka.gate.blocked(),
       resyncing: this.resyncing,
       leaseHeld: this.holdsLease(),
       fencingToken: this.lease?.fencingToken,
@@ -701,22 +695,11 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private async shutDown(): Promise<void> {
     clearInterval(this.retriedTimer);
     clearInterval(this.recheckTimer);
-    const admin = this.admin;
-    this.admin = undefined;
-    if (admin) {
-      void admin.connecting
-        .then(() =>
-          withDeadline(admin.client.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT),
-        )
-        .catch(() => undefined);
-    }
     await this.reader?.stop({ timeoutMs: 1_000 }).catch(() => undefined);
     await this.slotLock?.end().catch(() => undefined);
     this.slotLock = undefined;
     await this.releaseLease();
-    const connecting = this.producerConnecting;
-    this.producerConnecting = undefined;
-    if (connecting) await this.disconnectQuietly(connecting);
+    await this.kafka.close();
     await this.pool?.end().catch(() => undefined);
     this.pool = undefined;
   }
@@ -856,17 +839,17 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     if (this.sweeping || this.stopping || this.resyncing || !this.holdsLease() || this.db === undefined) return;
     if (
       !now &&
-      this.gate.anyBlocked &&
-      this.gate.changes === this.heldWalk.changes &&
+      this.kafka.gate.anyBlocked &&
+      this.kafka.gate.changes === this.heldWalk.changes &&
       performance.now() - this.heldWalk.at < WAL_HELD_WALK_WHILE_BLOCKED_MS
     ) {
       return;
     }
     this.sweeping = true;
-    this.heldWalk = { at: performance.now(), changes: this.gate.changes };
+    this.heldWalk = { at: performance.now(), changes: this.kafka.gate.changes };
     const totals = { events: 0, parked: 0, held: 0, deleted: 0 };
     try {
-      const stay = new HeldKeys(this.gate);
+      const stay = new HeldKeys(this.kafka.gate);
       let after = { lsn: '0/0', seq: '0' };
       for (;;) {
         const page = await this.exclusive(async () => {
@@ -922,7 +905,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
    */
   private async loadHeldKeys(): Promise<void> {
     try {
-      this.held = new HeldKeys(this.gate, await heldKeys(this.db!, this.q, { parked: this.o.holdKeyBehindFailure }));
+      this.held = new HeldKeys(
+        this.kafka.gate,
+        await heldKeys(this.db!, this.q, { parked: this.o.holdKeyBehindFailure }),
+      );
     } catch (err) {
       const e = permissionDeniedOr(schemaMissingOr(err, this.o.schema), this.o.schema);
       if (isOutboxkitError(e)) throw e;
@@ -1446,14 +1432,14 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           end++;
       }
       const records = items.slice(i, end).map((it) => it.record!);
-      const chunk = splitByTopicLimit(records, await this.limits(records))[0]!;
+      const chunk = splitByTopicLimit(records, await this.kafka.limits(records))[0]!;
       await crashPoint('wal-relay:before-send');
       if (!this.holdsLease()) {
         // Paused past its lease (or cut off from PostgreSQL): another relay may read the slot now.
         this.loseLease('expired before a send');
         return undefined;
       }
-      const failure = await this.send(chunk);
+      const failure = await this.kafka.send(chunk);
       if (failure === undefined) {
         for (let k = i; k < i + chunk.length; k++) acked.push(items[k]!.seq);
         i += chunk.length;
@@ -1481,7 +1467,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       // A partition of the chunk that cannot take writes: its events are held from now on (the
       // loop holds them as it comes to them), the others go again at once.
-      if (await this.blockedBy(sent.map((it) => it.record!))) {
+      if (await this.kafka.blockedBy(sent.map((it) => it.record!))) {
         attempt = 0;
         continue;
       }
@@ -1531,69 +1517,12 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   }
 
   /**
-   * Whether a failed send of `records` is explained by a partition that cannot take writes: asks
-   * the cluster for their topics' partitions (bounded by {@link metadataTimeoutMs}); true when one
-   * of them goes to a partition that cannot take writes now. False when the cluster does not
-   * answer, or names none (a leader that just died is not replaced yet).
-   */
-  private async blockedBy(records: readonly OutboundRecord[]): Promise<boolean> {
-    try {
-      await this.gate.refresh(records.map((r) => r.topic));
-    } catch (err) {
-      this.log.debug({ err }, 'the cluster did not answer a metadata request after a failed send');
-      return false;
-    }
-    return records.some((r) => this.gate.blocks(r));
-  }
-
-  /**
    * While some topic-partition cannot take writes: asks the cluster again (every
    * {@link PARTITION_RECHECK_MS}); when the set changed, walks the held rows at once.
    */
   private async recheckPartitions(): Promise<void> {
-    if (!this.gate.anyBlocked || this.rechecking || this.stopping) return;
-    this.rechecking = true;
-    try {
-      const changes = this.gate.changes;
-      await this.gate.refresh(this.gate.blockedTopics());
-      if (this.gate.changes !== changes) void this.drainHeld(true);
-    } catch (err) {
-      this.log.debug({ err }, 'partition recheck failed');
-    } finally {
-      this.rechecking = false;
-    }
-  }
-
-  /**
-   * Longest wait for a metadata request of the partition checks, in ms: a cluster that answers
-   * does so in milliseconds (as the table relay's).
-   */
-  private get metadataTimeoutMs(): number {
-    return Math.min(this.o.brokerTimeoutMs, 2_000);
-  }
-
-  /** `fn` with the relay's admin client (connected on first use), bounded by {@link metadataTimeoutMs}. */
-  private async withAdmin<T>(what: string, fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
-    if (this.stopping) throw new LifecycleError('the WAL relay is stopping');
-    let conn = this.admin;
-    if (!conn) {
-      const client = this.client.admin();
-      conn = this.admin = { client, connecting: client.connect() };
-    }
-    try {
-      await withDeadline(conn.connecting, this.metadataTimeoutMs, 'an admin connect', WAL_RELAY_ON_TIMEOUT);
-      return await withDeadline(fn(conn.client), this.metadataTimeoutMs, what, WAL_RELAY_ON_TIMEOUT);
-    } catch (err) {
-      if (this.admin === conn) this.admin = undefined;
-      const dropped = conn;
-      void dropped.connecting
-        .catch(() => undefined)
-        .then(() =>
-          withDeadline(dropped.client.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT),
-        )
-        .catch(() => undefined);
-      throw err;
-    }
+    if (this.stopping) return;
+    if (await this.kafka.recheck()) void this.drainHeld(true);
   }
 
   /**
@@ -1601,20 +1530,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
    * cluster answers a topic listing within `brokerTimeoutMs`; true when it marked any.
    */
   private async parkMissingTopics(items: QueuedItem[]): Promise<boolean> {
-    const admin = this.client.admin();
-    let existing: Set<string>;
-    try {
-      await withDeadline(admin.connect(), this.o.brokerTimeoutMs, 'an admin connect', WAL_RELAY_ON_TIMEOUT);
-      existing = new Set(
-        await withDeadline(admin.listTopics(), this.o.brokerTimeoutMs, 'a topic listing', WAL_RELAY_ON_TIMEOUT),
-      );
-    } catch {
-      return false; // the cluster does not answer: a broker failure
-    } finally {
-      void withDeadline(admin.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT).catch(
-        () => undefined,
-      );
-    }
+    const existing = await this.kafka.existingTopics();
+    if (existing === undefined) return false; // the cluster does not answer: a broker failure
     let marked = false;
     for (const item of items) {
       if (item.record === undefined || existing.has(item.record.topic)) continue;
@@ -1678,83 +1595,6 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         await this.sleep(delayMs);
       }
     }
-  }
-
-  /** One send; any failure to get an answer (connect, timeout, exception) is the broker's. */
-  private async send(chunk: readonly OutboundRecord[]): Promise<KafkaFailure | undefined> {
-    let failure: KafkaFailure | undefined;
-    try {
-      const producer = await this.producer();
-      failure = firstFailure(
-        await withDeadline(producer.send(chunk), this.o.brokerTimeoutMs, 'a send', WAL_RELAY_ON_TIMEOUT),
-      );
-    } catch (err) {
-      failure = { kind: 'broker', error: err instanceof Error ? err : new Error(String(err)) };
-    }
-    // After a broker failure the producer's connections and sequence numbers are suspect: a new one.
-    if (failure?.kind === 'broker') this.dropProducer();
-    return failure;
-  }
-
-  /** The connected producer, connecting one (within `brokerTimeoutMs`) if there is none. */
-  private producer(): Promise<KafkaProducer> {
-    if (this.producerConnecting) return this.producerConnecting;
-    const producer = this.client.producer({
-      ...RELAY_PRODUCER_DEFAULTS,
-      ...this.producerOptions,
-      ...RELAY_PRODUCER_RETRY,
-    });
-    const connect = producer.connect();
-    const connecting = withDeadline(connect, this.o.brokerTimeoutMs, 'a producer connect', WAL_RELAY_ON_TIMEOUT).then(
-      () => producer,
-      (err: unknown) => {
-        if (this.producerConnecting === connecting) this.producerConnecting = undefined;
-        // A connect that succeeds after the deadline must not leave a connection behind.
-        void connect.then(() => producer.disconnect()).catch(() => undefined);
-        throw err;
-      },
-    );
-    this.producerConnecting = connecting;
-    return connecting;
-  }
-
-  private dropProducer(): void {
-    const connecting = this.producerConnecting;
-    this.producerConnecting = undefined;
-    if (connecting) void this.disconnectQuietly(connecting);
-  }
-
-  private async disconnectQuietly(connecting: Promise<KafkaProducer>): Promise<void> {
-    await connecting
-      .then((p) => withDeadline(p.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT))
-      .catch(() => undefined);
-  }
-
-  /** `max.message.bytes` of the records' topics (read once per topic), kept 10 % below and under `maxBatchBytes`. */
-  private async limits(records: readonly OutboundRecord[]): Promise<(topic: string) => number> {
-    const fallback = this.o.maxBatchBytes;
-    const unknown = [...new Set(records.map((r) => r.topic))].filter((t) => !this.topicLimits.has(t));
-    if (unknown.length > 0) {
-      const admin = this.client.admin();
-      try {
-        await withDeadline(admin.connect(), this.o.brokerTimeoutMs, 'an admin connect', WAL_RELAY_ON_TIMEOUT);
-        const read = await withDeadline(
-          readTopicLimits(admin, unknown),
-          this.o.brokerTimeoutMs,
-          'a config read',
-          WAL_RELAY_ON_TIMEOUT,
-        );
-        for (const [topic, bytes] of read) this.topicLimits.set(topic, bytes);
-      } catch (err) {
-        // The broker's answer to the send decides; a record too large is then found one by one.
-        this.log.debug({ err, topics: unknown }, 'could not read max.message.bytes; using maxBatchBytes');
-      } finally {
-        void withDeadline(admin.disconnect(), this.o.brokerTimeoutMs, 'a disconnect', WAL_RELAY_ON_TIMEOUT).catch(
-          () => undefined,
-        );
-      }
-    }
-    return (topic) => Math.min(fallback, Math.floor((this.topicLimits.get(topic) ?? fallback) * 0.9));
   }
 
   private backoffMs(attempt: number): number {

@@ -122,7 +122,7 @@ describe.skipIf(!enabled)(
         write: (c, e) => outbox.enqueue(c, [e]),
       });
       writing.push(writers);
-      await sleep(8_000);
+      await sleep(6_000);
 
       const killedAt = Date.now();
       log(`WAL C25: killing node ${victim} (the only replica of ${topic}-${deadPartition})`);
@@ -138,13 +138,13 @@ describe.skipIf(!enabled)(
       });
       const blockedAt = Date.now();
       log(`WAL C25: partition blocked ${blockedAt - killedAt} ms after the kill`);
-      await sleep(15_000);
+      await sleep(12_000);
       const windowEnd = Date.now();
       const during = relay.stats();
       log(`WAL C25: at the restart: ${JSON.stringify(during)}`);
       expect(during.held, 'events held in the table').toBeGreaterThan(0);
       await restartClusterNode(victim, log);
-      await sleep(3_000);
+      await sleep(2_000);
       await writers.stop();
 
       await waitFor(async () => (await db.pool.query('SELECT 1 FROM outboxkit.outbox_events')).rowCount === 0, {
