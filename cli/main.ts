@@ -36,6 +36,7 @@ const COMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   keys: async () => (await import('./commands/keys.js')).registerKeys,
   dlq: async () => (await import('./commands/dlq.js')).registerDlq,
   inbox: async () => (await import('./commands/inbox.js')).registerInbox,
+  wal: async () => (await import('./commands/wal.js')).registerWal,
 };
 
 /** outboxkit's version, from its package.json (next to cli/ in the sources, two levels up in dist/). */

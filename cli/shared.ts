@@ -16,6 +16,7 @@ import { KAFKA_CLIENT_NAMES } from '../relay/options.js';
 import type { KafkaClient } from '../src/kafka/types.js';
 import type { Logger } from '../src/logger.js';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
+import { checkReplicationName } from '../src/wal-publication.js';
 import { printError } from './printable.js';
 
 /**
@@ -75,6 +76,17 @@ export function topicNameList(value: string, previous: string[] | undefined): st
     );
   }
   return [...(previous ?? []), value];
+}
+
+/** A replication slot or publication name (`[a-z_][a-z0-9_]{0,62}`), as a usage error. */
+export function replicationName(what: 'slot' | 'publication') {
+  return (value: string): string => {
+    try {
+      return checkReplicationName(value, what);
+    } catch (err) {
+      throw new InvalidArgumentError((err as Error).message);
+    }
+  };
 }
 
 export function bool(value: string): boolean {

@@ -279,7 +279,8 @@ export class KafkaClientUnavailableError extends OutboxkitError {
  * lost: what the reader had not confirmed comes again to the next reader of the slot. `retriable`
  * is true except for a missing slot or publication (create them: `ensureLogicalSlot()`,
  * `ensurePublication()`). `cause` holds the driver's error, if any. Seen as the rejection of the
- * reader's `start()` or `ended`.
+ * reader's `start()` or `ended`; also thrown (retriable) by `outboxkit wal drop-slot` while a WAL
+ * relay holds the slot's lease or reads it.
  */
 export class WalStreamError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {

@@ -1,9 +1,8 @@
-import { InvalidArgumentError, Option, type Command } from 'commander';
+import { Option, type Command } from 'commander';
 import pg from 'pg';
 import { pino } from 'pino';
 import client from 'prom-client';
 import { InvalidOptionsError } from '../../src/errors.js';
-import { checkReplicationName } from '../../src/wal-publication.js';
 import { WAL_SLOT_READER_DEFAULTS } from '../../relay/wal/defaults.js';
 import { Relay, RELAY_DEFAULTS } from '../../relay/relay.js';
 import { DEFAULT_METRICS_HOST, relayMetrics, relayReadiness, serveMetrics } from '../../relay/metrics.js';
@@ -20,6 +19,7 @@ import {
   lifetime,
   listenAddress,
   listenPort,
+  replicationName,
   schemaOption,
   withSchemaHint,
 } from '../shared.js';
@@ -62,17 +62,6 @@ function refuseOtherSourceOptions(command: Command, source: (typeof RELAY_SOURCE
     `${given.join(', ')} ${given.length === 1 ? 'applies' : 'apply'} only to --source ${otherSource}, ` +
       `not to --source ${source}: remove ${given.length === 1 ? 'it' : 'them'}.`,
   );
-}
-
-/** A replication slot or publication name (`[a-z_][a-z0-9_]{0,62}`), as a usage error. */
-function replicationName(what: 'slot' | 'publication') {
-  return (value: string): string => {
-    try {
-      return checkReplicationName(value, what);
-    } catch (err) {
-      throw new InvalidArgumentError((err as Error).message);
-    }
-  };
 }
 
 /**

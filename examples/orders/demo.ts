@@ -6,9 +6,14 @@
  *
  * Each run uses a database and topics of its own (created here, dropped at the end unless
  * `--keep`), so it can run against any DATABASE_URL / KAFKA_BROKERS with the right to create them.
+ *
+ * `--source wal` runs it in WAL mode (docs/wal-source.md): the orders service writes with
+ * `createOutbox({ source: 'wal' })` and the relays are `outboxkit relay --source wal`, on the
+ * PostgreSQL at wal_level=logical (WAL_DATABASE_URL, else 127.0.0.1:5433). The relays share one
+ * replication slot: one reads it under the slot's lease, the others stand by.
  */
 import { randomBytes } from 'node:crypto';
-import { Command, InvalidArgumentError } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { ensureServices } from '../../scripts/services.js';
@@ -17,6 +22,9 @@ import { ensureDemoSchema } from './db.js';
 import { runLoad, type LoadStats } from './loadgen.js';
 import { SCRIPTS, createRunDatabase, startChild, stopChild, waitUntil, type Child } from './processes.js';
 import { ensureTopics } from '../../src/kafka/index.js';
+import { OUTBOX_SOURCES, type OutboxSource } from '../../src/outbox/enqueue.js';
+import { walSlotName } from '../../src/schema-name.js';
+import { dropWalSlot, walSlotsStatus } from '../../relay/wal/slot-sql.js';
 
 function int(v: string): number {
   const n = Number(v);
@@ -25,6 +33,7 @@ function int(v: string): number {
 }
 
 interface DemoOptions {
+  source: OutboxSource;
   orders: number;
   concurrency: number;
   relays: number;
@@ -37,18 +46,66 @@ function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!;
 }
 
-async function report(pool: pg.Pool, load: LoadStats, duplicatesAbsorbed: number | undefined): Promise<boolean> {
+/**
+ * In WAL mode: what the WAL relays did (the relay that held the slot's lease when the load began
+ * and at the end), for the report; undefined in table mode.
+ */
+interface WalRun {
+  relays: string[];
+  readerAtStart: string | null;
+  readerAtEnd: string | null;
+}
+
+/** The relay holding the lease of the WAL relay slot of schema `outboxkit` (null when none). */
+async function slotReader(pool: pg.Pool): Promise<string | null> {
+  const db = {
+    query: async <R>(text: string, values: readonly unknown[] = []) => {
+      const r = await pool.query(text, [...values]);
+      return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
+    },
+  };
+  const slot = walSlotName('outboxkit');
+  const [status] = await walSlotsStatus(db, '"outboxkit"', slot);
+  return status?.active === true && (status.leaseRemainingMs ?? 0) > 0 ? status.leaseOwner : null;
+}
+
+/** The WAL relays' line of the report: who read the slot, who stood by. */
+function walRelaysLine(wal: WalRun): string {
+  const { relays, readerAtStart: start, readerAtEnd: end } = wal;
+  const reader =
+    start === end ? `${start ?? 'none'} read the slot` : `${start ?? 'none'} then ${end ?? 'none'} read the slot`;
+  const standbys = relays.filter((r) => r !== start && r !== end);
+  return standbys.length === 0 ? reader : `${reader}; ${standbys.join(', ')} stood by (one reader per slot)`;
+}
+
+async function report(
+  pool: pg.Pool,
+  load: LoadStats,
+  duplicatesAbsorbed: number | undefined,
+  wal: WalRun | undefined,
+): Promise<boolean> {
   const one = async (text: string) => Number((await pool.query<{ n: string }>(text)).rows[0]!.n);
   const orders = await one('SELECT count(*) AS n FROM orders_demo.orders');
   const shipments = await one('SELECT count(*) AS n FROM orders_demo.shipments');
-  const published = await one('SELECT count(*) AS n FROM outboxkit.outbox_events WHERE published_at IS NOT NULL');
-  const events = await one('SELECT count(*) AS n FROM outboxkit.outbox_events');
+  // The WAL relay deletes each row once Kafka acknowledged its event (it marks nothing): each
+  // committed order wrote one event in its transaction, so the rows left are the unpublished ones.
+  const rowsLeft = await one('SELECT count(*) AS n FROM outboxkit.outbox_events');
+  const published =
+    wal === undefined
+      ? await one('SELECT count(*) AS n FROM outboxkit.outbox_events WHERE published_at IS NOT NULL')
+      : orders - rowsLeft;
+  const events = wal === undefined ? rowsLeft : orders;
   const orphanShipments = await one(
     'SELECT count(*) AS n FROM orders_demo.shipments s LEFT JOIN orders_demo.orders o ON o.id = s.order_id WHERE o.id IS NULL',
   );
+  // In WAL mode a published event's row is gone: its shipment shows it existed.
   const ordersWithoutEvent = await one(
     `SELECT count(*) AS n FROM orders_demo.orders o
-      WHERE NOT EXISTS (SELECT 1 FROM outboxkit.outbox_events e WHERE e.aggregate_id = o.id::text)`,
+      WHERE NOT EXISTS (SELECT 1 FROM outboxkit.outbox_events e WHERE e.aggregate_id = o.id::text)${
+        wal === undefined
+          ? ''
+          : '\n        AND NOT EXISTS (SELECT 1 FROM orders_demo.shipments s WHERE s.order_id = o.id)'
+      }`,
   );
   const stuckKeys = await one(`SELECT count(*) AS n FROM outboxkit.idempotency_keys WHERE state = 'processing'`);
   const latencies = (
@@ -61,6 +118,12 @@ async function report(pool: pg.Pool, load: LoadStats, duplicatesAbsorbed: number
   const acceptedIds = new Set(load.accepted.values());
 
   const rows: [string, string | number][] = [
+    ...(wal === undefined
+      ? []
+      : ([
+          ['source', `wal (${wal.relays.length} WAL relays on one replication slot)`],
+          ['  relays', walRelaysLine(wal)],
+        ] as [string, string][])),
     ['requests sent', load.requests],
     ['  created (201)', load.created],
     ['  replayed (201, Idempotent-Replayed)', load.replays],
@@ -70,7 +133,7 @@ async function report(pool: pg.Pool, load: LoadStats, duplicatesAbsorbed: number
     ['  other errors', load.otherErrors],
     ['accepted keys', accepted],
     ['unique orders', orders],
-    ['events published', `${published} of ${events}`],
+    [wal === undefined ? 'events published' : 'events published (rows deleted)', `${published} of ${events}`],
     ['duplicates absorbed by the consumer', duplicatesAbsorbed ?? 'n/a'],
     ['shipments', shipments],
     ['commit → shipment p50', `${percentile(latencies, 50).toFixed(1)} ms`],
@@ -105,6 +168,11 @@ async function report(pool: pg.Pool, load: LoadStats, duplicatesAbsorbed: number
 async function main(): Promise<void> {
   const opts = new Command('demo')
     .description('Run the orders pipeline under a faulty load and check its invariants.')
+    .addOption(
+      new Option('--source <source>', "the outbox's source: table (the table relay) or wal (the WAL relay)")
+        .choices(OUTBOX_SOURCES)
+        .default('table'),
+    )
     .option('--orders <n>', 'logical orders to send', int, 2_000)
     .option('--concurrency <n>', 'concurrent clients', int, 32)
     .option('--relays <n>', 'relay instances', int, 2)
@@ -116,7 +184,12 @@ async function main(): Promise<void> {
   const log = (m: string) => console.log(`[demo] ${m}`);
   const services = await ensureServices(log);
   const runId = randomBytes(4).toString('hex');
-  const database = await createRunDatabase(services.databaseUrl, `outboxkit_demo_${runId}`);
+  const wal = opts.source === 'wal';
+  if (wal && services.walDatabaseError !== undefined) throw new Error(services.walDatabaseError);
+  const database = await createRunDatabase(
+    wal ? services.walDatabaseUrl : services.databaseUrl,
+    `outboxkit_demo_${runId}`,
+  );
   const databaseUrl = database.url;
   const topic = `demo.orders.${runId}`;
   const kafka = new Kafka({ clientId: 'outboxkit-demo', brokers: services.kafkaBrokers, logLevel: logLevel.NOTHING });
@@ -125,8 +198,11 @@ async function main(): Promise<void> {
   const children: Child[] = [];
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
   let pass = false;
+  const relayIds = Array.from({ length: opts.relays }, (_, i) => `relay-${i + 1}`);
+  let readerAtStart: string | null = null;
   try {
-    await migrate({ connectionString: databaseUrl });
+    // WAL mode: the publication of the outbox's inserts too (the relays create their slot).
+    await migrate({ connectionString: databaseUrl, walPublication: wal });
     await ensureDemoSchema(pool);
     await ensureTopics(
       kafka,
@@ -141,11 +217,15 @@ async function main(): Promise<void> {
       SHIPPING_GROUP: `shipping-${runId}`,
       OUTBOXKIT_LOG_LEVEL: 'warn',
       OUTBOXKIT_METRICS_PORT: '-1',
+      ORDERS_OUTBOX_SOURCE: opts.source,
       PORT: '0',
     };
     const server = startChild('orders', SCRIPTS.orders, [], env);
     children.push(server);
-    for (let i = 0; i < opts.relays; i++) children.push(startChild(`relay-${i + 1}`, SCRIPTS.cli, ['relay'], env));
+    for (const id of relayIds) {
+      const args = wal ? ['relay', '--source', 'wal', '--relay-id', id] : ['relay'];
+      children.push(startChild(id, SCRIPTS.cli, args, env));
+    }
     const shipping = startChild('shipping', SCRIPTS.shipping, [], env);
     children.push(shipping);
 
@@ -166,8 +246,16 @@ async function main(): Promise<void> {
       60_000,
       () => children,
     );
+    if (wal) {
+      await waitUntil(
+        'a WAL relay reading the slot',
+        async () => (readerAtStart = await slotReader(pool)) !== null,
+        60_000,
+        () => children,
+      );
+    }
     log(
-      `orders service at ${baseUrl}; sending ${opts.orders} orders with ${opts.concurrency} clients and ${opts.relays} relay(s)`,
+      `orders service at ${baseUrl}; sending ${opts.orders} orders with ${opts.concurrency} clients and ${opts.relays} ${wal ? 'WAL ' : ''}relay(s)`,
     );
 
     const started = Date.now();
@@ -197,14 +285,18 @@ async function main(): Promise<void> {
       () => children,
     ).catch((err: Error) => log(err.message));
 
+    const walRun = wal ? { relays: relayIds, readerAtStart, readerAtEnd: await slotReader(pool) } : undefined;
     await stopChild(shipping);
     const stats = shipping.lines.find((l) => l.startsWith('SHIPPING_STATS '));
     const duplicates = stats
       ? (JSON.parse(stats.slice('SHIPPING_STATS '.length)) as { duplicates: number }).duplicates
       : undefined;
-    pass = await report(pool, load, duplicates);
+    pass = await report(pool, load, duplicates, walRun);
   } finally {
     await Promise.all(children.map((c) => stopChild(c)));
+    // A replication slot keeps WAL, and its database from being dropped, until it is dropped.
+    if (wal && !opts.keep) await dropSlot(pool).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
+    if (wal && opts.keep) log(`kept the slot too: drop it with outboxkit wal drop-slot --database-url ${databaseUrl}`);
     await pool.end();
     if (!opts.keep) {
       await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => undefined);
@@ -213,6 +305,27 @@ async function main(): Promise<void> {
     await kadmin.disconnect();
   }
   process.exitCode = pass ? 0 : 1;
+}
+
+/** Drops the relays' slot once their walsenders have ended (they end with the stopped relays' connections). */
+async function dropSlot(pool: pg.Pool): Promise<void> {
+  let last: unknown;
+  await waitUntil(
+    'the WAL relays to release the slot',
+    async () => {
+      try {
+        await dropWalSlot(pool, '"outboxkit"', walSlotName('outboxkit'));
+        return true;
+      } catch (err) {
+        last = err;
+        return false;
+      }
+    },
+    20_000,
+    () => [],
+  ).catch((err: Error) => {
+    throw last ?? err;
+  });
 }
 
 main().catch((err: unknown) => {

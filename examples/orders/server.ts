@@ -6,7 +6,8 @@
  *   npm run example:orders        # HTTP on PORT (default 3000)
  *
  * Environment: DATABASE_URL, ORDERS_TOPIC (default `orders`), PORT, ORDERS_POOL_SIZE,
- * ORDERS_LOG_LEVEL (pino level of the logs on stderr, default `info`).
+ * ORDERS_LOG_LEVEL (pino level of the logs on stderr, default `info`), ORDERS_OUTBOX_SOURCE
+ * (`table`, the default, or `wal`: the outbox writer's source, for a WAL relay; docs/wal-source.md).
  *
  * Errors: a failed query's message names its SQL and values (the tenant, the body's fields), so no
  * error message ever reaches a client. The error handler logs the error and answers a generic
@@ -21,7 +22,14 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { and, eq, sql } from 'drizzle-orm';
 import pg from 'pg';
 import { pino } from 'pino';
-import { enqueue, migrate, PROBLEM_CONTENT_TYPE, toProblem, type Logger } from '../../src/index.js';
+import {
+  createOutbox,
+  migrate,
+  PROBLEM_CONTENT_TYPE,
+  toProblem,
+  type Logger,
+  type OutboxSource,
+} from '../../src/index.js';
 import { idempotentHandler, registerRawJsonBody } from '../../src/http/fastify.js';
 import type { HandlerResponse } from '../../src/idempotency/index.js';
 import { customers, ensureDemoSchema, orders } from './db.js';
@@ -73,15 +81,17 @@ function stderrLogger(): Logger {
 }
 
 /**
- * Builds the orders app on `pool`; events go to `topic`. Errors are logged through `logger`
- * (default: pino on stderr) and answered with a generic problem.
+ * Builds the orders app on `pool`; events go to `topic`, written by the outbox writer of `source`
+ * (`'table'` by default, `'wal'` for a WAL relay). Errors are logged through `logger` (default:
+ * pino on stderr) and answered with a generic problem.
  */
 export async function buildOrdersApp(
   pool: pg.Pool,
   topic: string,
-  { logger = stderrLogger() }: { logger?: Logger } = {},
+  { logger = stderrLogger(), source = 'table' }: { logger?: Logger; source?: OutboxSource } = {},
 ): Promise<FastifyInstance> {
   const db = drizzle(pool);
+  const outbox = createOutbox({ source });
   const app = Fastify({ logger: false });
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const code = err.statusCode;
@@ -158,7 +168,7 @@ export async function buildOrdersApp(
             })
             .returning();
           const payload = { orderId, tenant, cartId: order!.cartId, currency: order!.currency, amount: order!.amount };
-          const [event] = await enqueue(tx, {
+          const [event] = await outbox.enqueue(tx, {
             topic,
             key: customerId ?? orderId,
             type: 'order.created',
@@ -218,7 +228,9 @@ async function main(): Promise<void> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: Number(process.env.ORDERS_POOL_SIZE ?? 16) });
   await migrate({ connectionString: databaseUrl });
   await ensureDemoSchema(pool);
-  const app = await buildOrdersApp(pool, topic);
+  // createOutbox() refuses another value (InvalidOptionsError).
+  const source = (process.env.ORDERS_OUTBOX_SOURCE ?? 'table') as OutboxSource;
+  const app = await buildOrdersApp(pool, topic, { source });
   const address = await app.listen({ host: '127.0.0.1', port: Number(process.env.PORT ?? 3000) });
   // The demo reads this line to find the port.
   console.log(`ORDERS_LISTENING ${address}`);

@@ -81,6 +81,26 @@ export function readSlotLeasesSql(schema: string, slots: readonly string[]): Sql
 }
 
 /**
+ * Locks the lease row of `slot` (if any) and reads it, for dropping the slot
+ * (`dropWalSlot()`, relay/wal/slot-sql.ts): a relay taking or renewing the lease (its `UPDATE`
+ * locks the row first) waits until that transaction ends, and then finds no row. `remaining_ms`
+ * is 0 once the lease has expired (database clock); `owner_id` NULL when released.
+ */
+export function lockSlotLeaseSql(schema: string, slot: string): SqlStatement {
+  return {
+    text: `SELECT owner_id,
+                  GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_expires_at - now())) * 1000))::float8 AS remaining_ms
+             FROM ${schema}.wal_slot_leases WHERE slot_name = $1 FOR UPDATE`,
+    values: [slot],
+  };
+}
+
+/** Deletes the lease row of `slot` (the slot was dropped: the next relay inserts a new one). */
+export function deleteSlotLeaseSql(schema: string, slot: string): SqlStatement {
+  return { text: `DELETE FROM ${schema}.wal_slot_leases WHERE slot_name = $1`, values: [slot] };
+}
+
+/**
  * Runs {@link readSlotLeasesSql}: the leases of `slots` a relay holds (expired ones included), by
  * slot, with the time left in ms (0 when expired).
  *

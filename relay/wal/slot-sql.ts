@@ -5,11 +5,12 @@
  * to run from several processes at once (it creates, and takes "already exists" as success, rather
  * than checking first: a check-then-create races with a second relay starting beside it).
  */
-import type { Queryable } from '../../src/database.js';
-import { InvalidOptionsError } from '../../src/errors.js';
+import type pg from 'pg';
+import { withPgTransaction, type Queryable } from '../../src/database.js';
+import { InvalidOptionsError, PermissionDeniedError, WalStreamError } from '../../src/errors.js';
 import { SQLSTATE, sqlStateOf, type SqlStatement } from '../../src/postgres.js';
 import { parseLsn } from './lsn.js';
-import { readSlotLeases } from './slot-lease.js';
+import { deleteSlotLeaseSql, lockSlotLeaseSql, readSlotLeases } from './slot-lease.js';
 import { checkReplicationName } from '../../src/wal-publication.js';
 
 export { checkReplicationName, createPublicationSql, ensurePublication } from '../../src/wal-publication.js';
@@ -285,4 +286,126 @@ async function slotLeases(
     if (state !== SQLSTATE.UNDEFINED_TABLE && state !== SQLSTATE.INSUFFICIENT_PRIVILEGE) throw err;
     return new Map();
   }
+}
+
+/**
+ * The key of the session advisory lock under which a WAL relay checks and resyncs `slot`
+ * (`pg_try_advisory_lock(hashtextextended(key, 0))` in relay/wal/wal-relay.ts): whoever holds it
+ * is the only one creating, dropping or resyncing the slot. The text must stay the relay's.
+ */
+export function slotCheckLockKey(slot: string): string {
+  return `outboxkit.wal_slots:${slot}`;
+}
+
+/** What {@link dropWalSlot} did. */
+export interface DroppedWalSlot {
+  /** The slot's name. */
+  slot: string;
+  /** Whether this call dropped the slot (false: no slot of that name existed). */
+  dropped: boolean;
+  /** Rows of `<schema>.wal_slots` and `<schema>.wal_slot_leases` deleted (0 to 2). */
+  forgotten: number;
+}
+
+/** Deletes the slot's row of `<schema>.wal_slots` (its resync marker); `schema` is quoted. */
+export function deleteSlotMarkerSql(schema: string, slot: string): SqlStatement {
+  return { text: `DELETE FROM ${schema}.wal_slots WHERE slot_name = $1`, values: [slot] };
+}
+
+/**
+ * Drops a WAL relay's replication slot and forgets it (its rows of `<schema>.wal_slots` and
+ * `<schema>.wal_slot_leases`), for going back to the table relay (docs/runbooks.md, "Switching
+ * between table mode and WAL mode"): a slot that no relay reads keeps every WAL segment written
+ * after its confirmed position on the server's disk (up to `max_slot_wal_keep_size`), and a WAL
+ * relay started on it later would stream everything written since (the table relay's events
+ * again). A WAL relay started after the drop creates a new slot and resyncs the table's
+ * unpublished rows. `outboxkit wal drop-slot` runs it.
+ *
+ * In one transaction on one connection of `pool`: takes the relay's slot-check lock
+ * ({@link slotCheckLockKey}), refuses while a relay holds the slot's lease or a walsender reads
+ * the slot, drops the slot (`pg_drop_replication_slot`, not transactional: it stays dropped if the
+ * transaction fails after it) and deletes its rows.
+ *
+ * @param schema - outboxkit's schema, quoted (`quoteSchema()`).
+ * @param slot - the slot's name (`[a-z_][a-z0-9_]{0,62}`).
+ * @returns the slot, whether it was dropped (false when it did not exist: its rows are deleted
+ *   all the same) and how many of its rows were deleted.
+ * @throws {@link WalStreamError} (retriable) when a WAL relay holds the slot's lease (unexpired,
+ *   database clock), a walsender reads the slot (SQLSTATE 55006), or a relay is checking or
+ *   resyncing it: stop every WAL relay of the slot, standbys included, and run it again.
+ * @throws {@link InvalidOptionsError} when `slot` is not a valid name, or the slot belongs to
+ *   another plugin or database (not a WAL relay's slot of this database: left alone).
+ * @throws {@link PermissionDeniedError} when the role may not drop the slot (no `REPLICATION`).
+ * @throws pg's error otherwise (SQLSTATE 42P01 before migrations 0006 and 0007, 42501 without the
+ *   right to change those tables: the CLI names both fixes).
+ */
+export async function dropWalSlot(pool: pg.Pool, schema: string, slot: string): Promise<DroppedWalSlot> {
+  checkReplicationName(slot, 'slot');
+  return withPgTransaction(pool, async (client) => {
+    const db: Queryable = {
+      query: async <R>(text: string, values: readonly unknown[] = []) => {
+        const r = await client.query(text, [...values]);
+        return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
+      },
+    };
+    const locked = await db.query<{ locked: boolean }>(
+      'SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)) AS locked',
+      [slotCheckLockKey(slot)],
+    );
+    if (locked.rows[0]?.locked !== true) {
+      throw new WalStreamError(`A WAL relay is checking or resyncing slot ${slot}; stop every WAL relay of it first.`);
+    }
+    const leaseSql = lockSlotLeaseSql(schema, slot);
+    const lease = (
+      await db.query<{ owner_id: string | null; remaining_ms: number | null }>(leaseSql.text, leaseSql.values)
+    ).rows[0];
+    if (lease?.owner_id != null && Number(lease.remaining_ms ?? 0) > 0) {
+      throw new WalStreamError(
+        `WAL relay ${lease.owner_id} holds the lease of replication slot ${slot} (${Number(lease.remaining_ms)} ms left): ` +
+          'stop every WAL relay of this slot, standbys included, then drop it.',
+      );
+    }
+    const state = await readSlot(db, slot);
+    if (state !== undefined && (state.plugin !== 'pgoutput' || !state.inThisDatabase)) {
+      throw new InvalidOptionsError(
+        `Replication slot ${slot} exists ${state.inThisDatabase ? `with plugin ${state.plugin}` : 'in another database'}; ` +
+          'it is not a WAL relay slot of this database: left alone.',
+      );
+    }
+    if (state?.active === true) {
+      throw new WalStreamError(
+        `Replication slot ${slot} is read by walsender PID ${state.activePid ?? '?'}: stop every WAL relay of this slot first.`,
+      );
+    }
+    let dropped = false;
+    if (state !== undefined) {
+      const drop = dropSlotSql(slot);
+      try {
+        await db.query(drop.text, drop.values);
+        dropped = true;
+      } catch (err) {
+        // A reader that started, or another drop, between the read and the drop.
+        const code = sqlStateOf(err);
+        if (code === SQLSTATE.OBJECT_IN_USE) {
+          throw new WalStreamError(`Replication slot ${slot} is read now: stop every WAL relay of this slot first.`, {
+            cause: err,
+          });
+        }
+        if (code === SQLSTATE.INSUFFICIENT_PRIVILEGE) {
+          // Not a grant on outboxkit's tables: dropping a slot takes the REPLICATION attribute.
+          throw new PermissionDeniedError(
+            `The database role may not drop replication slot ${slot} (${(err as Error).message}): ` +
+              'run it as a role with REPLICATION (ALTER ROLE <role> REPLICATION), as the WAL relay runs, or as a superuser.',
+            { cause: err },
+          );
+        }
+        if (code !== SQLSTATE.UNDEFINED_OBJECT) throw err;
+      }
+    }
+    let forgotten = 0;
+    for (const forget of [deleteSlotMarkerSql(schema, slot), deleteSlotLeaseSql(schema, slot)]) {
+      forgotten += (await db.query(forget.text, forget.values)).rowCount;
+    }
+    return { slot, dropped, forgotten };
+  });
 }

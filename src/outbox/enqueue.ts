@@ -61,8 +61,9 @@ export interface OutboxOptions {
    * - the database needs `wal_level = logical` and the publication: run `migrate` with
    *   `walPublication` once. The replication slot is the WAL relay's, which creates it.
    *
-   * A table relay does not keep per-key order for events written with `'wal'`: switch writers and
-   * relays together.
+   * A table relay does not keep per-key order for events written with `'wal'`: switch a running
+   * system between the sources in the order of docs/runbooks.md, "Switching between table mode and
+   * WAL mode".
    * @defaultValue 'table'
    */
   source?: OutboxSource;

@@ -6,9 +6,11 @@
  * not help). The roles are real ones made for the test (trust authentication), dropped after it.
  */
 import { randomBytes } from 'node:crypto';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import * as root from '../../src/index.js';
 import { migrate } from '../../src/migrate.js';
+import { dropWalSlot, ensureLogicalSlot } from '../../relay/wal/slot-sql.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
 import { finished, jsonError, spawnCli } from '../helpers/processes.js';
 import { asRole, dropRoles } from '../helpers/roles.js';
@@ -21,6 +23,8 @@ const EVENT_ID = '0190d9a5-7e6b-7c1a-9f0e-3b5a1c2d4e6f';
 const STRANGER = `okit_stranger_${randomBytes(4).toString('hex')}`;
 /** A role that may read outboxkit's tables on the WAL server, but owns none. */
 const READER = `okit_reader_${randomBytes(4).toString('hex')}`;
+/** A role that may change outboxkit's tables on the WAL server, without `REPLICATION`. */
+const WRITER = `okit_writer_${randomBytes(4).toString('hex')}`;
 
 /** Every command with a database pool (as test/cli/schema-missing.test.ts). */
 const COMMANDS: string[][] = [
@@ -33,6 +37,7 @@ const COMMANDS: string[][] = [
   ['keys', 'cleanup'],
   ['inbox', 'cleanup'],
   ['inbox', 'progress-reset', '--group', 'g'],
+  ['wal', 'drop-slot'],
 ];
 
 let db: TestDatabase;
@@ -47,13 +52,16 @@ beforeAll(async () => {
   await wal.pool.query(`CREATE ROLE ${READER} LOGIN`);
   await wal.pool.query(`GRANT USAGE ON SCHEMA outboxkit TO ${READER}`);
   await wal.pool.query(`GRANT SELECT ON ALL TABLES IN SCHEMA outboxkit TO ${READER}`);
+  await wal.pool.query(`CREATE ROLE ${WRITER} LOGIN`);
+  await wal.pool.query(`GRANT USAGE ON SCHEMA outboxkit TO ${WRITER}`);
+  await wal.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outboxkit TO ${WRITER}`);
 }, 60_000);
 afterAll(async () => {
   await Promise.all([db?.drop(), wal?.drop()]);
   // Their grants went with the databases: the roles own nothing left.
   for (const [url, roles] of [
     [inject('databaseUrl'), [STRANGER]],
-    [walUrl, [STRANGER, READER]],
+    [walUrl, [STRANGER, READER, WRITER]],
   ] as const) {
     if (url !== undefined) await dropRoles(url, roles);
   }
@@ -129,5 +137,22 @@ describe('a role without USAGE on the schema: OUTBOXKIT_PERMISSION_DENIED naming
     );
     const { rowCount } = await wal.pool.query('SELECT 1 FROM pg_publication');
     expect(rowCount).toBe(0);
+  });
+});
+
+describe('wal drop-slot with a role without REPLICATION', () => {
+  it('is refused with PermissionDeniedError naming REPLICATION, not the schema grants', async () => {
+    await ensureLogicalSlot(wal.pool, 'outboxkit_relay');
+    const pool = new pg.Pool({ connectionString: asRole(wal.url, WRITER), max: 1 });
+    try {
+      await expect(dropWalSlot(pool, '"outboxkit"', 'outboxkit_relay')).rejects.toMatchObject({
+        code: 'OUTBOXKIT_PERMISSION_DENIED',
+        message:
+          'The database role may not drop replication slot outboxkit_relay (must be superuser or replication role to use replication slots): ' +
+          'run it as a role with REPLICATION (ALTER ROLE <role> REPLICATION), as the WAL relay runs, or as a superuser.',
+      });
+    } finally {
+      await pool.end();
+    }
   });
 });

@@ -26,6 +26,7 @@ const COMMANDS: string[][] = [
   ['keys', 'cleanup'],
   ['inbox', 'cleanup'],
   ['inbox', 'progress-reset', '--group', 'g'],
+  ['wal', 'drop-slot'],
 ];
 const CASES = COMMANDS.map((args) => [args.join(' '), args] as const);
 
