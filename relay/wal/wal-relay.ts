@@ -136,6 +136,7 @@ import {
   markResyncPendingSql,
   readSlot,
   readSlotMarker,
+  slotCheckLockKey,
 } from './slot-sql.js';
 import { SQLSTATE, isConnectionFailure, sqlStateOf } from '../../src/postgres.js';
 import { acquireSlotLease, endSlotReader, releaseSlotLease, renewSlotLease } from './slot-lease.js';
@@ -1114,7 +1115,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       await client.connect();
       const { rows } = await db.query<{ locked: boolean }>(
         'SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS locked',
-        [`outboxkit.wal_slots:${slot}`],
+        [slotCheckLockKey(slot)],
       );
       if (rows[0]?.locked !== true) {
         throw new WalStreamError(`Another WAL relay is checking or resyncing slot ${slot}; retry later.`, {
