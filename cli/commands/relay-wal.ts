@@ -155,6 +155,7 @@ export async function runWalRelay(args: {
       ),
       resyncing: () => relay?.stats().resyncing === true,
     });
+    walHoldGauges(registry, () => relay?.stats());
     let kafkaFailing = false;
     const port = Number(opts.metricsPort);
     if (port >= 0) {
@@ -197,20 +198,22 @@ export async function runWalRelay(args: {
       if (stopping) return;
       const current = build();
       relay = current;
-      current.on('wal:published', ({ events, parked }) => {
+      current.on('wal:published', ({ events, parked, held }) => {
         kafkaFailing = false;
         counters.published.inc(events);
         counters.parked.inc(parked);
+        counters.held.inc(held);
       });
       current.on('wal:error', ({ what }) => {
         if (what === 'send') kafkaFailing = true;
         counters.errors.inc({ what });
       });
       // A resync's pages go through the stream's send path without a `wal:published` event.
-      current.on('wal:resync-page', ({ events, parked }) => {
+      current.on('wal:resync-page', ({ events, parked, held }) => {
         kafkaFailing = false;
         counters.published.inc(events);
         counters.parked.inc(parked);
+        counters.held.inc(held);
         counters.resynced.inc(events);
       });
       current.on('wal:resync', ({ reason }) => counters.resyncs.inc({ reason }));
@@ -306,6 +309,13 @@ function walCounters(registry: client.Registry) {
       help: 'Outbox events the WAL relay parked (Kafka refused them for themselves).',
       registers: [registry],
     }),
+    held: new client.Counter({
+      name: 'outboxkit_wal_relay_held_total',
+      help:
+        'Outbox events the WAL relay held in the table as the stream brought them (their partition could not take ' +
+        'writes, or their key was held); they are published later, and counted in outboxkit_relay_published_total then.',
+      registers: [registry],
+    }),
     errors: new client.Counter({
       name: 'outboxkit_wal_relay_errors_total',
       help: 'Failures the WAL relay retries: sends to Kafka, database statements, the replication stream.',
@@ -327,6 +337,30 @@ function walCounters(registry: client.Registry) {
   for (const what of WAL_ERROR_KINDS) counters.errors.labels(what).inc(0);
   for (const reason of WAL_RESYNC_REASONS) counters.resyncs.labels(reason).inc(0);
   return counters;
+}
+
+/**
+ * The WAL relay's held keys on `registry` (docs/wal-source.md, "Held keys"), read from the running
+ * relay's `stats()` at each scrape: the topic-partitions it finds unable to take writes (the table
+ * relay's gauge name) and the keys whose events wait in the table.
+ */
+function walHoldGauges(registry: client.Registry, stats: () => ReturnType<WalRelay['stats']> | undefined): void {
+  new client.Gauge({
+    name: 'outboxkit_relay_partitions_blocked',
+    help: 'Topic-partitions the relay finds unable to take writes now (no leader, or too few in-sync replicas): their events wait.',
+    registers: [registry],
+    collect() {
+      this.set(stats()?.blockedPartitions.length ?? 0);
+    },
+  });
+  new client.Gauge({
+    name: 'outboxkit_wal_relay_held_keys',
+    help: 'Keys whose events the WAL relay holds in the outbox table now (behind a blocked partition or a parked event).',
+    registers: [registry],
+    collect() {
+      this.set(stats()?.heldKeys ?? 0);
+    },
+  });
 }
 
 /**

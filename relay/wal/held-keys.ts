@@ -47,6 +47,16 @@ export class HeldKeys {
     return true;
   }
 
+  /**
+   * How many held keys go to `partition` of `topic` (by the gate's partitioner; 0 while the topic's
+   * partitions are unknown). Walks every held key: for stats, not for the send path.
+   */
+  on(topic: string, partition: number): number {
+    let n = 0;
+    for (const key of this.keys) if (this.gate?.partitionOf({ topic, key }) === partition) n++;
+    return n;
+  }
+
   /** Holds `key` from here on (its event was parked, or held for another reason). */
   add(key: string | null): void {
     if (key !== null) this.keys.add(key);

@@ -671,7 +671,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       confirmedLsn: this.confirmedLsn,
       queued: this.queue.length,
       heldKeys: this.held.size,
-      blockedPartitions: this.kafka.gate.blocked(),
+      // The gate counts no keys for the WAL relay (it holds them here): counted from the held ones.
+      blockedPartitions: this.kafka.gate.blocked().map((b) => ({ ...b, keys: this.held.on(b.topic, b.partition) })),
       resyncing: this.resyncing,
       leaseHeld: this.holdsLease(),
       fencingToken: this.lease?.fencingToken,

@@ -227,6 +227,10 @@ describe('outboxkit relay --source wal', () => {
     expect(metrics).toMatch(/^outboxkit_wal_relay_resyncs_total\{reason="lost"\} 0$/m);
     expect(metrics).toMatch(/^outboxkit_wal_relay_resynced_events_total 1$/m);
     expect(metrics).toMatch(/^outboxkit_wal_relay_resyncing 0$/m);
+    // Held keys (docs/wal-source.md): none held, no partition blocked.
+    expect(metrics).toMatch(/^outboxkit_wal_relay_held_total 0$/m);
+    expect(metrics).toMatch(/^outboxkit_wal_relay_held_keys 0$/m);
+    expect(metrics).toMatch(/^outboxkit_relay_partitions_blocked 0$/m);
     expect(metrics).toMatch(
       new RegExp(`^outboxkit_wal_slot_retained_bytes\\{slot="${SCHEMA}_relay"\\} [1-9]\\d*$`, 'm'),
     );

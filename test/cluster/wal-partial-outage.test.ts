@@ -143,6 +143,9 @@ describe.skipIf(!enabled)(
       const during = relay.stats();
       log(`WAL C25: at the restart: ${JSON.stringify(during)}`);
       expect(during.held, 'events held in the table').toBeGreaterThan(0);
+      expect(during.blockedPartitions, 'the dead partition, with the keys it holds').toEqual([
+        expect.objectContaining({ topic, partition: deadPartition, keys: during.heldKeys }),
+      ]);
       await restartClusterNode(victim, log);
       await sleep(2_000);
       await writers.stop();

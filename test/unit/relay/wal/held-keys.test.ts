@@ -63,6 +63,10 @@ describe('HeldKeys', () => {
     // Until the relay has published its held rows, the key stays held.
     expect(held.holds({ topic: 't', key: dead })).toBe(true);
     expect(held.size).toBe(1);
+    // Counted per topic-partition for stats and metrics.
+    expect(held.on('t', 1)).toBe(1);
+    expect(held.on('t', 0)).toBe(0);
+    expect(held.on('unknown', 1)).toBe(0);
   });
 
   it('holds an event without a key only while no partition of its topic takes writes, and no key with it', async () => {
