@@ -852,6 +852,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     const totals = { events: 0, parked: 0, held: 0, deleted: 0 };
     try {
       const stay = new HeldKeys(this.kafka.gate);
+      // Held keys read back from the table meanwhile (a new reader) are newer than this walk's.
+      const base = this.held;
       let after = { lsn: '0/0', seq: '0' };
       for (;;) {
         const page = await this.exclusive(async () => {
@@ -863,7 +865,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           });
           if (rows.length === 0) {
             // The walk's end, in the turn of its last read: no stream batch held rows since.
-            this.held = stay;
+            if (this.held === base) this.held = stay;
             return undefined;
           }
           const items: QueuedItem[] = [];
