@@ -23,7 +23,6 @@ import { runLoad, type LoadStats } from './loadgen.js';
 import { SCRIPTS, createRunDatabase, startChild, stopChild, waitUntil, type Child } from './processes.js';
 import { ensureTopics } from '../../src/kafka/index.js';
 import { OUTBOX_SOURCES, type OutboxSource } from '../../src/outbox/enqueue.js';
-import { walSlotName } from '../../src/schema-name.js';
 import { dropWalSlot, walSlotsStatus } from '../../relay/wal/slot-sql.js';
 
 function int(v: string): number {
@@ -56,15 +55,14 @@ interface WalRun {
   readerAtEnd: string | null;
 }
 
-/** The relay holding the lease of the WAL relay slot of schema `outboxkit` (null when none). */
-async function slotReader(pool: pg.Pool): Promise<string | null> {
+/** The relay holding the lease of the WAL relays' slot `slot` (null when none). */
+async function slotReader(pool: pg.Pool, slot: string): Promise<string | null> {
   const db = {
     query: async <R>(text: string, values: readonly unknown[] = []) => {
       const r = await pool.query(text, [...values]);
       return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
     },
   };
-  const slot = walSlotName('outboxkit');
   const [status] = await walSlotsStatus(db, '"outboxkit"', slot);
   return status?.active === true && (status.leaseRemainingMs ?? 0) > 0 ? status.leaseOwner : null;
 }
@@ -192,6 +190,9 @@ async function main(): Promise<void> {
   );
   const databaseUrl = database.url;
   const topic = `demo.orders.${runId}`;
+  // A slot of the run's own: slot names are unique in the whole PostgreSQL cluster, and another
+  // run (or another application) may use the default `outboxkit_relay`.
+  const slot = `outboxkit_demo_${runId}`;
   const kafka = new Kafka({ clientId: 'outboxkit-demo', brokers: services.kafkaBrokers, logLevel: logLevel.NOTHING });
   const kadmin = kafka.admin();
   await kadmin.connect();
@@ -218,6 +219,7 @@ async function main(): Promise<void> {
       OUTBOXKIT_LOG_LEVEL: 'warn',
       OUTBOXKIT_METRICS_PORT: '-1',
       ORDERS_OUTBOX_SOURCE: opts.source,
+      ...(wal ? { OUTBOXKIT_WAL_SLOT: slot } : {}),
       PORT: '0',
     };
     const server = startChild('orders', SCRIPTS.orders, [], env);
@@ -249,7 +251,7 @@ async function main(): Promise<void> {
     if (wal) {
       await waitUntil(
         'a WAL relay reading the slot',
-        async () => (readerAtStart = await slotReader(pool)) !== null,
+        async () => (readerAtStart = await slotReader(pool, slot)) !== null,
         60_000,
         () => children,
       );
@@ -285,7 +287,7 @@ async function main(): Promise<void> {
       () => children,
     ).catch((err: Error) => log(err.message));
 
-    const walRun = wal ? { relays: relayIds, readerAtStart, readerAtEnd: await slotReader(pool) } : undefined;
+    const walRun = wal ? { relays: relayIds, readerAtStart, readerAtEnd: await slotReader(pool, slot) } : undefined;
     await stopChild(shipping);
     const stats = shipping.lines.find((l) => l.startsWith('SHIPPING_STATS '));
     const duplicates = stats
@@ -295,7 +297,7 @@ async function main(): Promise<void> {
   } finally {
     await Promise.all(children.map((c) => stopChild(c)));
     // A replication slot keeps WAL, and its database from being dropped, until it is dropped.
-    if (wal && !opts.keep) await dropSlot(pool).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
+    if (wal && !opts.keep) await dropSlot(pool, slot).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
     if (wal && opts.keep) log(`kept the slot too: drop it with outboxkit wal drop-slot --database-url ${databaseUrl}`);
     await pool.end();
     if (!opts.keep) {
@@ -308,13 +310,13 @@ async function main(): Promise<void> {
 }
 
 /** Drops the relays' slot once their walsenders have ended (they end with the stopped relays' connections). */
-async function dropSlot(pool: pg.Pool): Promise<void> {
+async function dropSlot(pool: pg.Pool, slot: string): Promise<void> {
   let last: unknown;
   await waitUntil(
     'the WAL relays to release the slot',
     async () => {
       try {
-        await dropWalSlot(pool, '"outboxkit"', walSlotName('outboxkit'));
+        await dropWalSlot(pool, '"outboxkit"', slot);
         return true;
       } catch (err) {
         last = err;

@@ -187,16 +187,19 @@ export async function releaseSlotLease(
 /**
  * Ends the walsender that reads `slot` (a former reader's, held past its lease: a paused process
  * keeps its connection, and so the slot, until `wal_sender_timeout`), waiting up to `waitMs` for it
- * to exit. Needs the right to signal it: a superuser, a member of `pg_signal_backend`, or a member
- * of the walsender's role (the relays' own role).
+ * to exit. Only a WAL relay's kind of slot: a pgoutput slot of the connection's own database (a
+ * slot of that name in another database or of another plugin is someone else's reader, left
+ * alone; the relay's slot check then refuses it). Needs the right to signal it: a superuser, a
+ * member of `pg_signal_backend`, or a member of the walsender's role (the relays' own role).
  *
- * @returns the PID it ended, or undefined when no process reads the slot.
+ * @returns the PID it ended, or undefined when no process reads such a slot.
  * @throws pg's error (SQLSTATE 42501) without the right to signal it.
  */
 export async function endSlotReader(db: Queryable, slot: string, waitMs: number): Promise<number | undefined> {
   const { rows } = await db.query<{ pid: number }>(
     `SELECT active_pid AS pid, pg_terminate_backend(active_pid, $2::bigint) AS ended
-       FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`,
+       FROM pg_replication_slots
+      WHERE slot_name = $1 AND active_pid IS NOT NULL AND plugin = 'pgoutput' AND database = current_database()`,
     [slot, waitMs],
   );
   return rows[0]?.pid;

@@ -137,6 +137,7 @@ import {
   readSlot,
   readSlotMarker,
   slotCheckLockKey,
+  type SlotState,
 } from './slot-sql.js';
 import { SQLSTATE, isConnectionFailure, sqlStateOf } from '../../src/postgres.js';
 import { acquireSlotLease, endSlotReader, releaseSlotLease, renewSlotLease } from './slot-lease.js';
@@ -589,6 +590,9 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         );
       }
       // A standby goes no further (its caller tries again with a new relay).
+      // Someone else's slot (another database, another plugin) is refused before the lease is
+      // taken: a relay must never end that slot's reader (claimSlot() ends a former reader's).
+      refuseForeignSlot(this.o.slot, await readSlot(this.db, this.o.slot));
       const busy = await this.claimSlot(false);
       if (busy !== undefined) {
         throw new WalStreamError(
@@ -1126,12 +1130,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         });
       }
       const state = await readSlot(db, slot);
-      if (state !== undefined && (state.plugin !== 'pgoutput' || !state.inThisDatabase)) {
-        throw new InvalidOptionsError(
-          `Replication slot ${slot} exists ${state.inThisDatabase ? `with plugin ${state.plugin}` : 'in another database'}; ` +
-            'the WAL source needs a pgoutput slot in its own database. Choose another slot name.',
-        );
-      }
+      refuseForeignSlot(slot, state);
       const marker = await readSlotMarker(db, this.q, slot);
       const reason: WalResyncReason | undefined =
         state === undefined
@@ -1617,6 +1616,20 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     });
     this.cancelSleep = undefined;
   }
+}
+
+/**
+ * Refuses `state`, the slot named `slot`, when it is not a WAL relay's kind: another plugin's, or
+ * another database's (slot names are unique in the whole PostgreSQL cluster).
+ *
+ * @throws {@link InvalidOptionsError} naming what the slot is.
+ */
+function refuseForeignSlot(slot: string, state: SlotState | undefined): void {
+  if (state === undefined || (state.plugin === 'pgoutput' && state.inThisDatabase)) return;
+  throw new InvalidOptionsError(
+    `Replication slot ${slot} exists ${state.inThisDatabase ? `with plugin ${state.plugin}` : 'in another database'}; ` +
+      'the WAL source needs a pgoutput slot in its own database. Choose another slot name.',
+  );
 }
 
 /** A row read from the table as an item to settle; `lsn`: its place in commit order when it is held. */

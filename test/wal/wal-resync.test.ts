@@ -10,6 +10,7 @@
  */
 import { spawn } from 'node:child_process';
 import path from 'node:path';
+import { LogicalReplicationService, TestDecodingPlugin } from 'pg-logical-replication';
 import { beforeAll, describe, expect, inject, it } from 'vitest';
 
 import { ensureLogicalSlot, ensurePublication } from '../../relay/wal/slot-sql.js';
@@ -208,6 +209,48 @@ describe('WAL relay resync', () => {
     expect(isOutboxkitError(err, 'OUTBOXKIT_WAL_STREAM_FAILED')).toBe(true);
     expect((err as { retriable: boolean }).retriable).toBe(false);
     expect(await slotExists(slot)).toBe(false);
+  });
+
+  // Breach caught (a new-user trial): a relay given the name of someone else's slot (another
+  // plugin's, or another database's: names are unique in the whole cluster) ending that slot's
+  // reader at each of its starts (its lease is new, so it took the walsender for a former
+  // reader's), before refusing the slot; and a lease row left behind.
+  it("refuses another plugin's slot without ending its reader", async () => {
+    const other = newSlot();
+    await db.pool.query(`SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, [other]);
+    const service = new LogicalReplicationService(
+      { connectionString: db.url },
+      { acknowledge: { auto: false, timeoutSeconds: 0 } },
+    );
+    service.on('error', () => {});
+    const reading = service.subscribe(new TestDecodingPlugin({}), other).catch((err: unknown) => err);
+    try {
+      const readerPid = await waitFor(
+        async () =>
+          (
+            await db.pool.query<{ pid: number | null }>(
+              'SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1',
+              [other],
+            )
+          ).rows[0]?.pid ?? undefined,
+        { timeoutMs: 10_000, message: 'the test_decoding reader did not start' },
+      );
+      const { relay } = makeRelay(other);
+      const err = await relay.start().catch((e: unknown) => e);
+      expect(isOutboxkitError(err, 'OUTBOXKIT_INVALID_OPTIONS')).toBe(true);
+      expect(String((err as Error).message)).toMatch(/with plugin test_decoding/);
+      const { rows } = await db.pool.query<{ pid: number | null }>(
+        'SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1',
+        [other],
+      );
+      expect(rows[0]?.pid, 'the reader of the other slot still reads it').toBe(readerPid);
+      expect(
+        (await db.pool.query('SELECT 1 FROM outboxkit.wal_slot_leases WHERE slot_name = $1', [other])).rowCount,
+      ).toBe(0);
+    } finally {
+      await service.stop();
+      await reading;
+    }
   });
 
   // Breach caught: a publication dropped and created again leaving the relay in a crash loop
