@@ -31,6 +31,7 @@ import {
   createWalRelay,
   WAL_RELAY_DEFAULTS,
   WAL_SAME_RELAY_ID,
+  requireLogicalWal,
   type WalRelay,
   type WalRelayEvents,
   type WalResyncReason,
@@ -275,6 +276,9 @@ export async function runWalRelay(args: {
 async function prepare(pool: pg.Pool, o: { schema: string; publication: string; logger: Logger }): Promise<void> {
   const table = `${quoteSchema(o.schema)}.outbox_events`;
   await pool.query(`SELECT 1 FROM ${table} LIMIT 0`);
+  // A server that cannot stream is refused before anything is created (the relay's own check
+  // would refuse it after a publication was made for nothing).
+  await requireLogicalWal(q(pool));
   // Checked before creating: CREATE PUBLICATION needs privileges a relay's role may lack.
   const { rowCount } = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [o.publication]);
   if (rowCount !== 0) return;

@@ -574,13 +574,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
         );
       });
       // A server that cannot decode its WAL: no retry can help (the slot cannot be made).
-      const level = await pool.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
-      if (level.rows[0]?.v !== 'logical') {
-        throw new UnsupportedServerError(
-          `The WAL relay needs wal_level = logical, and this server runs wal_level = ${level.rows[0]?.v ?? 'unknown'}: ` +
-            'set wal_level = logical in postgresql.conf and restart PostgreSQL, or run the table relay (docs/wal-source.md).',
-        );
-      }
+      await requireLogicalWal(this.db);
       const publication = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [this.o.publication]);
       if (publication.rowCount !== 1) {
         // Checked here: with a resync to run, the reader (which would refuse it) starts later.
@@ -1562,7 +1556,13 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       if (done === undefined) return false;
     }
     if (this.o.holdKeyBehindFailure) keys.add(item.key);
-    this.log.warn({ seq: item.seq, eventId: item.eventId, topic: item.record?.topic, error }, 'event parked');
+    const holds = this.o.holdKeyBehindFailure && item.key !== null;
+    this.log.warn(
+      { seq: item.seq, eventId: item.eventId, topic: item.record?.topic, key: item.key, error },
+      holds
+        ? 'event parked; the later events of its key are held in the table until it is retried or skipped'
+        : 'event parked',
+    );
     this.emit('wal:parked', { seq: item.seq, eventId: item.eventId, error });
     return true;
   }
@@ -1616,6 +1616,20 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     });
     this.cancelSleep = undefined;
   }
+}
+
+/**
+ * Checks that the server runs `wal_level = logical` (the WAL relay cannot stream otherwise).
+ *
+ * @throws {@link UnsupportedServerError} naming the setting and what to do.
+ */
+export async function requireLogicalWal(db: Queryable): Promise<void> {
+  const { rows } = await db.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
+  if (rows[0]?.v === 'logical') return;
+  throw new UnsupportedServerError(
+    `The WAL relay needs wal_level = logical, and this server runs wal_level = ${rows[0]?.v ?? 'unknown'}: ` +
+      'set wal_level = logical in postgresql.conf and restart PostgreSQL, or run the table relay (docs/wal-source.md).',
+  );
 }
 
 /**

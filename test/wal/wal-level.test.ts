@@ -9,6 +9,7 @@ import { createWalRelay } from '../../relay/wal/wal-relay.js';
 import { UnsupportedServerError } from '../../src/errors.js';
 import { migrate } from '../../src/migrate.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/db.js';
+import { spawnCli } from '../helpers/processes.js';
 
 let db: TestDatabase;
 
@@ -44,5 +45,19 @@ describe('WAL relay on a server without wal_level = logical', () => {
       `SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outboxkit_wal_level_test'`,
     );
     expect(slots.rowCount).toBe(0);
+  });
+
+  // Breach caught (a new-user trial): the CLI created the publication, then the relay refused the
+  // server, leaving a publication that streams nothing to anyone (and that the table relay warns of).
+  it('outboxkit relay --source wal exits with OUTBOXKIT_UNSUPPORTED_SERVER and creates no publication', async (ctx) => {
+    const { rows } = await db.pool.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
+    if (rows[0]!.v === 'logical') ctx.skip();
+    const cli = spawnCli(['relay', '--source', 'wal', '--metrics-port', '-1'], {
+      DATABASE_URL: db.url,
+      KAFKA_BROKERS: inject('kafkaBrokers').join(','),
+    });
+    expect((await cli.exited).code).toBe(1);
+    expect(cli.output.join('')).toMatch(/OUTBOXKIT_UNSUPPORTED_SERVER.*wal_level = replica/);
+    expect((await db.pool.query('SELECT 1 FROM pg_publication')).rowCount).toBe(0);
   });
 });
