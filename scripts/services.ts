@@ -2021,6 +2021,11 @@ async function main(argv: string[]): Promise<number> {
       // The WAL tests need it: fail here, where the reason is clear, rather than in the suite.
       return walDatabaseError === undefined ? 0 : 1;
     }
+    case 'jars':
+      // Only Maven's copy of the broker's jars (what `up` does first when they are missing): CI
+      // fetches the second pass's Kafka 4.4 while the first pass's services start.
+      await resolveKafkaJars(resolveKafkaVersion(), log);
+      return 0;
     case 'down':
       await stopKafka(log);
       await stopKafkaCluster(log);
@@ -2030,11 +2035,12 @@ async function main(argv: string[]): Promise<number> {
       return (await status()) ? 0 : 1;
     default:
       console.error(
-        'usage: tsx scripts/services.ts up|down|status\n' +
+        'usage: tsx scripts/services.ts up|down|status|jars\n' +
           '  up      start PostgreSQL, PostgreSQL at wal_level=logical (port 5433) and Kafka if needed;\n' +
           '          prints DATABASE_URL, KAFKA_BROKERS and WAL_DATABASE_URL\n' +
           '  down    stop the Kafka broker, the cluster nodes and the WAL PostgreSQL this project started\n' +
           '  status  show what answers\n' +
+          "  jars    only copy the Kafka version's jars into .services/ with Maven (what up does first)\n" +
           'env: DATABASE_URL, KAFKA_BROKERS, WAL_DATABASE_URL (use these instead of local services),\n' +
           `     OUTBOXKIT_KAFKA_VERSION (3 = ${KAFKA_LINES[3]}, default; 4 = ${KAFKA_LINES[4]}),\n` +
           `     OUTBOXKIT_KAFKA_NODES (1 = the broker on ${LOCAL_BROKER}, default; 3 = a 3-node cluster on ${clusterAddresses()
