@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import { LongFilesFirstSequencer } from './test/helpers/sequencer.js';
 
 // Four projects: `unit` needs no infrastructure; `integration` runs against the real PostgreSQL and
 // the real Kafka broker, which test/global-setup.ts brings up when they are missing; `alone` runs
@@ -18,6 +19,9 @@ export default defineConfig({
   test: {
     // Two cores shared with PostgreSQL and the broker: few files at once.
     maxWorkers: 2,
+    // vitest's order, but the files that run far longer than the rest first (the unit project's
+    // test/unit/hostile-input.test.ts otherwise starts last and runs alone: test/helpers/sequencer.ts).
+    sequence: { sequencer: LongFilesFirstSequencer },
     projects: [
       {
         test: {

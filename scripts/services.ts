@@ -27,7 +27,7 @@
  * started (pid files).
  */
 import { execFile, spawn } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
@@ -783,7 +783,7 @@ export async function ensureKafkaCluster(log: Log = noop): Promise<KafkaInfo> {
         for (const id of CLUSTER_NODE_IDS)
           fs.rmSync(clusterNodeLaunch(version, id).logDir, { recursive: true, force: true });
       }
-      await ensureClusterId(version, idFile);
+      await ensureClusterId(idFile);
       log(`Starting Kafka ${version} cluster node${plan.start.length === 1 ? '' : 's'} ${plan.start.join(', ')}`);
     }
     const launched = Date.now();
@@ -1650,23 +1650,18 @@ function singleBrokerLaunch(
 }
 
 /**
- * The cluster id in `file`, created with `kafka.tools.StorageTool random-uuid` when the file is
- * missing or empty.
+ * The cluster id in `file`, created when the file is missing or empty. A new id is what
+ * `kafka-storage random-uuid` prints (Kafka's `Uuid.randomUuid()`: a random version-4 UUID as
+ * URL-safe base64 without padding, 22 characters, drawn again when it starts with '-'), made here
+ * rather than by a JVM of its own: that took 1-3 s before each new broker's format, and every
+ * scratch broker (startScratchBroker) is a new one.
  */
-async function ensureClusterId(version: string, file: string): Promise<string> {
+async function ensureClusterId(file: string): Promise<string> {
   const existing = readText(file)?.trim();
   if (existing) return existing;
-  const classpath = path.join(kafkaHome(version), 'lib', '*');
-  const logging = jvmLoggingArgs(version, path.dirname(file));
-  const res = await run(javaBin(), [...logging, '-cp', classpath, 'kafka.tools.StorageTool', 'random-uuid'], {
-    timeoutMs: 60_000,
-  });
-  const clusterId = res.stdout.trim().split('\n').pop()?.trim();
-  if (res.code !== 0 || !clusterId || !/^[\w-]{22}$/.test(clusterId)) {
-    throw new Error(
-      `kafka.tools.StorageTool random-uuid failed (exit ${res.code}): ${lastLines(res.stdout + res.stderr, 10)}`,
-    );
-  }
+  let clusterId: string;
+  do clusterId = Buffer.from(randomUUID().replaceAll('-', ''), 'hex').toString('base64url');
+  while (clusterId.startsWith('-'));
   fs.mkdirSync(path.dirname(file), { recursive: true });
   fs.writeFileSync(file, `${clusterId}\n`);
   return clusterId;
@@ -1686,7 +1681,7 @@ async function startBroker(
   const logging = jvmLoggingArgs(version, home);
 
   if (!fs.existsSync(path.join(launch.logDir, 'meta.properties'))) {
-    const clusterId = await ensureClusterId(version, launch.clusterIdFile);
+    const clusterId = await ensureClusterId(launch.clusterIdFile);
     log(`Formatting KRaft storage of ${path.relative(ROOT, home)} (cluster id ${clusterId})`);
     // Static voters (controller.quorum.voters): no --standalone, which 4.x rejects in that case.
     const res = await run(
@@ -2021,6 +2016,11 @@ async function main(argv: string[]): Promise<number> {
       // The WAL tests need it: fail here, where the reason is clear, rather than in the suite.
       return walDatabaseError === undefined ? 0 : 1;
     }
+    case 'jars':
+      // Only Maven's copy of the broker's jars (what `up` does first when they are missing): CI
+      // fetches the second pass's Kafka 4.4 while the first pass's services start.
+      await resolveKafkaJars(resolveKafkaVersion(), log);
+      return 0;
     case 'down':
       await stopKafka(log);
       await stopKafkaCluster(log);
@@ -2030,11 +2030,12 @@ async function main(argv: string[]): Promise<number> {
       return (await status()) ? 0 : 1;
     default:
       console.error(
-        'usage: tsx scripts/services.ts up|down|status\n' +
+        'usage: tsx scripts/services.ts up|down|status|jars\n' +
           '  up      start PostgreSQL, PostgreSQL at wal_level=logical (port 5433) and Kafka if needed;\n' +
           '          prints DATABASE_URL, KAFKA_BROKERS and WAL_DATABASE_URL\n' +
           '  down    stop the Kafka broker, the cluster nodes and the WAL PostgreSQL this project started\n' +
           '  status  show what answers\n' +
+          "  jars    only copy the Kafka version's jars into .services/ with Maven (what up does first)\n" +
           'env: DATABASE_URL, KAFKA_BROKERS, WAL_DATABASE_URL (use these instead of local services),\n' +
           `     OUTBOXKIT_KAFKA_VERSION (3 = ${KAFKA_LINES[3]}, default; 4 = ${KAFKA_LINES[4]}),\n` +
           `     OUTBOXKIT_KAFKA_NODES (1 = the broker on ${LOCAL_BROKER}, default; 3 = a 3-node cluster on ${clusterAddresses()
