@@ -297,7 +297,8 @@ async function main(): Promise<void> {
   } finally {
     await Promise.all(children.map((c) => stopChild(c)));
     // A replication slot keeps WAL, and its database from being dropped, until it is dropped.
-    if (wal && !opts.keep) await dropSlot(pool, slot).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
+    if (wal && !opts.keep)
+      await dropSlot(pool, slot).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
     if (wal && opts.keep) log(`kept the slot too: drop it with outboxkit wal drop-slot --database-url ${databaseUrl}`);
     await pool.end();
     if (!opts.keep) {
