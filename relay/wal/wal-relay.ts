@@ -84,9 +84,10 @@ import { formatLsn } from './lsn.js';
 const LEASE_ACT_FRACTION = 0.8;
 
 /**
- * How often the relay looks for parked events an operator put back in line (`outboxkit parked
- * retry`), in ms: their rows are published from the table, since the stream brought their inserts
- * long ago and an `UPDATE` is not streamed.
+ * How often the relay walks the rows it holds in the table (drainHeld()), in ms: held rows whose key
+ * nothing holds any more, and parked events an operator put back in line (`outboxkit parked
+ * retry`), are published from the table, since the stream brought their inserts long ago and an
+ * `UPDATE` is not streamed.
  */
 export const WAL_RETRIED_SWEEP_MS = 5_000;
 
