@@ -8,6 +8,7 @@ import type { TestProject } from 'vitest/node';
 import pg from 'pg';
 import { ensureServices } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
+import { buildCli, type CliBuild } from './helpers/cli-build.js';
 
 type Services = Awaited<ReturnType<typeof ensureServices>>;
 
@@ -16,12 +17,13 @@ type Services = Awaited<ReturnType<typeof ensureServices>>;
  * their global setups in one process): one start, stopped by the last teardown.
  */
 const shared = globalThis as typeof globalThis & {
-  outboxkitTestServices?: { services: Promise<Services>; users: number };
+  outboxkitTestServices?: { services: Promise<Services>; cli: Promise<CliBuild>; users: number };
 };
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   shared.outboxkitTestServices ??= {
     services: ensureServices((msg) => console.log(`[services] ${msg}`)),
+    cli: buildCli(process.cwd()),
     users: 0,
   };
   const entry = shared.outboxkitTestServices;
@@ -30,12 +32,14 @@ export default async function setup(project: TestProject): Promise<() => Promise
     entry.users -= 1;
     if (entry.users === 0) {
       shared.outboxkitTestServices = undefined;
+      (await entry.cli.catch(() => undefined))?.remove();
       await (await entry.services).stop();
     }
   };
   let services: Services;
+  let cli: CliBuild;
   try {
-    services = await entry.services;
+    [services, cli] = await Promise.all([entry.services, entry.cli]);
   } catch (err) {
     entry.users -= 1;
     if (entry.users === 0) shared.outboxkitTestServices = undefined;
@@ -62,6 +66,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
   project.provide('databaseUrl', databaseUrl);
   project.provide('kafkaBrokers', kafkaBrokers);
   project.provide('templateDatabase', TEMPLATE_DB);
+  project.provide('cliEntry', cli.entry);
   // Not fatal here: only the WAL tests need it, and test/helpers/wal.ts fails them with the reason.
   project.provide('walDatabaseUrl', walDatabaseUrl);
   project.provide('walDatabaseError', walDatabaseError ?? null);
@@ -87,5 +92,7 @@ declare module 'vitest' {
     walDatabaseUrl: string;
     /** Why {@link walDatabaseUrl} could not be brought up; null when it answered. */
     walDatabaseError: string | null;
+    /** The CLI built from this run's sources (test/helpers/cli-build.ts). */
+    cliEntry?: string;
   }
 }

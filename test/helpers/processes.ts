@@ -23,9 +23,15 @@ export interface Spawned {
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
-/** Runs `outboxkit <args>` from the sources (tsx) with extra environment. */
+/**
+ * Runs `outboxkit <args>` with extra environment: the JavaScript copy of this run's sources that
+ * test/global-setup.ts built (test/helpers/cli-build.ts), or the sources through tsx in a project
+ * without that setup (the cluster's).
+ */
 export function spawnCli(args: string[], env: Record<string, string> = {}): Spawned {
-  const proc = spawn(process.execPath, ['--import', 'tsx', path.resolve('cli/main.ts'), ...args], {
+  const built = inject('cliEntry');
+  const entry = built ? [built] : ['--import', 'tsx', path.resolve('cli/main.ts')];
+  const proc = spawn(process.execPath, [...entry, ...args], {
     env: { ...process.env, KAFKA_BROKERS: inject('kafkaBrokers').join(','), OUTBOXKIT_METRICS_PORT: '-1', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

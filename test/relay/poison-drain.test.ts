@@ -5,7 +5,7 @@
  * backlog with no fault, in the same run, from 2 s after the error.
  *
  * One relay, one topic, backlogs of the same size, each committed at once, one after another: no
- * fault, then five times a poison event (a key of its own) at the head and no fault. A drain's rate is the rows marked published
+ * fault, then three times a poison event (a key of its own) at the head and no fault. A drain's rate is the rows marked published
  * from 2 s after its start (the backlog's commit; for the poisoned one, the relay's failed pass)
  * until its last row, per second; each poisoned drain is compared with the mean of the two around
  * it (the machine's load drifts over a run), and the median ratio is asserted. Rates, not times: both sides slow down alike on a loaded
@@ -37,8 +37,13 @@ afterAll(async () => {
  * 15,000-20,000 rows in the window (kafkajs: 3.7-6.4 s), so a drain failed the window check below.
  */
 const ROWS = 100_000;
-/** Poisoned drains, each between two without a fault (odd: the median is one of them). */
-const ROUNDS = 5;
+/**
+ * Poisoned drains, each between two without a fault (odd: the median is one of them). Three, with
+ * the file alone on the machine (vitest project `alone`): the ratios of a run on its own spread
+ * 0.93-1.14 (five rounds, 2026-12-07), well above the bound; each round is two drains of 100,000
+ * rows, about 20 s of CI's time.
+ */
+const ROUNDS = 3;
 /** The window of a drain starts this long after its start (the issue's 2 s). */
 const GRACE_MS = 2_000;
 
