@@ -5,7 +5,17 @@ import importX from 'eslint-plugin-import-x';
 import regexp from 'eslint-plugin-regexp';
 
 export default tseslint.config(
-  { ignores: ['dist/**', '.test-build-*/**', 'node_modules/**', '.services/**', 'scratch/**', 'migrations/**', 'coverage/**'] },
+  {
+    ignores: [
+      'dist/**',
+      '.test-build-*/**',
+      'node_modules/**',
+      '.services/**',
+      'scratch/**',
+      'migrations/**',
+      'coverage/**',
+    ],
+  },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
