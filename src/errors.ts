@@ -14,7 +14,7 @@ export const ERROR_CODES = [
   'OUTBOXKIT_INVALID_EVENT',
   /** The handle passed as a transaction is not a live transaction (a pool, the top-level db). */
   'OUTBOXKIT_NOT_IN_TRANSACTION',
-  /** The PostgreSQL server is older than outboxkit supports. */
+  /** The PostgreSQL server is older than outboxkit supports, or lacks a setting a component needs (`wal_level`). */
   'OUTBOXKIT_UNSUPPORTED_SERVER',
   /** A migration failed or the migration files are inconsistent. */
   'OUTBOXKIT_MIGRATION_FAILED',
@@ -65,7 +65,10 @@ export const ERROR_CODES = [
   'OUTBOXKIT_KAFKA_CLIENT_UNAVAILABLE',
   /** The WAL source's replication stream could not start, or ended while it was read (docs/wal-source.md). */
   'OUTBOXKIT_WAL_STREAM_FAILED',
-  /** The database role may not use outboxkit's schema or its tables (SQLSTATE 42501): grant it access. */
+  /**
+   * The database role may not use outboxkit's schema or its tables (SQLSTATE 42501): grant it
+   * access. From the WAL relay: the role may not replicate (no `REPLICATION`).
+   */
   'OUTBOXKIT_PERMISSION_DENIED',
 ] as const;
 
@@ -113,7 +116,8 @@ export function isOutboxkitError(err: unknown, code?: ErrorCode): err is Outboxk
  * Options passed to a component are invalid. Thrown by every `resolveXxxOptions()`, and by
  * `ensureTopics()` (`outboxkit topics ensure`) for a topic the broker refuses to create for what it
  * asks (a bad configuration entry, more replicas than brokers, a policy: docs/kafka.md, Topics),
- * the Kafka client's error as `cause`.
+ * the Kafka client's error as `cause`. Also by the WAL relay's `start()` for a `statusIntervalMs`
+ * not below the server's `wal_sender_timeout` (docs/wal-source.md, "Start-up checks").
  */
 export class InvalidOptionsError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
@@ -164,8 +168,10 @@ export class NotInTransactionError extends OutboxkitError {
 
 /**
  * The PostgreSQL server is older than the minimum outboxkit supports, or (`migrate({ walPublication })`,
- * the WAL relay) does not run `wal_level = logical`. Thrown by `migrate()` and by the WAL relay's
- * `start()` (not retriable: the setting needs a restart of PostgreSQL).
+ * the WAL relay) does not run `wal_level = logical`, or (the WAL relay) runs `max_wal_senders` or
+ * `max_replication_slots` at 0. Thrown by `migrate()` and by the WAL relay's `start()` and
+ * `outboxkit relay --source wal` (not retriable: the settings need a restart of PostgreSQL;
+ * docs/wal-source.md, "Start-up checks").
  */
 export class UnsupportedServerError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {
@@ -221,6 +227,11 @@ export class SchemaMissingError extends OutboxkitError {
  * Not retriable: the schema's owner (or a superuser) must grant the access. Thrown by the CLI:
  * every command with `--database-url`, `outboxkit relay` of either source (made by
  * {@link permissionDeniedOr}); see docs/configuration.md, "Database privileges".
+ *
+ * Also thrown by the WAL relay's `start()` (and `outboxkit relay --source wal`) when its role has
+ * neither `REPLICATION` nor `SUPERUSER`, before any slot or lease is touched: the message names
+ * the role and `ALTER ROLE <role> WITH REPLICATION` (docs/wal-source.md, "Start-up checks"); and
+ * by `outboxkit wal drop-slot` for the same lack.
  */
 export class PermissionDeniedError extends OutboxkitError {
   constructor(message: string, options?: OutboxkitErrorOptions) {

@@ -26,12 +26,12 @@ import {
   serveMetrics,
   type WalRelayReadiness,
 } from '../../relay/metrics.js';
+import { checkWalServer } from '../../relay/wal/server-check.js';
 import { ensurePublication, walSlotsStatus, type WalSlotStatus } from '../../relay/wal/slot-sql.js';
 import {
   createWalRelay,
   WAL_RELAY_DEFAULTS,
   WAL_SAME_RELAY_ID,
-  requireLogicalWal,
   type WalRelay,
   type WalRelayEvents,
   type WalResyncReason,
@@ -143,7 +143,7 @@ export async function runWalRelay(args: {
   /** The lease owner this standby last logged, so that it logs when the owner changes, not every poll. */
   let standbyLogged: string | undefined;
   try {
-    await prepare(pool, { schema, publication, logger });
+    await prepare(pool, { schema, publication, statusIntervalMs: Number(opts.walStatusIntervalMs), logger });
     logger.info({ kafka: resolved.description, kafkaClient: library, slot, publication, schema }, 'WAL relay settings');
 
     // Metrics and readiness, fed by whichever relay runs.
@@ -270,15 +270,19 @@ export async function runWalRelay(args: {
 }
 
 /**
- * Checks the schema, then creates the publication when missing (the relay refuses to start
- * without it; the slot is the relay's own: it creates it, and resyncs, when missing).
+ * Checks the schema and the server, then creates the publication when missing (the relay refuses
+ * to start without it; the slot is the relay's own: it creates it, and resyncs, when missing).
  */
-async function prepare(pool: pg.Pool, o: { schema: string; publication: string; logger: Logger }): Promise<void> {
+async function prepare(
+  pool: pg.Pool,
+  o: { schema: string; publication: string; statusIntervalMs: number; logger: Logger },
+): Promise<void> {
   const table = `${quoteSchema(o.schema)}.outbox_events`;
   await pool.query(`SELECT 1 FROM ${table} LIMIT 0`);
-  // A server that cannot stream is refused before anything is created (the relay's own check
-  // would refuse it after a publication was made for nothing).
-  await requireLogicalWal(q(pool));
+  // A server that cannot stream, or a role that may not, is refused before anything is created
+  // (the relay's own check would refuse it after a publication was made for nothing). Its notes
+  // are the relay's to log, once it holds the slot.
+  await checkWalServer(q(pool), { statusIntervalMs: o.statusIntervalMs });
   // Checked before creating: CREATE PUBLICATION needs privileges a relay's role may lack.
   const { rowCount } = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [o.publication]);
   if (rowCount !== 0) return;

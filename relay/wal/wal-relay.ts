@@ -54,7 +54,6 @@ import {
   InvalidOptionsError,
   LifecycleError,
   SchemaMissingError,
-  UnsupportedServerError,
   WalStreamError,
   isOutboxkitError,
   permissionDeniedOr,
@@ -142,6 +141,9 @@ import {
 } from './slot-sql.js';
 import { SQLSTATE, isConnectionFailure, sqlStateOf } from '../../src/postgres.js';
 import { acquireSlotLease, endSlotReader, releaseSlotLease, renewSlotLease } from './slot-lease.js';
+import { checkWalServer, logWalServerNotes } from './server-check.js';
+
+export { requireLogicalWal } from './server-check.js';
 
 /** Options of {@link createWalRelay}. */
 export interface WalRelayOptions {
@@ -214,7 +216,11 @@ export interface WalRelayOptions {
   retryInitialMs?: number;
   /** Backoff cap, in ms (at least `retryInitialMs`). @defaultValue 10_000 */
   retryMaxMs?: number;
-  /** The slot reader's status update interval, in ms (keep it well below `wal_sender_timeout`). @defaultValue 10_000 */
+  /**
+   * The slot reader's status update interval, in ms: keep it well below `wal_sender_timeout`.
+   * `start()` refuses one not below the `wal_sender_timeout` its sessions see
+   * (`InvalidOptionsError`), and warns above half of it. @defaultValue 10_000
+   */
   statusIntervalMs?: number;
   /**
    * Logger. Also gets kafkajs's own log entries (warn and above) of the kafkajs client made from
@@ -346,18 +352,29 @@ export interface WalRelayEvents {
 /** A WAL relay. Make one with {@link createWalRelay}; it runs once. */
 export interface WalRelay extends EventEmitter<WalRelayEvents> {
   /**
-   * Checks the schema, connects the producer (or keeps trying in the background when Kafka does
-   * not answer), checks the slot and starts reading it. A slot that is missing or lost is created
+   * Checks the schema and the server (relay/wal/server-check.ts; docs/wal-source.md, "Start-up
+   * checks"), connects the producer (or keeps trying in the background when Kafka does not
+   * answer), checks the slot and starts reading it. A slot that is missing or lost is created
    * (again) here; the resync it needs then runs in the background, and the reader starts after it.
+   * Once it holds the slot's lease it logs a warning when `max_slot_wal_keep_size` is -1 (no
+   * limit; else an info line with its value, in MB) and when `statusIntervalMs` is above half of
+   * `wal_sender_timeout`.
    *
    * @throws {@link SchemaMissingError} when `<schema>.outbox_events` or `<schema>.wal_slots` does
    *   not exist (migrate first).
+   * @throws {@link UnsupportedServerError} (not retriable) when the server does not run
+   *   `wal_level = logical`, or runs `max_wal_senders` or `max_replication_slots` at 0; before any
+   *   slot or lease is touched.
+   * @throws {@link PermissionDeniedError} (not retriable) when the role has neither `REPLICATION`
+   *   nor `SUPERUSER` (nor, on Amazon RDS or Aurora, `rds_replication`); before any slot or lease
+   *   is touched.
    * @throws {@link WalStreamError} (retriable) when another relay holds the slot's lease (this
    *   one is a standby: call `start()` on a new relay later; its message says for how long yet),
    *   another reader holds the slot, another relay is checking or resyncing it, or PostgreSQL
    *   cannot be reached; (not retriable) when the publication does not exist.
    * @throws {@link InvalidOptionsError} when a slot of that name exists with another plugin or in
-   *   another database.
+   *   another database; when `statusIntervalMs` is not below the `wal_sender_timeout` the relay's
+   *   sessions see (0 disables it), since the walsender would end a relay that waits.
    * @throws {@link LifecycleError} on a second call.
    * @throws {@link KafkaClientUnavailableError} with `kafkaClient: 'platformatic'` when
    *   @platformatic/kafka is not installed.
@@ -574,8 +591,9 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           { cause: err },
         );
       });
-      // A server that cannot decode its WAL: no retry can help (the slot cannot be made).
-      await requireLogicalWal(this.db);
+      // A server that cannot decode its WAL, a role that may not replicate, a status interval the
+      // walsender would end the relay for: no retry can help, and nothing is touched yet.
+      const serverNotes = await checkWalServer(this.db, { statusIntervalMs: this.o.statusIntervalMs });
       const publication = await pool.query('SELECT 1 FROM pg_publication WHERE pubname = $1', [this.o.publication]);
       if (publication.rowCount !== 1) {
         // Checked here: with a resync to run, the reader (which would refuse it) starts later.
@@ -596,6 +614,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
           { retriable: true },
         );
       }
+      // Said by the relay that reads the slot, once: a standby tries again with a new relay, often.
+      logWalServerNotes(this.log, serverNotes, { slot: this.o.slot });
       await this.loadHeldKeys();
       // The broker may be down at start: the relay starts anyway and its sends back off.
       await this.kafka
@@ -1617,20 +1637,6 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     });
     this.cancelSleep = undefined;
   }
-}
-
-/**
- * Checks that the server runs `wal_level = logical` (the WAL relay cannot stream otherwise).
- *
- * @throws {@link UnsupportedServerError} naming the setting and what to do.
- */
-export async function requireLogicalWal(db: Queryable): Promise<void> {
-  const { rows } = await db.query<{ v: string }>(`SELECT current_setting('wal_level') AS v`);
-  if (rows[0]?.v === 'logical') return;
-  throw new UnsupportedServerError(
-    `The WAL relay needs wal_level = logical, and this server runs wal_level = ${rows[0]?.v ?? 'unknown'}: ` +
-      'set wal_level = logical in postgresql.conf and restart PostgreSQL, or run the table relay (docs/wal-source.md).',
-  );
 }
 
 /**

@@ -21,7 +21,11 @@ const cli = (args: string[]) => finished(spawnCli(args));
 const EVENT_ID = '0190d9a5-7e6b-7c1a-9f0e-3b5a1c2d4e6f';
 /** A role with no privilege on outboxkit's schema (on both servers: roles belong to a cluster). */
 const STRANGER = `okit_stranger_${randomBytes(4).toString('hex')}`;
-/** A role that may read outboxkit's tables on the WAL server, but owns none. */
+/**
+ * A role that may read outboxkit's tables on the WAL server, but owns none; with `REPLICATION`, as a
+ * relay's role has (without it the relay's start-up check refuses it before the publication:
+ * test/wal/server-check.test.ts).
+ */
 const READER = `okit_reader_${randomBytes(4).toString('hex')}`;
 /** A role that may change outboxkit's tables on the WAL server, without `REPLICATION`. */
 const WRITER = `okit_writer_${randomBytes(4).toString('hex')}`;
@@ -49,7 +53,7 @@ beforeAll(async () => {
   await migrate({ connectionString: wal.url });
   await db.pool.query(`CREATE ROLE ${STRANGER} LOGIN`);
   await wal.pool.query(`CREATE ROLE ${STRANGER} LOGIN`);
-  await wal.pool.query(`CREATE ROLE ${READER} LOGIN`);
+  await wal.pool.query(`CREATE ROLE ${READER} LOGIN REPLICATION`);
   await wal.pool.query(`GRANT USAGE ON SCHEMA outboxkit TO ${READER}`);
   await wal.pool.query(`GRANT SELECT ON ALL TABLES IN SCHEMA outboxkit TO ${READER}`);
   await wal.pool.query(`CREATE ROLE ${WRITER} LOGIN`);
