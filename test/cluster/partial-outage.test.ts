@@ -110,23 +110,35 @@ describe.skipIf(!enabled)(
       assignment?: number[][],
       configEntries: { name: string; value: string }[] = [],
     ): Promise<void> {
-      const admin = kafka.admin();
-      await admin.connect();
-      try {
-        await admin.createTopics({
-          waitForLeaders: false,
-          topics: [
-            assignment
-              ? {
-                  topic,
-                  replicaAssignment: assignment.map((replicas, partition) => ({ partition, replicas })),
-                  configEntries,
-                }
-              : { topic, numPartitions: partitions, replicationFactor: 3, configEntries },
-          ],
-        });
-      } finally {
-        await admin.disconnect();
+      // Tried again for up to 30 s: right after the cluster's restart by the file before (a node
+      // SIGKILLed 30 s into its shutdown), a node refused connections for a moment after the
+      // cluster was ready (CI, 2026-12-07: three cases failed here within 30 ms). kafkajs answers a
+      // topic that a try already made with false, not an error.
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const admin = kafka.admin();
+        try {
+          await admin.connect();
+          await admin.createTopics({
+            waitForLeaders: false,
+            topics: [
+              assignment
+                ? {
+                    topic,
+                    replicaAssignment: assignment.map((replicas, partition) => ({ partition, replicas })),
+                    configEntries,
+                  }
+                : { topic, numPartitions: partitions, replicationFactor: 3, configEntries },
+            ],
+          });
+          break;
+        } catch (err) {
+          if (Date.now() > deadline) throw err;
+          console.log(`[outage] creating ${topic} failed, trying again: ${String(err)}`);
+          await sleep(1_000);
+        } finally {
+          await admin.disconnect().catch(() => undefined);
+        }
       }
       await waitFor(
         async () => {
