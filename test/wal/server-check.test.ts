@@ -115,6 +115,26 @@ const NO_REPLICATION_MESSAGE =
 const TIMEOUT_MESSAGE_START =
   "statusIntervalMs (--wal-status-interval-ms) is 5000 ms, not below the server's wal_sender_timeout of 5000 ms: ";
 
+/** `outboxkit relay --source wal` on `url` for `slot` and the test's publication, without metrics. */
+function walRelayCli(url: string, slot: string, extra: string[] = [], logLevel = 'silent') {
+  return spawnCli([
+    'relay',
+    '--source',
+    'wal',
+    '--database-url',
+    url,
+    '--wal-slot',
+    slot,
+    '--wal-publication',
+    PUBLICATION,
+    ...extra,
+    '--metrics-port',
+    '-1',
+    '--log-level',
+    logLevel,
+  ]);
+}
+
 describe('a role without REPLICATION', () => {
   // Before the check, such a relay took the slot's lease and failed creating the slot with
   // PostgreSQL's bare 42501, which the CLI reported as a missing grant on the schema.
@@ -134,23 +154,7 @@ describe('a role without REPLICATION', () => {
 
   it('outboxkit relay --source wal prints it as one line and exits 1, creating no slot', async () => {
     const slot = randomSlotName('check_norepl_cli');
-    const r = await finished(
-      spawnCli([
-        'relay',
-        '--source',
-        'wal',
-        '--database-url',
-        asRole(wal.url, NO_REPLICATION),
-        '--wal-slot',
-        slot,
-        '--wal-publication',
-        PUBLICATION,
-        '--metrics-port',
-        '-1',
-        '--log-level',
-        'silent',
-      ]),
-    );
+    const r = await finished(walRelayCli(asRole(wal.url, NO_REPLICATION), slot));
     expect({ code: r.code, stderr: r.stderr }).toEqual({
       code: 1,
       stderr: `outboxkit: OUTBOXKIT_PERMISSION_DENIED: ${NO_REPLICATION_MESSAGE}\n`,
@@ -192,25 +196,7 @@ describe("statusIntervalMs against the role's wal_sender_timeout", () => {
 
   it('outboxkit relay --source wal --wal-status-interval-ms 5000: one line, exit 1', async () => {
     const slot = randomSlotName('check_timeout_cli');
-    const r = await finished(
-      spawnCli([
-        'relay',
-        '--source',
-        'wal',
-        '--database-url',
-        asRole(wal.url, SHORT_TIMEOUT),
-        '--wal-slot',
-        slot,
-        '--wal-publication',
-        PUBLICATION,
-        '--wal-status-interval-ms',
-        '5000',
-        '--metrics-port',
-        '-1',
-        '--log-level',
-        'silent',
-      ]),
-    );
+    const r = await finished(walRelayCli(asRole(wal.url, SHORT_TIMEOUT), slot, ['--wal-status-interval-ms', '5000']));
     expect(r.code, r.stderr).toBe(1);
     expect(r.stderr.startsWith(`outboxkit: OUTBOXKIT_INVALID_OPTIONS: ${TIMEOUT_MESSAGE_START}`), r.stderr).toBe(true);
     expect(r.stderr.split('\n')).toHaveLength(2); // one line, and its end
@@ -252,21 +238,7 @@ describe('warnings and the max_slot_wal_keep_size line', () => {
   it('outboxkit relay --source wal logs the max_slot_wal_keep_size line through pino', async () => {
     const slot = randomSlotName('check_notes_cli');
     const keepMb = await maxSlotWalKeepSizeMb();
-    const child = spawnCli([
-      'relay',
-      '--source',
-      'wal',
-      '--database-url',
-      wal.url,
-      '--wal-slot',
-      slot,
-      '--wal-publication',
-      PUBLICATION,
-      '--metrics-port',
-      '-1',
-      '--log-level',
-      'info',
-    ]);
+    const child = walRelayCli(wal.url, slot, [], 'info');
     children.push(child);
     const line = await waitFor(
       () =>
