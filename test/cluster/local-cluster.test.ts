@@ -23,6 +23,8 @@ import {
 } from '../../scripts/services.js';
 import { ensureTopics } from '../../src/kafka/topics.js';
 import { kafkajsProducer } from '../../src/kafka/kafkajs/producer.js';
+import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
+import type { KafkaProducer } from '../../src/kafka/types.js';
 import { randomName } from '../helpers/kafka.js';
 import { waitFor } from '../helpers/wait-for.js';
 
@@ -223,80 +225,97 @@ describe.skipIf(!enabled)(
     // 2 of 4 runs (and 1 of 4 again later) found 38-43 acknowledged records missing: the send that
     // failed when the leader was killed had been written, kafkajs took its sequence numbers back,
     // and a later batch of the same size was answered as its duplicate with its offset
-    // (src/kafka/kafkajs/producer.ts says how).
-    it("C09 outboxkit's kafkajs producer: every record it reports acknowledged is in the topic across a leader kill (sends spanning partitions)", async () => {
+    // (src/kafka/kafkajs/producer.ts says how). The same check for the @platformatic/kafka
+    // producer (issue 18: the cluster cases on the maintained client), whatever
+    // OUTBOXKIT_KAFKA_CLIENT says.
+    const producerSettings = { retries: 12, retryInitialMs: 200, retryMaxMs: 3_000 };
+    const adapters: [string, () => KafkaProducer][] = [
       // kafkajs 2.2.4 alone resolved such sends without writing a partition whose leader moved to a
       // broker that had already answered (see `send()` above); kafkajsProducer checks every answer,
       // and after a failed send it sends through a new producer id (C09).
-      const topic = randomName('cluster-adapter');
-      await ensureTopics(kafka, [{ topic, numPartitions: 6, replicationFactor: 3 }]);
-      const adapter = kafkajsProducer(kafka, { retries: 12, retryInitialMs: 200, retryMaxMs: 3_000 });
-      await adapter.connect();
-      const acknowledged: string[] = [];
-      let refused = 0;
-      let next = 0;
-      let stop = false;
-      const sending = (async () => {
-        while (!stop) {
-          const ids = Array.from({ length: 60 }, () => `m${next++}`);
-          const { outcomes } = await adapter.send(
-            ids.map((id) => ({ topic, key: id, value: Buffer.from(id), headers: {} })),
+      ['kafkajs', () => kafkajsProducer(kafka, producerSettings)],
+      [
+        '@platformatic/kafka',
+        () => createPlatformaticClient({ clientId: randomName('cluster-adapter'), brokers }).producer(producerSettings),
+      ],
+    ];
+    it.each(adapters)(
+      "C09 outboxkit's %s producer: every record it reports acknowledged is in the topic across a leader kill (sends spanning partitions)",
+      async (_client, makeAdapter) => {
+        const topic = randomName('cluster-adapter');
+        await ensureTopics(kafka, [{ topic, numPartitions: 6, replicationFactor: 3 }]);
+        const adapter = makeAdapter();
+        await adapter.connect();
+        const acknowledged: string[] = [];
+        let refused = 0;
+        let next = 0;
+        let stop = false;
+        const sending = (async () => {
+          while (!stop) {
+            const ids = Array.from({ length: 60 }, () => `m${next++}`);
+            const { outcomes } = await adapter.send(
+              ids.map((id) => ({ topic, key: id, value: Buffer.from(id), headers: {} })),
+            );
+            outcomes.forEach((o, i) => (o.ok ? acknowledged.push(ids[i]!) : refused++));
+          }
+        })();
+        try {
+          await waitFor(() => acknowledged.length >= 600, { timeoutMs: 60_000 });
+          // The node that leads most partitions of the topic.
+          const leaders = (await partitionLeaders(topic)).map((x) => x.leader);
+          const victim = [1, 2, 3].sort(
+            (a, b) => leaders.filter((l) => l === b).length - leaders.filter((l) => l === a).length,
+          )[0]!;
+          log(
+            `adapter: killing node ${victim}, leader of ${leaders.filter((l) => l === victim).length} of 6 partitions`,
           );
-          outcomes.forEach((o, i) => (o.ok ? acknowledged.push(ids[i]!) : refused++));
+          await killClusterNode(victim);
+          const atKill = acknowledged.length;
+          await waitFor(() => acknowledged.length >= atKill + 600, {
+            timeoutMs: 90_000,
+            message: 'sends resumed after the kill',
+          });
+          await restartClusterNode(victim, log);
+          await waitFor(async () => (await partitionLeaders(topic)).every((x) => x.isr.length === 3), {
+            timeoutMs: 60_000,
+            intervalMs: 500,
+          });
+        } finally {
+          stop = true;
+          await sending.catch(() => undefined);
+          await adapter.disconnect();
         }
-      })();
-      try {
-        await waitFor(() => acknowledged.length >= 600, { timeoutMs: 60_000 });
-        // The node that leads most partitions of the topic.
-        const leaders = (await partitionLeaders(topic)).map((x) => x.leader);
-        const victim = [1, 2, 3].sort(
-          (a, b) => leaders.filter((l) => l === b).length - leaders.filter((l) => l === a).length,
-        )[0]!;
-        log(`adapter: killing node ${victim}, leader of ${leaders.filter((l) => l === victim).length} of 6 partitions`);
-        await killClusterNode(victim);
-        const atKill = acknowledged.length;
-        await waitFor(() => acknowledged.length >= atKill + 600, {
-          timeoutMs: 90_000,
-          message: 'sends resumed after the kill',
-        });
-        await restartClusterNode(victim, log);
-        await waitFor(async () => (await partitionLeaders(topic)).every((x) => x.isr.length === 3), {
-          timeoutMs: 60_000,
-          intervalMs: 500,
-        });
-      } finally {
-        stop = true;
-        await sending.catch(() => undefined);
-        await adapter.disconnect();
-      }
-      // Read the whole topic back.
-      const consumer = kafka.consumer({ groupId: randomName('cluster-adapter-read') });
-      const seen = new Set<string>();
-      await consumer.connect();
-      try {
-        await consumer.subscribe({ topic, fromBeginning: true });
-        await consumer.run({ eachMessage: async ({ message }) => void seen.add(message.value!.toString()) });
-        await waitFor(() => acknowledged.every((id) => seen.has(id)), {
-          timeoutMs: 60_000,
-          message: () => {
-            const missing = acknowledged.filter((id) => !seen.has(id));
-            return `${missing.length} of ${acknowledged.length} acknowledged records are not in the topic (read ${seen.size}; first: ${missing.slice(0, 8).join(', ')})`;
-          },
-        }).catch(async (err: Error) => {
-          const admin = kafka.admin();
-          await admin.connect();
-          const offsets = await admin.fetchTopicOffsets(topic).finally(() => admin.disconnect());
-          const held = offsets.reduce((sum, o) => sum + Number(o.high) - Number(o.low), 0);
-          throw new Error(`${err.message}; the topic holds ${held} records, ${refused} were refused`);
-        });
-      } finally {
-        await consumer.disconnect();
-      }
-      log(`adapter: ${acknowledged.length} acknowledged (all in the topic), ${refused} refused and left to the caller`);
-      const admin = kafka.admin();
-      await admin.connect();
-      await admin.deleteTopics({ topics: [topic] }).finally(() => admin.disconnect());
-    });
+        // Read the whole topic back.
+        const consumer = kafka.consumer({ groupId: randomName('cluster-adapter-read') });
+        const seen = new Set<string>();
+        await consumer.connect();
+        try {
+          await consumer.subscribe({ topic, fromBeginning: true });
+          await consumer.run({ eachMessage: async ({ message }) => void seen.add(message.value!.toString()) });
+          await waitFor(() => acknowledged.every((id) => seen.has(id)), {
+            timeoutMs: 60_000,
+            message: () => {
+              const missing = acknowledged.filter((id) => !seen.has(id));
+              return `${missing.length} of ${acknowledged.length} acknowledged records are not in the topic (read ${seen.size}; first: ${missing.slice(0, 8).join(', ')})`;
+            },
+          }).catch(async (err: Error) => {
+            const admin = kafka.admin();
+            await admin.connect();
+            const offsets = await admin.fetchTopicOffsets(topic).finally(() => admin.disconnect());
+            const held = offsets.reduce((sum, o) => sum + Number(o.high) - Number(o.low), 0);
+            throw new Error(`${err.message}; the topic holds ${held} records, ${refused} were refused`);
+          });
+        } finally {
+          await consumer.disconnect();
+        }
+        log(
+          `adapter: ${acknowledged.length} acknowledged (all in the topic), ${refused} refused and left to the caller`,
+        );
+        const admin = kafka.admin();
+        await admin.connect();
+        await admin.deleteTopics({ topics: [topic] }).finally(() => admin.disconnect());
+      },
+    );
 
     it('stops every node (services:down): SIGTERM, SIGKILL after a bound', async () => {
       for (const p of producers.splice(0)) await p.disconnect();

@@ -9,9 +9,10 @@ import type pg from 'pg';
 import { enqueue, withPgTransaction } from '../../src/index.js';
 import { migrate } from '../../src/migrate.js';
 import { createKafkajsClient } from '../../src/kafka/kafkajs/client.js';
+import { createPlatformaticClient } from '../../src/kafka/platformatic/client.js';
 import type { KafkaClient } from '../../src/kafka/types.js';
 import { createDatabaseOn, type TestDatabase } from '../helpers/db.js';
-import { randomName } from '../helpers/kafka.js';
+import { randomName, TEST_KAFKA_CLIENT } from '../helpers/kafka.js';
 
 export const log = (msg: string) => console.log(`[outage] ${msg}`);
 
@@ -23,15 +24,22 @@ export async function clusterTestDatabase(): Promise<TestDatabase> {
   return db;
 }
 
-/** A kafkajs `Kafka` and outboxkit's client over it, on `brokers`, silent. */
+/**
+ * A kafkajs `Kafka` on `brokers` (the tests' own admin requests and read-backs) and outboxkit's
+ * client for the product under test (the relays and dedup consumers the tests start): over that
+ * kafkajs `Kafka`, or over @platformatic/kafka when `OUTBOXKIT_KAFKA_CLIENT=platformatic`
+ * ({@link TEST_KAFKA_CLIENT}; docs/kafka.md, "Choosing a client"), with the same retries. Silent.
+ */
 export function clusterKafka(brokers: string[]): { kafka: Kafka; client: KafkaClient } {
-  const kafka = new Kafka({
-    clientId: randomName('outage'),
-    brokers,
-    logLevel: logLevel.NOTHING,
-    retry: { retries: 8, initialRetryTime: 200, maxRetryTime: 2_000 },
-  });
-  return { kafka, client: createKafkajsClient(kafka) };
+  const clientId = randomName('outage');
+  const retry = { retries: 8, initialRetryTime: 200, maxRetryTime: 2_000 };
+  const kafka = new Kafka({ clientId, brokers, logLevel: logLevel.NOTHING, retry });
+  const client =
+    TEST_KAFKA_CLIENT === 'platformatic'
+      ? createPlatformaticClient({ clientId, brokers, retry })
+      : createKafkajsClient(kafka);
+  log(`the relays and consumers under test run on ${TEST_KAFKA_CLIENT}`);
+  return { kafka, client };
 }
 
 /** One enqueued event: its key, topic, order number and when its transaction committed (ms since the epoch). */

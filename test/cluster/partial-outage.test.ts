@@ -319,7 +319,7 @@ describe.skipIf(!enabled)(
       // A new dedup consumer of orders starts during the outage and applies events.
       let applied = 0;
       let consumer: DedupConsumer | undefined = createDedupConsumer({
-        kafka,
+        kafka: client,
         groupId: randomName('c26'),
         topics: [orders],
         database: db.pool,
