@@ -8,7 +8,9 @@
  * Environment: DATABASE_URL, KAFKA_BROKERS, ORDERS_TOPIC (default `orders`; its dead-letter topic
  * `<topic>.dlq` must exist too), SHIPPING_GROUP (default `shipping`), SHIPPING_SESSION_TIMEOUT_MS
  * and SHIPPING_HEARTBEAT_INTERVAL_MS (the consumer's defaults when unset; the chaos harness sets
- * them short so that rebalances after a crash take seconds).
+ * them short so that rebalances after a crash take seconds), OUTBOXKIT_KAFKA_CLIENT (`platformatic`
+ * runs the consumer on @platformatic/kafka, anything else on kafkajs: docs/kafka.md, "Choosing a
+ * client").
  *
  * Orders whose cart id starts with `undeliverable-` fail every attempt and go to the dead-letter
  * topic (DESIGN G5), so that a run has dead letters to account for.
@@ -20,12 +22,14 @@ import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { createDedupConsumer } from '../../consumer/index.js';
 import { migrate } from '../../src/index.js';
+import { createPlatformaticClient, type KafkaClient } from '../../src/kafka/index.js';
 import { ensureDemoSchema } from './db.js';
 
 /** Starts the shipping consumer; returns it with a count of the duplicates it absorbed. */
 export async function startShipping(options: {
   pool: pg.Pool;
-  kafka: Kafka;
+  /** A kafkajs `Kafka`, or outboxkit's client over @platformatic/kafka. */
+  kafka: Kafka | KafkaClient;
   topic: string;
   groupId: string;
   /** Kafka group session timeout, in ms. @defaultValue the consumer's (30_000) */
@@ -85,7 +89,10 @@ async function main(): Promise<void> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 8 });
   await migrate({ connectionString: databaseUrl });
   await ensureDemoSchema(pool);
-  const kafka = new Kafka({ clientId: 'shipping', brokers, logLevel: logLevel.NOTHING });
+  const kafka =
+    process.env.OUTBOXKIT_KAFKA_CLIENT === 'platformatic'
+      ? createPlatformaticClient({ clientId: 'shipping', brokers })
+      : new Kafka({ clientId: 'shipping', brokers, logLevel: logLevel.NOTHING });
   const { consumer, stats } = await startShipping({
     pool,
     kafka,
