@@ -42,6 +42,8 @@ export { createPlatformaticClient } from './platformatic/client.js';
 export { applyKafkajsRequestQueueFix } from './kafkajs/fix.js';
 export type { KafkajsFixOutcome } from './kafkajs/fix.js';
 export { applyKafkajsMetadataFix } from './kafkajs/metadata-fix.js';
+export { applyPlatformaticMetadataFix } from './platformatic/metadata-fix.js';
+export type { PlatformaticFixOutcome } from './platformatic/metadata-fix.js';
 export { ensureTopics, weakAcksReason } from './topics.js';
 export type { EnsureTopicsOptions, EnsureTopicsResult } from './topics.js';
 export {

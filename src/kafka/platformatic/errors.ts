@@ -20,6 +20,7 @@ const PARTITION_UNAVAILABLE = new Set([
 
 interface PlatformaticErrorShape {
   code?: unknown;
+  hasStaleMetadata?: unknown;
   apiId?: unknown;
   canRetry?: unknown;
   cause?: unknown;
@@ -147,14 +148,31 @@ export function withUnreachableMessage(err: unknown, brokers: readonly string[])
   return reasons.length === 0 ? err : brokersUnreachableError(brokers, reasons, err);
 }
 
+/**
+ * The client's error for a leader that is not among the brokers of its metadata (a partition
+ * without a leader, leader -1): a `NetworkError` (`PLT_KFK_NETWORK`) with `hasStaleMetadata` and
+ * an own `broker` property that is null or undefined (2.12.1's connection pool; 1.35.0's through
+ * ./metadata-fix.ts). The same as kafkajs' KafkaJSBrokerNotFound.
+ */
+function isNoBrokerError(e: PlatformaticErrorShape): boolean {
+  return (
+    e.code === 'PLT_KFK_NETWORK' &&
+    e.hasStaleMetadata === true &&
+    Object.hasOwn(e, 'broker') &&
+    (e as { broker?: unknown }).broker == null
+  );
+}
+
 /** The {@link KafkaFailure} of a failed @platformatic/kafka send. */
 export function platformaticFailureOf(err: unknown): KafkaFailure {
   const code = protocolErrorName(err);
   const kind = isPlatformaticRecordError(err) ? 'record' : 'broker';
   let partitionUnavailable = false;
   if (kind === 'broker') {
-    for (const e of errorTree(err))
+    for (const e of errorTree(err)) {
       if (typeof e.apiId === 'string' && PARTITION_UNAVAILABLE.has(e.apiId)) partitionUnavailable = true;
+      if (isNoBrokerError(e)) partitionUnavailable = true;
+    }
   }
   return {
     kind,

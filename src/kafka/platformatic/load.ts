@@ -7,6 +7,7 @@ import { createRequire } from 'node:module';
 import path from 'node:path';
 import type * as platformatic from '@platformatic/kafka';
 import { KafkaClientUnavailableError } from '../../errors.js';
+import { fixPlatformaticMetadata } from './metadata-fix.js';
 
 /** The module's type, for the adapter's own files (never in a public signature). */
 export type PlatformaticKafka = typeof platformatic;
@@ -25,7 +26,8 @@ export function platformaticInstall(node: string = process.versions.node): strin
 let loading: Promise<PlatformaticKafka> | undefined;
 
 /**
- * The @platformatic/kafka module, loaded once per process.
+ * The @platformatic/kafka module, loaded once per process, with {@link fixPlatformaticMetadata}
+ * applied.
  *
  * @throws {@link KafkaClientUnavailableError} when the package cannot be resolved, when its major
  *   version is not one outboxkit supports, or when this Node.js is older than the package's
@@ -41,8 +43,9 @@ export function loadPlatformaticKafka(): Promise<PlatformaticKafka> {
 async function load(): Promise<PlatformaticKafka> {
   const pkg = readPackage();
   checkVersion(pkg.version, process.versions.node, pkg.engines);
+  let kafka: PlatformaticKafka;
   try {
-    return await import('@platformatic/kafka');
+    kafka = await import('@platformatic/kafka');
   } catch (err) {
     throw new KafkaClientUnavailableError(
       `@platformatic/kafka ${pkg.version} is installed but could not be loaded (${(err as Error).message}). ` +
@@ -50,6 +53,9 @@ async function load(): Promise<PlatformaticKafka> {
       { cause: err },
     );
   }
+  // Partitions without a leader no longer fail a whole metadata request (./metadata-fix.ts).
+  fixPlatformaticMetadata(kafka);
+  return kafka;
 }
 
 /**

@@ -29,12 +29,87 @@ type Header = RecordHeaderValue;
 type Producer = InstanceType<PlatformaticKafka['Producer']> & {
   send(options: { messages: Message[] }): Promise<{ offsets?: { topic: string; partition: number; offset: bigint }[] }>;
 };
-interface Message {
+/** A record as the client takes it. */
+export interface Message {
   topic: string;
   key?: Key;
   value?: Buffer;
   headers?: Map<Buffer, Header>;
   partition?: number;
+}
+
+/** What {@link placeMessages} reads of the client's metadata (its `ClusterMetadata`). */
+export interface PlacementMetadata {
+  brokers: ReadonlyMap<number, unknown>;
+  topics: ReadonlyMap<
+    string,
+    { partitionsCount: number; partitions: readonly ({ leader: number } | undefined)[] } | undefined
+  >;
+}
+
+/** A partition of a send that has no leader the client knows of. */
+export interface Leaderless {
+  topic: string;
+  partition: number;
+}
+
+/**
+ * `messages`, each with the partition it goes to (the client then does not ask its partitioner),
+ * and the first partition among them without a leader: a leader of -1 (LEADER_NOT_AVAILABLE, kept
+ * by ./metadata-fix.ts) or one not among `metadata.brokers`. The same placement as
+ * {@link javaPartitioner}: a given partition stays (the client takes it modulo the partition count,
+ * and so is it checked), a keyed record goes to `toPositive(murmur2(key)) % partitions`; a record
+ * without a key goes round robin (per topic, `next`) over the partitions that have a leader, as
+ * kafkajs places it, or over all of them when none has. A message of a topic `metadata` does not
+ * hold is left to the client.
+ */
+export function placeMessages(
+  messages: readonly Message[],
+  metadata: PlacementMetadata,
+  murmur2: (key: Buffer) => number,
+  next: Map<string, number>,
+): { messages: Message[]; leaderless?: Leaderless } {
+  let leaderless: Leaderless | undefined;
+  const writable = (topic: NonNullable<ReturnType<PlacementMetadata['topics']['get']>>, partition: number) => {
+    const leader = topic.partitions[partition]?.leader;
+    return leader !== undefined && leader >= 0 && metadata.brokers.has(leader);
+  };
+  const placed = messages.map((m) => {
+    const topic = metadata.topics.get(m.topic);
+    if (!topic || !(topic.partitionsCount > 0)) return m;
+    const count = topic.partitionsCount;
+    let partition: number;
+    if (m.partition !== undefined) partition = m.partition;
+    else if (m.key !== undefined) {
+      partition = (murmur2(Buffer.isBuffer(m.key) ? m.key : Buffer.from(m.key, 'utf8')) & 0x7fffffff) % count;
+    } else {
+      const n = next.get(m.topic) ?? 0;
+      next.set(m.topic, (n + 1) % 0x7fffffff);
+      const candidates = [...Array(count).keys()].filter((p) => writable(topic, p));
+      partition = candidates.length > 0 ? candidates[n % candidates.length]! : n % count;
+    }
+    if (!leaderless && !writable(topic, partition % count))
+      leaderless = { topic: m.topic, partition: partition % count };
+    return { ...m, partition };
+  });
+  return leaderless ? { messages: placed, leaderless } : { messages: placed };
+}
+
+/**
+ * The error of a send refused because `at` has no leader: retriable (`canRetry`), its cause the
+ * client's own LEADER_NOT_AVAILABLE `ProtocolError`, so that {@link platformaticFailureOf} reads it
+ * as a partition that cannot take writes (as kafkajs' KafkaJSBrokerNotFound).
+ */
+function leaderlessError(kafka: PlatformaticKafka, at: Leaderless): Error {
+  const cause = new kafka.ProtocolError('LEADER_NOT_AVAILABLE', null, { topic: at.topic, partition: at.partition });
+  return Object.assign(
+    new Error(
+      `Partition ${at.partition} of topic ${at.topic} has no leader (LEADER_NOT_AVAILABLE): it cannot take writes now; ` +
+        'no record of this send was written.',
+      { cause },
+    ),
+    { name: 'LeaderNotAvailableError', canRetry: true, topic: at.topic, partition: at.partition },
+  );
 }
 
 /** Kafka's codec names by codec id (kafkajs's `CompressionTypes` values, accepted as before). */
@@ -126,6 +201,15 @@ function headersOf(headers: ProducerRecord['headers']): Map<Buffer, Header> | un
  * Produce request waits at most `requestTimeoutMs` (the client's `timeout`); the relay bounds the
  * whole send, retries included, by its `brokerTimeoutMs`.
  *
+ * A send with a record for a partition without a leader (leader -1 in the client's metadata, as
+ * ./metadata-fix.ts keeps it, even after a forced refresh) is refused whole before the client gets
+ * it: every record of it fails with a retriable LEADER_NOT_AVAILABLE failure marked
+ * `partitionUnavailable` (as kafkajs' KafkaJSBrokerNotFound), nothing of it is written, and the
+ * producer stays as it is. The relay then asks the cluster which partitions cannot take writes and
+ * holds back only their keys (relay/partitions.ts), so that its next sends leave them out. Records
+ * are placed by {@link placeMessages} (the same partitions as {@link javaPartitioner}; a record
+ * without a key only on partitions with a leader).
+ *
  * After a failed send the next send first replaces the client's producer (a new producer id,
  * sequence numbers from 0), as the kafkajs adapter does: whether this client's sequence numbers
  * stay right across a partly failed request has not been verified, and a new producer id cannot
@@ -157,6 +241,8 @@ export function platformaticProducer(
   let producer: Producer | undefined;
   let suspect = false;
   let closed = false;
+  /** The round robin of records without a key, per topic ({@link placeMessages}). */
+  const next = new Map<string, number>();
 
   const makeProducer = (k: PlatformaticKafka): Producer =>
     new k.Producer({
@@ -225,7 +311,16 @@ export function platformaticProducer(
         await connected();
         if (suspect && !closed) await replaceProducer();
         const p = await connected();
-        await p.send({ messages });
+        // Placed here, where a partition without a leader is seen: such a send is refused, retriably,
+        // before the client gets it (see the factory's comment). The client's cached metadata first;
+        // a leader it lacks may be back (the relay releases a partition's keys on the cluster's word).
+        const topics = [...new Set(messages.map((m) => m.topic))];
+        let placement = placeMessages(messages, await p.metadata({ topics }), kafka!.murmur2, next);
+        if (placement.leaderless) {
+          placement = placeMessages(messages, await p.metadata({ topics, forceUpdate: true }), kafka!.murmur2, next);
+        }
+        if (placement.leaderless) return platformaticFailureOf(leaderlessError(kafka!, placement.leaderless));
+        await p.send({ messages: placement.messages });
         return undefined;
       } catch (err) {
         suspect = true;
