@@ -4,11 +4,10 @@
  */
 import { z } from 'zod';
 import { KAFKA_TOPIC_NAME } from '../src/outbox/event.js';
-import { is } from 'drizzle-orm';
-import { PgTransaction } from 'drizzle-orm/pg-core';
 import { isKafkaClient, isKafkajsKafka, type Kafka } from '../src/kafka/kafkajs/client.js';
 import type { KafkaClient } from '../src/kafka/types.js';
 import type { DatabaseHandle, TransactionOf } from '../src/database.js';
+import { isDrizzleTransaction } from '../src/drizzle-entity.js';
 import { InvalidOptionsError } from '../src/errors.js';
 import { noopLogger, type Logger } from '../src/logger.js';
 import {
@@ -301,7 +300,7 @@ export interface ResolvedDedupConsumerOptions<D extends DatabaseHandle> extends 
 }
 
 function isDatabase(database: unknown): boolean {
-  if (typeof database !== 'object' || database === null || is(database, PgTransaction)) return false;
+  if (typeof database !== 'object' || database === null || isDrizzleTransaction(database)) return false;
   const isPool = typeof (database as { connect?: unknown }).connect === 'function' && 'totalCount' in database;
   const isDrizzle = typeof (database as { transaction?: unknown }).transaction === 'function';
   return isPool || isDrizzle;

@@ -1,6 +1,7 @@
 /**
  * Constants shared by the writer, the relay and the consumer, in a module without dependencies so
- * that the relay daemon does not load drizzle-orm (src/schema.ts re-exports them).
+ * that outboxkit's runtime (the CLI, the relay, the consumer, the main entry) does not load
+ * drizzle-orm (src/schema.ts re-exports them for drizzle-kit and applications' schemas).
  */
 
 /** The schema outboxkit uses when none is configured. */
@@ -51,3 +52,7 @@ export const KEY_LOCK_HASH_SEED = 7;
  * max_prepared_transactions) entries (6,400 with PostgreSQL's defaults).
  */
 export const ENQUEUE_LOCK_TABLE_ENTRIES = 15;
+
+/** States of an idempotency record. `processing` → `completed` | `failed`; `uncertain` (lease mode). */
+export const IDEMPOTENCY_STATES = ['processing', 'completed', 'failed', 'uncertain'] as const;
+export type IdempotencyState = (typeof IDEMPOTENCY_STATES)[number];

@@ -15,10 +15,10 @@
  * node-postgres transaction. What cannot be detected: a finished drizzle **postgres-js**
  * transaction handle (the driver exposes no transaction status); do not keep `tx` past its callback.
  */
-import { is } from 'drizzle-orm';
-import { PgTransaction } from 'drizzle-orm/pg-core';
-import { sql, type SQL } from 'drizzle-orm';
+import type { SQL, sql as drizzleSql } from 'drizzle-orm';
+import type { PgTransaction } from 'drizzle-orm/pg-core';
 import type pg from 'pg';
+import { isDrizzleTransaction } from './drizzle-entity.js';
 import { NotInTransactionError, schemaMissingOr } from './errors.js';
 import { SQLSTATE } from './postgres.js';
 import { preparedStatementName } from './prepared-statements.js';
@@ -207,8 +207,41 @@ export function drizzleQueryResult<R>(result: unknown): QueryResult<R> {
   return { rows: r.rows, rowCount: r.rowCount ?? r.rows.length };
 }
 
-/** Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object. */
-export function toDrizzleSql(text: string, values: readonly unknown[]): SQL {
+/** drizzle-orm's `sql` tag. */
+export type DrizzleSqlTag = typeof drizzleSql;
+
+/** drizzle-orm's `sql` tag once loaded, for the statements that follow without waiting. */
+let drizzleSqlTag: DrizzleSqlTag | undefined;
+let drizzleSqlLoading: Promise<DrizzleSqlTag> | undefined;
+
+/**
+ * drizzle-orm's `sql` tag, loaded on first use: only a drizzle handle needs it, and the application
+ * that handed outboxkit one has loaded drizzle-orm already. No module of outboxkit's runtime imports
+ * drizzle-orm at load (src/drizzle-entity.ts says why). One promise for every caller, so that the
+ * statements that wait for the load go out in the order they were asked for.
+ */
+export function loadDrizzleSql(): Promise<DrizzleSqlTag> {
+  drizzleSqlLoading ??= import('drizzle-orm').then(
+    (drizzle) => (drizzleSqlTag = drizzle.sql),
+    (err: unknown) => {
+      // Not installed, or not resolvable from outboxkit: the next statement tries again.
+      drizzleSqlLoading = undefined;
+      throw err;
+    },
+  );
+  return drizzleSqlLoading;
+}
+
+/** drizzle-orm's `sql` tag if {@link loadDrizzleSql} has loaded it, `undefined` before. */
+export function loadedDrizzleSql(): DrizzleSqlTag | undefined {
+  return drizzleSqlTag;
+}
+
+/**
+ * Turns `text` with `$n` placeholders and `values` into a drizzle `SQL` object, with drizzle-orm's
+ * `sql` tag (from {@link loadDrizzleSql}).
+ */
+export function toDrizzleSql(sql: DrizzleSqlTag, text: string, values: readonly unknown[]): SQL {
   const chunks: SQL[] = [];
   const re = /\$(\d+)/g;
   let last = 0;
@@ -230,12 +263,13 @@ function fromDrizzleTransaction(tx: DrizzleTransaction, what: string, verifyInTr
   return {
     async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
       if (tellsStatus) checkPgClient(client, what);
+      const sql = drizzleSqlTag ?? (await loadDrizzleSql());
       if (verify !== undefined) {
         const statement = verify;
         verify = undefined;
         await guarded(what, () => tx.execute(sql.raw(statement)));
       }
-      return drizzleQueryResult<R>(await guarded(what, () => tx.execute(toDrizzleSql(text, values))));
+      return drizzleQueryResult<R>(await guarded(what, () => tx.execute(toDrizzleSql(sql, text, values))));
     },
   };
 }
@@ -264,7 +298,8 @@ export function joinTransaction(
   if (typeof tx !== 'object' || tx === null) {
     throw new NotInTransactionError(`${what} needs a transaction handle, got ${tx === null ? 'null' : typeof tx}.`);
   }
-  if (is(tx, PgTransaction)) return fromDrizzleTransaction(tx as DrizzleTransaction, what, options.verifyInTransaction);
+  if (isDrizzleTransaction(tx))
+    return fromDrizzleTransaction(tx as DrizzleTransaction, what, options.verifyInTransaction);
   if (isPgPool(tx)) {
     throw new NotInTransactionError(
       `${what} was given a pool; pass the client (or drizzle \`tx\`) that holds your transaction, ` +

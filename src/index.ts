@@ -37,7 +37,7 @@ export { walPublicationName } from './schema-name.js';
 export type { MigrateOptions, MigrateResult } from './migrate.js';
 export { joinTransaction, runTransaction, withPgTransaction } from './database.js';
 export type { TransactionHandle, Queryable, DatabaseHandle, TransactionOf } from './database.js';
-export { DEFAULT_SCHEMA, OUTBOX_LANES } from './schema.js';
+export { DEFAULT_SCHEMA, OUTBOX_LANES } from './constants.js';
 export type { Logger } from './logger.js';
 export { fullJitterBackoffMs } from './backoff.js';
 export {

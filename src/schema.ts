@@ -28,7 +28,7 @@ import {
   uuid,
 } from 'drizzle-orm/pg-core';
 
-import { DEFAULT_SCHEMA, OUTBOX_LANES } from './constants.js';
+import { DEFAULT_SCHEMA, IDEMPOTENCY_STATES, OUTBOX_LANES, type IdempotencyState } from './constants.js';
 
 /** An entry of `relay_instances.blocked_partitions`: a topic-partition a relay finds unable to take writes. */
 export interface RelayBlockedPartition {
@@ -42,7 +42,7 @@ export interface RelayBlockedPartition {
   since: number;
 }
 
-export { DEFAULT_SCHEMA, OUTBOX_LANES };
+export { DEFAULT_SCHEMA, IDEMPOTENCY_STATES, OUTBOX_LANES, type IdempotencyState };
 
 /** PostgreSQL `bytea`, read and written as a Node.js Buffer (payloads stay byte for byte). */
 export const bytea = customType<{ data: Buffer; driverData: Buffer }>({
@@ -53,10 +53,6 @@ export const bytea = customType<{ data: Buffer; driverData: Buffer }>({
 export const pgLsn = customType<{ data: string; driverData: string }>({
   dataType: () => 'pg_lsn',
 });
-
-/** States of an idempotency record. `processing` → `completed` | `failed`; `uncertain` (lease mode). */
-export const IDEMPOTENCY_STATES = ['processing', 'completed', 'failed', 'uncertain'] as const;
-export type IdempotencyState = (typeof IDEMPOTENCY_STATES)[number];
 
 /**
  * The Kafka topic and partition of a consumer table's row (new column builders at each call: a

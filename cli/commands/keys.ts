@@ -2,7 +2,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { cleanupExpiredKeys } from '../../src/idempotency/cleanup.js';
 import { redactKey } from '../../src/idempotency/key.js';
 import { idempotencyTable, listKeys, type KeyListing } from '../../src/idempotency/store.js';
-import { IDEMPOTENCY_STATES, type IdempotencyState } from '../../src/schema.js';
+import { IDEMPOTENCY_STATES, type IdempotencyState } from '../../src/constants.js';
 import { quoteSchema } from '../../src/schema-name.js';
 import { databaseOption, int, q, schemaOption, withPool } from '../shared.js';
 import { printJson, printLines } from '../printable.js';

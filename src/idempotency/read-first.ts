@@ -13,6 +13,8 @@ import type { SQL } from 'drizzle-orm';
 import {
   drizzleQueryResult,
   isPgPool,
+  loadDrizzleSql,
+  loadedDrizzleSql,
   pgQuery,
   toDrizzleSql,
   type DatabaseHandle,
@@ -54,7 +56,8 @@ function makeAutocommitQueryable(db: DatabaseHandle): Queryable | undefined {
   const execute = drizzleDb.execute.bind(drizzleDb);
   return {
     async query<R>(text: string, values: readonly unknown[] = []): Promise<QueryResult<R>> {
-      return drizzleQueryResult<R>(await execute(toDrizzleSql(text, values)));
+      const sql = loadedDrizzleSql() ?? (await loadDrizzleSql());
+      return drizzleQueryResult<R>(await execute(toDrizzleSql(sql, text, values)));
     },
   };
 }
