@@ -199,6 +199,9 @@ export class Relay extends EventEmitter<RelayEvents> {
               ...RELAY_PRODUCER_DEFAULTS,
               ...options.producerOptions,
               ...RELAY_PRODUCER_RETRY,
+              // A send this relay gave up on (past brokerTimeoutMs) does not hold up the next one
+              // (@platformatic/kafka; ProducerSettings.sendTimeoutMs).
+              sendTimeoutMs: o.brokerTimeoutMs,
               onSend: (sent) => this.emit('relay:sent', sent),
             }),
       brokerTimeoutMs: o.brokerTimeoutMs,

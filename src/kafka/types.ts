@@ -103,6 +103,16 @@ export interface ProducerSettings {
    * @defaultValue the client's (kafkajs and Kafka's Java client: 300_000)
    */
   metadataMaxAgeMs?: number;
+  /**
+   * Longest a send may take, in ms, its wait behind the send before it and the client's retries
+   * included. Past it the send fails as a broker failure (records of it may still be written), and
+   * the client's producer it went through is closed and replaced (a new producer id) for the next
+   * send, which so does not wait behind a request the broker holds or the client still retries.
+   * The relay gives its `brokerTimeoutMs`. Honoured by the @platformatic/kafka adapter; the kafkajs
+   * adapter ignores it (its sends are unbounded as before; the relay's own deadline bounds its
+   * wait). @defaultValue none
+   */
+  sendTimeoutMs?: number;
   /** Called after every send with its record count, duration in ms and whether all went through (metrics). A throw is ignored. */
   onSend?: (sent: { records: number; durationMs: number; ok: boolean }) => void;
 }
@@ -115,6 +125,7 @@ export const PRODUCER_SETTING_NAMES = optionNames<ProducerSettings>({
   retryMaxMs: true,
   compression: true,
   metadataMaxAgeMs: true,
+  sendTimeoutMs: true,
   onSend: true,
 });
 

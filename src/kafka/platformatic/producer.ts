@@ -3,10 +3,12 @@
  * connection, a bounded number of retries, explicit serializers, the Java client's partitioner;
  * sends serialised, every record of a send given the send's outcome.
  */
+import { BrokerUnavailableError } from '../../errors.js';
 import { serialisedSends } from '../outcomes.js';
 import {
   resolveProducerSettings,
   type CompressionCodec,
+  type KafkaFailure,
   type KafkaProducer,
   type ProducerRecord,
   type ProducerSettings,
@@ -112,6 +114,27 @@ function leaderlessError(kafka: PlatformaticKafka, at: Leaderless): Error {
   );
 }
 
+/**
+ * `attempt` (one send, which resolves with its failure or `undefined` and never rejects) bounded
+ * by `timeoutMs`, when given: past it `abandon(timeoutMs)` is called and its failure is the send's,
+ * without waiting for the attempt, which goes on and whose outcome is ignored. Under
+ * {@link serialisedSends} the next send then starts at once instead of behind it.
+ */
+export function withinSendTimeout<R>(
+  attempt: (records: R) => Promise<KafkaFailure | undefined>,
+  timeoutMs: number | undefined,
+  abandon: (timeoutMs: number) => KafkaFailure,
+): (records: R) => Promise<KafkaFailure | undefined> {
+  if (timeoutMs === undefined) return attempt;
+  return (records) => {
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<KafkaFailure>((resolve) => {
+      timer = setTimeout(() => resolve(abandon(timeoutMs)), timeoutMs);
+    });
+    return Promise.race([attempt(records), timedOut]).finally(() => clearTimeout(timer));
+  };
+}
+
 /** Kafka's codec names by codec id (kafkajs's `CompressionTypes` values, accepted as before). */
 const CODEC_BY_ID: readonly CompressionCodec[] = ['none', 'gzip', 'snappy', 'lz4', 'zstd'];
 
@@ -215,14 +238,32 @@ function headersOf(headers: ProducerRecord['headers']): Map<Buffer, Header> | un
  * stay right across a partly failed request has not been verified, and a new producer id cannot
  * meet batches of the old one at the broker.
  *
+ * With `sendTimeoutMs` (the relay gives its `brokerTimeoutMs`) a send that has not settled by then
+ * fails as a broker failure (not `partitionUnavailable`: no answer says where the fault is), and
+ * the client's producer it went through is closed at once (its request in flight fails; its records
+ * may have been written) and dropped: the next send makes a new one (a new producer id, new
+ * connections) instead of waiting behind a request the broker holds. Found on the 3-node cluster
+ * (C27, test/cluster/partial-outage.test.ts): a Produce request with acks=all appended just before
+ * its partition fell below `min.insync.replicas` got no answer for the whole `requestTimeoutMs`;
+ * the relay gave up on it after `brokerTimeoutMs`, and every later send of the other partitions
+ * waited behind it (sends are serialised) until they timed out too.
+ *
  * @throws {@link InvalidOptionsError} naming an unknown setting (before anything connects).
  */
 export function platformaticProducer(
   connection: PlatformaticConnection,
   settings: ProducerSettings = {},
 ): KafkaProducer {
-  const { retries, retryInitialMs, retryMaxMs, requestTimeoutMs, compression, metadataMaxAgeMs, onSend } =
-    resolveProducerSettings(settings);
+  const {
+    retries,
+    retryInitialMs,
+    retryMaxMs,
+    requestTimeoutMs,
+    compression,
+    metadataMaxAgeMs,
+    sendTimeoutMs,
+    onSend,
+  } = resolveProducerSettings(settings);
   const codec = typeof compression === 'number' ? (CODEC_BY_ID[compression] ?? 'none') : compression;
   const initialMs = retryInitialMs ?? 100;
   const maxMs = Math.max(initialMs, retryMaxMs ?? 2_000);
@@ -241,6 +282,11 @@ export function platformaticProducer(
   let producer: Producer | undefined;
   let suspect = false;
   let closed = false;
+  /**
+   * Counts the client producers dropped after a send outlived `sendTimeoutMs`: a send abandoned
+   * so, still running, then leaves the adapter's state (`producer`, `suspect`) as it is.
+   */
+  let generation = 0;
   /** The round robin of records without a key, per topic ({@link placeMessages}). */
   const next = new Map<string, number>();
 
@@ -274,12 +320,65 @@ export function platformaticProducer(
 
   /** A new client producer (a new producer id) in place of a suspect one. */
   const replaceProducer = async (): Promise<void> => {
+    const g = generation;
     const old = producer;
-    producer = makeProducer(kafka!);
+    const next = (producer = makeProducer(kafka!));
     await old?.close().catch(() => undefined);
-    await producer.metadata({ topics: [] });
+    await next.metadata({ topics: [] });
+    if (g !== generation) return;
     suspect = false;
-    if (closed) await producer.close().catch(() => undefined);
+    if (closed) await next.close().catch(() => undefined);
+  };
+
+  /**
+   * A send outlived `sendTimeoutMs`: its client producer is closed (its request in flight fails)
+   * and dropped; the next send makes a new one.
+   */
+  const abandon = (timeoutMs: number): KafkaFailure => {
+    generation++;
+    const old = producer;
+    producer = undefined;
+    suspect = false;
+    void old?.close().catch(() => undefined);
+    return {
+      kind: 'broker',
+      error: new BrokerUnavailableError(
+        `Kafka did not answer a send within sendTimeoutMs (${timeoutMs} ms): the send counts as failed (its records ` +
+          'may have been written); the client producer it went through is closed, the next send goes through a new one.',
+      ),
+    };
+  };
+
+  const attempt = async (records: readonly ProducerRecord[]): Promise<KafkaFailure | undefined> => {
+    const g = generation;
+    let messages: Message[];
+    try {
+      messages = records.map(toMessage);
+    } catch (err) {
+      // A record outboxkit cannot hand to the client (a header name or value neither a string nor a Buffer): its own fault.
+      suspect = true;
+      return { kind: 'record', error: err as Error };
+    }
+    try {
+      await connected();
+      if (suspect && !closed) await replaceProducer();
+      const p = await connected();
+      // Placed here, where a partition without a leader is seen: such a send is refused, retriably,
+      // before the client gets it (see the factory's comment). The client's cached metadata first;
+      // a leader it lacks may be back (the relay releases a partition's keys on the cluster's word).
+      const topics = [...new Set(messages.map((m) => m.topic))];
+      let placement = placeMessages(messages, await p.metadata({ topics }), kafka!.murmur2, next);
+      if (placement.leaderless) {
+        placement = placeMessages(messages, await p.metadata({ topics, forceUpdate: true }), kafka!.murmur2, next);
+      }
+      if (placement.leaderless) return platformaticFailureOf(leaderlessError(kafka!, placement.leaderless));
+      await p.send({ messages: placement.messages });
+      return undefined;
+    } catch (err) {
+      // Abandoned meanwhile (`sendTimeoutMs`): its producer is gone already, the next one is not suspect.
+      if (g === generation) suspect = true;
+      return platformaticFailureOf(withAuthenticationMessage(err, mechanism));
+    }
   };
 
   return {
@@ -298,35 +397,7 @@ export function platformaticProducer(
       const p = await connected();
       await named(p.metadata({ topics: [], forceUpdate: true }));
     },
-    send: serialisedSends(onSend, async (records) => {
-      let messages: Message[];
-      try {
-        messages = records.map(toMessage);
-      } catch (err) {
-        // A record outboxkit cannot hand to the client (a header name or value neither a string nor a Buffer): its own fault.
-        suspect = true;
-        return { kind: 'record', error: err as Error };
-      }
-      try {
-        await connected();
-        if (suspect && !closed) await replaceProducer();
-        const p = await connected();
-        // Placed here, where a partition without a leader is seen: such a send is refused, retriably,
-        // before the client gets it (see the factory's comment). The client's cached metadata first;
-        // a leader it lacks may be back (the relay releases a partition's keys on the cluster's word).
-        const topics = [...new Set(messages.map((m) => m.topic))];
-        let placement = placeMessages(messages, await p.metadata({ topics }), kafka!.murmur2, next);
-        if (placement.leaderless) {
-          placement = placeMessages(messages, await p.metadata({ topics, forceUpdate: true }), kafka!.murmur2, next);
-        }
-        if (placement.leaderless) return platformaticFailureOf(leaderlessError(kafka!, placement.leaderless));
-        await p.send({ messages: placement.messages });
-        return undefined;
-      } catch (err) {
-        suspect = true;
-        return platformaticFailureOf(withAuthenticationMessage(err, mechanism));
-      }
-    }),
+    send: serialisedSends(onSend, withinSendTimeout(attempt, sendTimeoutMs, abandon)),
   };
 }
 
