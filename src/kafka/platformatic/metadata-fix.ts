@@ -41,7 +41,8 @@ import { TOLERATED_PARTITION_ERRORS } from '../kafkajs/metadata-fix.js';
 import { loadPlatformaticKafka, type PlatformaticKafka } from './load.js';
 
 /**
- * What {@link fixPlatformaticMetadata} did: `'applied'` the first time for a module,
+ * What {@link fixPlatformaticMetadata} did: `'applied'` the first time for a module (the loader's
+ * own call, so {@link applyPlatformaticMetadataFix} normally answers the next value),
  * `'already-applied'` after that (also when another copy of outboxkit did it), `'unrecognised'`
  * when the module's shapes are not the expected ones (left as it is), `'not-found'` when the
  * package cannot be loaded ({@link applyPlatformaticMetadataFix} only).
