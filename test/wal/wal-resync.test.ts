@@ -284,7 +284,15 @@ describe('WAL relay resync', () => {
       timeoutMs: 15_000,
       message: () => `not streamed after; stats ${JSON.stringify(next.relay.stats())}`,
     });
-    expect(await eventIds(topic!, 7)).toEqual([...before, ...meanwhile, ...after, ...last]);
+    // At least once: a record may appear twice (a fresh clone's run, 2026-12-07, read "before" twice
+    // and stopped at 7 records); what is checked is that none is lost, in commit order of firsts.
+    const seen = await readTopic(
+      topic!,
+      ({ headers }) => headers['event-id']!,
+      (all) => new Set(all).size >= 7,
+      20_000,
+    );
+    expect(firsts(seen)).toEqual([...before, ...meanwhile, ...after, ...last]);
     expect(await rowsLeft()).toBe(0);
   });
 
