@@ -323,7 +323,8 @@ function walProbeResult(probe: PgProbe, url: string, fromEnv: boolean, log: Log)
   return url;
 }
 
-interface WalCluster {
+/** A PostgreSQL cluster of this project's own, run with the machine's `initdb` and `pg_ctl`. */
+export interface LocalCluster {
   home: string;
   dataDir: string;
   bin(name: string): string;
@@ -331,8 +332,12 @@ interface WalCluster {
   runAsUser?: string;
 }
 
-/** The newest installed major's binaries and where its data directory lives, or undefined. */
-function walCluster(): WalCluster | undefined {
+/**
+ * A cluster in `home(major)` (its data directory `<home>/data`) on the newest installed major's
+ * binaries (`/usr/lib/postgresql/<major>/bin/initdb`), or undefined when none is installed. As root
+ * it runs as `postgres` (PostgreSQL refuses to run as root), which must be able to reach `home`.
+ */
+export function localCluster(home: (major: string) => string): LocalCluster | undefined {
   const libDir = '/usr/lib/postgresql';
   let majors: string[];
   try {
@@ -345,20 +350,25 @@ function walCluster(): WalCluster | undefined {
   }
   const major = majors[0];
   if (major === undefined) return undefined;
-  const root = process.getuid?.() === 0;
-  const name = `postgres-${major}-wal`;
-  // As root the server runs as `postgres`, which must traverse the checkout's folders; a checkout
-  // under a closed folder (/root) keeps the cluster in /var/tmp instead, under a name of its own.
-  const home =
-    !root || traversableBy('postgres', SERVICES_DIR)
+  const dir = home(major);
+  return {
+    home: dir,
+    dataDir: path.join(dir, 'data'),
+    bin: (name) => path.join(libDir, major, 'bin', name),
+    ...(process.getuid?.() === 0 ? { runAsUser: 'postgres' } : {}),
+  };
+}
+
+/** The newest installed major's binaries and where the WAL cluster's data directory lives, or undefined. */
+function walCluster(): LocalCluster | undefined {
+  return localCluster((major) => {
+    const name = `postgres-${major}-wal`;
+    // As root the server runs as `postgres`, which must traverse the checkout's folders; a checkout
+    // under a closed folder (/root) keeps the cluster in /var/tmp instead, under a name of its own.
+    return process.getuid?.() !== 0 || traversableBy('postgres', SERVICES_DIR)
       ? path.join(SERVICES_DIR, name)
       : path.join('/var/tmp', `outboxkit-${createHash('sha256').update(ROOT).digest('hex').slice(0, 12)}`, name);
-  return {
-    home,
-    dataDir: path.join(home, 'data'),
-    bin: (name) => path.join(libDir, major, 'bin', name),
-    ...(root ? { runAsUser: 'postgres' } : {}),
-  };
+  });
 }
 
 /** A path inside the checkout relative to it, any other absolute. */
@@ -407,19 +417,67 @@ async function startWalCluster(log: Log): Promise<void> {
         '(/usr/lib/postgresql/<major>/bin/initdb). Install PostgreSQL (Debian: apt-get install postgresql) or set WAL_DATABASE_URL.',
     );
   }
+  await startLocalCluster(
+    cluster,
+    {
+      title: 'PostgreSQL (WAL)',
+      role: 'the WAL cluster',
+      fallback: 'set WAL_DATABASE_URL',
+      settings: WAL_POSTGRES_SETTINGS,
+      startTimeoutMs: WAL_POSTGRES_START_MS,
+      // Its own session: a Ctrl-C in the terminal that ran `services:up` or the tests does not stop it.
+      detached: true,
+      ...(cluster.home.startsWith(SERVICES_DIR)
+        ? {}
+        : { note: `${SERVICES_DIR} is closed to the "postgres" user: the WAL cluster lives in ${cluster.home}` }),
+    },
+    log,
+  );
+}
+
+/** How {@link startLocalCluster} names, configures and starts a cluster. */
+export interface LocalClusterStart {
+  /** The server in log lines: `PostgreSQL (WAL)`. */
+  title: string;
+  /** The cluster in error messages: `the WAL cluster`. */
+  role: string;
+  /** What else the user can do, ending error messages: `set WAL_DATABASE_URL`. */
+  fallback: string;
+  /** Settings written into the data directory's `outboxkit.conf` at every start; `port` among them. */
+  settings: Readonly<Record<string, string>>;
+  /** ms `pg_ctl start -w` waits for the server. */
+  startTimeoutMs: number;
+  /** Starts the server in a session of its own, so it outlives the caller. */
+  detached: boolean;
+  /** Logged once the cluster's folder exists. */
+  note?: string;
+}
+
+/**
+ * Creates the cluster's data directory with `initdb` when it has none (trust auth, user
+ * `postgres`), writes `start.settings` (and its socket directory, `home`) into its
+ * `outboxkit.conf`, and starts it with `pg_ctl start -w`, logging to `<home>/postgres.log`.
+ *
+ * @throws Error when there is no user to run it as, that user cannot reach `home`, or `initdb` or
+ *   `pg_ctl` fail (with the tail of their output and of the server's log).
+ */
+export async function startLocalCluster(
+  cluster: LocalCluster,
+  start: LocalClusterStart,
+  log: Log = noop,
+): Promise<void> {
+  const { title, role, fallback } = start;
   if (cluster.runAsUser !== undefined) {
     const id = await run('id', ['-u', cluster.runAsUser], { timeoutMs: 5_000 });
     if (id.code !== 0) {
       throw new Error(
-        `PostgreSQL refuses to run as root and there is no "${cluster.runAsUser}" user to run the WAL cluster as; ` +
-          'create it (Debian packages do), run as another user, or set WAL_DATABASE_URL.',
+        `PostgreSQL refuses to run as root and there is no "${cluster.runAsUser}" user to run ${role} as; ` +
+          `create it (Debian packages do), run as another user, or ${fallback}.`,
       );
     }
   }
   fs.mkdirSync(cluster.home, { recursive: true });
-  if (!cluster.home.startsWith(SERVICES_DIR)) {
-    log(`${SERVICES_DIR} is closed to the "postgres" user: the WAL cluster lives in ${cluster.home}`);
-  }
+  if (start.note !== undefined) log(start.note);
   if (cluster.runAsUser !== undefined) {
     // The server's user must reach its data directory through the checkout's folders.
     await run('chown', [cluster.runAsUser, cluster.home], { timeoutMs: 5_000 });
@@ -427,12 +485,12 @@ async function startWalCluster(log: Log): Promise<void> {
     if (reach.code !== 0) {
       throw new Error(
         `The "${cluster.runAsUser}" user cannot reach ${cluster.home} (a parent folder is closed to it), so it cannot ` +
-          'hold the WAL cluster; clone the repository under a folder others can traverse, or set WAL_DATABASE_URL.',
+          `hold ${role}; clone the repository under a folder others can traverse, or ${fallback}.`,
       );
     }
   }
   if (!fs.existsSync(path.join(cluster.dataDir, 'PG_VERSION'))) {
-    log(`Creating PostgreSQL (WAL) cluster in ${shownPath(cluster.dataDir)}`);
+    log(`Creating ${title} cluster in ${shownPath(cluster.dataDir)}`);
     fs.rmSync(cluster.dataDir, { recursive: true, force: true });
     const init = await runAs(
       cluster,
@@ -446,7 +504,7 @@ async function startWalCluster(log: Log): Promise<void> {
     fs.appendFileSync(path.join(cluster.dataDir, 'postgresql.conf'), "\ninclude 'outboxkit.conf'\n");
   }
   const settings = {
-    ...WAL_POSTGRES_SETTINGS,
+    ...start.settings,
     // Its socket beside its data, not in /var/run/postgresql beside the machine's server.
     unix_socket_directories: `'${cluster.home.replaceAll("'", "''")}'`,
   };
@@ -458,15 +516,14 @@ async function startWalCluster(log: Log): Promise<void> {
         .join(''),
     { mode: 0o644 },
   );
-  log(`Starting PostgreSQL (WAL) on 127.0.0.1:${WAL_POSTGRES_PORT} (${shownPath(cluster.dataDir)})`);
+  log(`Starting ${title} on 127.0.0.1:${start.settings.port ?? '5432'} (${shownPath(cluster.dataDir)})`);
   const logFile = path.join(cluster.home, 'postgres.log');
   const res = await runAs(
     cluster,
     cluster.bin('pg_ctl'),
-    ['-D', cluster.dataDir, '-l', logFile, '-w', '-t', String(WAL_POSTGRES_START_MS / 1000), 'start'],
-    WAL_POSTGRES_START_MS + 5_000,
-    // Its own session: a Ctrl-C in the terminal that ran `services:up` or the tests does not stop it.
-    { detached: true },
+    ['-D', cluster.dataDir, '-l', logFile, '-w', '-t', String(start.startTimeoutMs / 1000), 'start'],
+    start.startTimeoutMs + 5_000,
+    { detached: start.detached },
   );
   if (res.code !== 0) {
     throw new Error(
@@ -477,8 +534,8 @@ async function startWalCluster(log: Log): Promise<void> {
 }
 
 /** Runs a command as the cluster's user (`runuser` when we are root), else as ourselves. */
-function runAs(
-  cluster: WalCluster,
+export function runAs(
+  cluster: LocalCluster,
   cmd: string,
   args: string[],
   timeoutMs: number,
@@ -1890,7 +1947,7 @@ function isStaleLock(file: string): boolean {
 
 // --- helpers -----------------------------------------------------------------------------------
 
-interface RunResult {
+export interface RunResult {
   code: number | null;
   stdout: string;
   stderr: string;
