@@ -55,7 +55,7 @@ const CHILD = path.join(root, 'bench', 'processes', 'side-by-side-measure.ts');
 /** The package.json fields that decide what node_modules holds. */
 const DEPENDENCY_FIELDS = ['dependencies', 'devDependencies', 'optionalDependencies', 'overrides'];
 
-interface Tree {
+export interface Tree {
   label: 'before' | 'after';
   /** The ref as given, or null for this checkout. */
   ref: string | null;
@@ -82,9 +82,9 @@ const BENCHMARKS: Benchmark[] = [
 
 const SELECTED = BENCHMARKS.filter((b) => ONLY === undefined || ONLY.includes(b.args[0]!));
 
-const git = (args: string[]) => execFileSync('git', args, { cwd: root, encoding: 'utf8' }).trim();
+export const git = (args: string[]) => execFileSync('git', args, { cwd: root, encoding: 'utf8' }).trim();
 
-function removeWorktree(dir: string): void {
+export function removeWorktree(dir: string): void {
   try {
     git(['worktree', 'remove', '--force', dir]);
   } catch {
@@ -93,7 +93,7 @@ function removeWorktree(dir: string): void {
 }
 
 /** A detached worktree of `ref` in .services/bench-trees/ (replacing one a stopped run left). */
-function worktree(label: Tree['label'], ref: string): Tree {
+export function worktree(label: Tree['label'], ref: string): Tree {
   const commit = git(['rev-parse', '--verify', `${ref}^{commit}`]);
   const dir = path.join(root, '.services', 'bench-trees', `${label}-${ref.replace(/[^\w.-]/g, '_')}`);
   if (existsSync(dir)) removeWorktree(dir);
@@ -103,7 +103,7 @@ function worktree(label: Tree['label'], ref: string): Tree {
   return { label, ref, commit, dir };
 }
 
-function describe(tree: Tree): string {
+export function describe(tree: Tree): string {
   if (tree.ref !== null) return `\`${tree.ref}\` (${tree.commit.slice(0, 7)})`;
   const dirty = git(['status', '--porcelain', '--untracked-files=no']) !== '';
   return `this checkout at ${tree.commit.slice(0, 7)}${dirty ? ' with uncommitted changes' : ''}`;
@@ -114,7 +114,7 @@ function describe(tree: Tree): string {
  * one of them would not run on its own); returns the other fields in which their package.json
  * differ (scripts, exports), for the record.
  */
-function packageDifferences(before: Tree, after: Tree): string[] {
+export function packageDifferences(before: Tree, after: Tree): string[] {
   const read = (t: Tree) =>
     JSON.parse(readFileSync(path.join(t.dir, 'package.json'), 'utf8')) as Record<string, unknown>;
   const [a, b] = [read(before), read(after)];
@@ -134,6 +134,31 @@ function packageDifferences(before: Tree, after: Tree): string[] {
         'dependencies: measure such a pair by hand, with an `npm ci` in each tree.',
     );
   return differ;
+}
+
+/**
+ * The trees of `beforeRef` and `afterRef` (undefined: this checkout as it is), each added to `made`
+ * when it is a worktree of its own (the caller removes them), checked by {@link packageDifferences}
+ * and built with `npx tsc -p tsconfig.build.json`.
+ */
+export function builtTrees(
+  beforeRef: string,
+  afterRef: string | undefined,
+  made: Tree[],
+): { before: Tree; after: Tree; differences: string[] } {
+  const before = worktree('before', beforeRef);
+  made.push(before);
+  const after: Tree =
+    afterRef === undefined
+      ? { label: 'after', ref: null, commit: git(['rev-parse', 'HEAD']), dir: root }
+      : worktree('after', afterRef);
+  if (after.ref !== null) made.push(after);
+  const differences = packageDifferences(before, after);
+  for (const tree of [before, after]) {
+    log('side-by-side', `building ${tree.label}: ${describe(tree)}`);
+    execFileSync('npx', ['tsc', '-p', 'tsconfig.build.json'], { cwd: tree.dir, stdio: 'inherit' });
+  }
+  return { before, after, differences };
 }
 
 /** One measurement of `bench` with `tree`'s built code, on a fresh database and fresh topics. */
@@ -191,18 +216,7 @@ export async function run(): Promise<string> {
     throw new Error(`BENCH_ROUNDS must be a whole number ≥ 1, got ${ROUNDS}.`);
   const made: Tree[] = [];
   try {
-    const before = worktree('before', BEFORE);
-    made.push(before);
-    const after: Tree =
-      AFTER === undefined
-        ? { label: 'after', ref: null, commit: git(['rev-parse', 'HEAD']), dir: root }
-        : worktree('after', AFTER);
-    if (after.ref !== null) made.push(after);
-    const differences = packageDifferences(before, after);
-    for (const tree of [before, after]) {
-      log('side-by-side', `building ${tree.label}: ${describe(tree)}`);
-      execFileSync('npx', ['tsc', '-p', 'tsconfig.build.json'], { cwd: tree.dir, stdio: 'inherit' });
-    }
+    const { before, after, differences } = builtTrees(BEFORE, AFTER, made);
 
     const loadBefore = loadAverage();
     const rates = new Map(BENCHMARKS.map((b) => [b, { before: [] as number[], after: [] as number[] }]));
