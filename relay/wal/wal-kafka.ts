@@ -74,6 +74,10 @@ export class WalKafka {
       ...RELAY_PRODUCER_DEFAULTS,
       ...this.o.producerOptions,
       ...RELAY_PRODUCER_RETRY,
+      // As the table relay: a send given up on (past brokerTimeoutMs) is failed by the adapter
+      // too, so that it cannot hold up a later send of the same client producer (@platformatic/kafka;
+      // ProducerSettings.sendTimeoutMs). The producer is dropped after it anyway.
+      sendTimeoutMs: this.o.brokerTimeoutMs,
     });
     const connect = producer.connect();
     const connecting = withDeadline(connect, this.o.brokerTimeoutMs, 'a producer connect', WAL_RELAY_ON_TIMEOUT).then(
