@@ -137,6 +137,7 @@ import {
   readSlot,
   readSlotMarker,
   slotCheckLockKey,
+  walSlotsStatus,
   type SlotState,
 } from './slot-sql.js';
 import { SQLSTATE, isConnectionFailure, sqlStateOf } from '../../src/postgres.js';
@@ -616,6 +617,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       // Said by the relay that reads the slot, once: a standby tries again with a new relay, often.
       logWalServerNotes(this.log, serverNotes, { slot: this.o.slot });
+      await this.warnOtherSlots();
       await this.loadHeldKeys();
       // The broker may be down at start: the relay starts anyway and its sends back off.
       await this.kafka
@@ -916,6 +918,34 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       this.log.warn({ err, slot: this.o.slot }, 'publishing held events from the table failed; trying again later');
     } finally {
       this.sweeping = false;
+    }
+  }
+
+  /**
+   * Warns, once at the start of the slot's reader, about the other replication slots of this
+   * outbox that WAL relays recorded (`<schema>.wal_slots`) and that still exist: a WAL relay on
+   * each publishes every event once per slot, and a slot no relay reads keeps the server's WAL
+   * (docs/wal-source.md, "One reader per slot, standbys, and scaling"). A failure to read them
+   * is logged and does not stop the start.
+   */
+  private async warnOtherSlots(): Promise<void> {
+    try {
+      const others = (await walSlotsStatus(this.db!, this.q, this.o.slot)).filter(
+        (s) => s.slot !== this.o.slot && s.exists,
+      );
+      if (others.length === 0) return;
+      this.log.warn(
+        {
+          slot: this.o.slot,
+          otherSlots: others.map((s) => ({ slot: s.slot, active: s.active, retainedBytes: s.retainedBytes })),
+        },
+        `other replication slot(s) of this outbox exist: ${others.map((s) => s.slot).join(', ')}. ` +
+          'A WAL relay on each slot publishes every event once per slot (consumers get duplicates), and a slot ' +
+          'no relay reads keeps WAL on the server; give every WAL relay of one outbox the same --wal-slot, and ' +
+          'drop a slot no longer used with `outboxkit wal drop-slot --wal-slot <name>`',
+      );
+    } catch (err) {
+      this.log.warn({ err, slot: this.o.slot }, "could not read this outbox's other replication slots");
     }
   }
 

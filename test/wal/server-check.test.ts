@@ -259,3 +259,28 @@ describe('warnings and the max_slot_wal_keep_size line', () => {
     expect(await child.exited).toEqual({ code: 0, signal: null });
   });
 });
+
+describe('other replication slots of the same outbox', () => {
+  // Breach caught: two WAL relays given different slots of one outbox each publish every event
+  // (the dedup consumer absorbs it, other consumers see everything twice), and a slot nobody
+  // reads keeps WAL on the server; before this, nothing said so.
+  it('the reader warns at start about the other slots WAL relays recorded, not about its own', async () => {
+    const first = randomSlotName('check_other_a');
+    const second = randomSlotName('check_other_b');
+    const a = relay(first);
+    await a.start();
+    await a.stop({ timeoutMs: 2_000 });
+
+    const reader = recordingLogger();
+    await relay(second, { logger: reader.logger }).start();
+    const warnings = reader.lines.filter(([level, fields]) => level === 'warn' && 'otherSlots' in fields);
+    expect(warnings).toHaveLength(1);
+    const [, fields, message] = warnings[0]!;
+    expect(fields.slot).toBe(second);
+    const others = fields.otherSlots as { slot: string; active: boolean; retainedBytes: number | null }[];
+    expect(others).toContainEqual(expect.objectContaining({ slot: first, active: false }));
+    expect(others.map((o) => o.slot)).not.toContain(second);
+    expect(message).toContain(first);
+    expect(message).toContain('outboxkit wal drop-slot');
+  });
+});
