@@ -10,6 +10,8 @@
  * - many small transactions from concurrent writers, streamed while they commit, leave no row
  *   behind once every event is on the topic (the relay waits for its batch's transactions to be
  *   visible when a DELETE took fewer rows than were acknowledged).
+ * The same race held open on purpose (a commit kept invisible by a synchronous-replication wait, on
+ * a cluster of its own): test/wal/commit-visibility-sync.test.ts.
  */
 import { beforeAll, describe, expect, inject, it } from 'vitest';
 

@@ -11,45 +11,38 @@
  *
  * The invalidation needs server-wide settings (`max_slot_wal_keep_size`, checkpoints on demand)
  * that would invalidate the slots of the other WAL test files on the shared WAL server (5433), so
- * this file runs a PostgreSQL cluster of its own: `initdb` into a folder of os.tmpdir() and
- * `pg_ctl` on a free port, through scripts/services.ts (`localCluster`, `startLocalCluster`,
- * `runAs`: as root the server runs as `postgres`). It is stopped (`pg_ctl stop -m immediate`) and
- * removed after the file, whatever happened. The file skips, saying why, only when no PostgreSQL
+ * this file runs a PostgreSQL cluster of its own (test/helpers/private-cluster.ts: `initdb` into a
+ * folder of os.tmpdir() and `pg_ctl` on a free port). It is stopped (`pg_ctl stop -m immediate`)
+ * and removed after the file, whatever happened. The file skips, saying why, only when no PostgreSQL
  * binaries are installed. Kafka is the tests' broker.
  *
  * The topic has one partition, so the topic's order is the order of the relay's sends.
  */
-import { randomBytes } from 'node:crypto';
-import * as fs from 'node:fs';
-import * as net from 'node:net';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 
 import type { Queryable } from '../../src/database.js';
 import { walSlotsStatus } from '../../relay/wal/slot-sql.js';
 import { createWalRelay, type WalRelay, type WalRelayEvents } from '../../relay/wal/wal-relay.js';
-import { localCluster, runAs, startLocalCluster } from '../../scripts/services.js';
 import { withPgTransaction } from '../../src/database.js';
 import type { Logger } from '../../src/logger.js';
 import { migrate } from '../../src/migrate.js';
 import { createOutbox, type Outbox } from '../../src/outbox/enqueue.js';
 import { walSlotName } from '../../src/schema-name.js';
 import { createTopics, messagesIn, readTopic } from '../helpers/kafka.js';
+import { privateCluster } from '../helpers/private-cluster.js';
 import { spawnCli, type Spawned } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { waitForSlotInactive } from '../helpers/wal.js';
 
-/** This file's own cluster, in a folder of its own under os.tmpdir(); undefined without binaries. */
-const cluster = localCluster(() =>
-  path.join(os.tmpdir(), `outboxkit-slot-lost-${process.pid}-${randomBytes(4).toString('hex')}`),
-);
-const skipReason =
-  cluster === undefined
-    ? 'skipped: no PostgreSQL binaries (/usr/lib/postgresql/<major>/bin/initdb); this file runs a cluster of its own'
-    : undefined;
-if (skipReason !== undefined) console.warn(`test/wal/slot-invalidation.test.ts ${skipReason}`);
+/** This file's own cluster, in a folder of its own under os.tmpdir() (test/helpers/private-cluster.ts). */
+const cluster = privateCluster({
+  file: 'test/wal/slot-invalidation.test.ts',
+  folder: 'outboxkit-slot-lost',
+  what: 'slot invalidation test',
+  settings,
+});
+const skipReason = cluster.skipReason;
 
 /**
  * The cluster's settings. `max_slot_wal_keep_size` of 1 MB is less than one 16 MB WAL segment, so
@@ -77,57 +70,20 @@ function settings(port: number): Record<string, string> {
   };
 }
 
-/** A TCP port nothing listens on now, on 127.0.0.1. */
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as net.AddressInfo;
-      server.close(() => resolve(port));
-    });
-  });
-}
-
 let url: string;
 let pool: pg.Pool | undefined;
-let started = false;
 const relays: WalRelay[] = [];
 
 beforeAll(async () => {
-  if (cluster === undefined) return;
-  // Another process may take the free port before the server binds it: try again on another.
-  let lastError: unknown;
-  for (let attempt = 0; attempt < 3 && !started; attempt += 1) {
-    const port = await freePort();
-    try {
-      await startLocalCluster(cluster, {
-        title: 'PostgreSQL (slot invalidation test)',
-        role: "the slot invalidation test's cluster",
-        fallback: 'install PostgreSQL (Debian: apt-get install postgresql)',
-        settings: settings(port),
-        startTimeoutMs: 60_000,
-        // In the test process's session: an interrupted run stops it too.
-        detached: false,
-      });
-      started = true;
-      url = `postgres://postgres@127.0.0.1:${port}/postgres`;
-    } catch (err) {
-      lastError = err;
-    }
-  }
-  if (!started) throw lastError;
+  if (skipReason !== undefined) return;
+  url = await cluster.start();
   pool = new pg.Pool({ connectionString: url, max: 4 });
 }, 120_000);
 
 afterAll(async () => {
   for (const relay of relays.splice(0)) await relay.stop({ timeoutMs: 2_000 }).catch(() => undefined);
   await pool?.end().catch(() => undefined);
-  if (cluster === undefined) return;
-  if (fs.existsSync(path.join(cluster.dataDir, 'postmaster.pid'))) {
-    await runAs(cluster, cluster.bin('pg_ctl'), ['-D', cluster.dataDir, '-m', 'immediate', '-w', 'stop'], 30_000);
-  }
-  fs.rmSync(cluster.home, { recursive: true, force: true });
+  await cluster.stop();
 }, 60_000);
 
 function q(p: pg.Pool): Queryable {
