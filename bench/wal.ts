@@ -36,7 +36,7 @@
  *
  * Knobs (env): BENCH_ONLY (`b1,b2,b3`), BENCH_B1_ROUNDS (5), BENCH_B1_MS (ms per side and round,
  * 2,000), BENCH_SYNC_COMMIT (`on`; `off` runs B1's sessions with synchronous_commit off),
- * BENCH_EVENTS (30,000), BENCH_ROUNDS (B2 rounds, 3), BENCH_TX_EVENTS (events per seeded
+ * BENCH_EVENTS (60,000), BENCH_ROUNDS (B2 rounds, 3), BENCH_TX_EVENTS (events per seeded
  * transaction, 1), BENCH_RATES (events/s, `200,1000`), BENCH_SECONDS (measured per path, rate and
  * round, 10), BENCH_WARMUP_S (2), BENCH_B3_ROUNDS (2). A short try: BENCH_B1_ROUNDS=1
  * BENCH_B1_MS=500 BENCH_EVENTS=3000 BENCH_ROUNDS=1 BENCH_SECONDS=3 BENCH_B3_ROUNDS=1.
@@ -104,7 +104,7 @@ const ONLY = new Set((process.env.BENCH_ONLY ?? 'b1,b2,b3').split(',').map((s) =
 const B1_ROUNDS = knob('BENCH_B1_ROUNDS', 5);
 const B1_MS = knob('BENCH_B1_MS', 2_000);
 const SYNC_COMMIT_OFF = process.env.BENCH_SYNC_COMMIT === 'off';
-const EVENTS = knob('BENCH_EVENTS', 30_000);
+const EVENTS = knob('BENCH_EVENTS', 60_000);
 const ROUNDS = knob('BENCH_ROUNDS', 3);
 const TX_EVENTS = Math.max(1, knob('BENCH_TX_EVENTS', 1));
 const RATES = (process.env.BENCH_RATES ?? '200,1000')
@@ -323,6 +323,8 @@ interface B2Round {
   /** Events/s of each run. */
   rate: Record<B2Run, number>;
   cpuPer1k: { table: number; wal: number };
+  /** The relay daemon's CPU-seconds per second of drain: 1 is one core, all a JavaScript thread has. */
+  cores: { table: number; wal: number };
   rssMb: { table: number; wal: number };
 }
 
@@ -342,6 +344,7 @@ async function b2(tableDb: BenchDatabase, walDb: BenchDatabase, slot: string): P
       const round: B2Round = {
         rate: {} as Record<B2Run, number>,
         cpuPer1k: { table: NaN, wal: NaN },
+        cores: { table: NaN, wal: NaN },
         rssMb: { table: NaN, wal: NaN },
       };
       for (const which of order) {
@@ -358,6 +361,7 @@ async function b2(tableDb: BenchDatabase, walDb: BenchDatabase, slot: string): P
             });
             ms = d.ms;
             round.cpuPer1k.table = (d.cpuSeconds / EVENTS) * 1_000;
+            round.cores.table = d.cpuSeconds / (d.ms / 1_000);
             round.rssMb.table = d.maxRssMb;
             break;
           }
@@ -373,6 +377,7 @@ async function b2(tableDb: BenchDatabase, walDb: BenchDatabase, slot: string): P
             });
             ms = d.ms;
             round.cpuPer1k.wal = (d.cpuSeconds / EVENTS) * 1_000;
+            round.cores.wal = d.cpuSeconds / (d.ms / 1_000);
             round.rssMb.wal = d.maxRssMb;
             break;
           }
@@ -440,11 +445,19 @@ async function b2(tableDb: BenchDatabase, walDb: BenchDatabase, slot: string): P
     ),
     '',
     table(
-      ['relay daemon', 'CPU-s per 1,000 events (median)', 'per round', 'max RSS while draining (MB)', 'per round'],
+      [
+        'relay daemon',
+        'CPU-s per 1,000 events (median)',
+        'per round',
+        'CPU while draining (cores) per round',
+        'max RSS while draining (MB)',
+        'per round',
+      ],
       (['table', 'wal'] as const).map((m) => [
         m === 'table' ? 'table relay' : 'WAL relay',
         f3(median(cpu(m))),
         cpu(m).map(f3).join(' '),
+        rounds.map((x) => f2(x.cores[m])).join(' '),
         f0(Math.max(...rss(m))),
         rss(m).map(f0).join(' '),
       ]),
