@@ -10,7 +10,7 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import type { Producer } from 'kafkajs';
 import type pg from 'pg';
-import { enqueue } from '../src/index.js';
+import { enqueue, type Outbox } from '../src/index.js';
 import type { KafkaClientName } from '../relay/options.js';
 import {
   type Child,
@@ -118,29 +118,34 @@ export async function startLatencyConsumer(brokers: string[], topics: string[]):
 /**
  * Starts the relay daemon with its defaults (`cli/main.ts relay`, metrics off, warnings only;
  * `kafkaClient` adds `--kafka-client`) and waits until it holds lanes (`monitor` on its database;
- * with `relayId`, lanes held by that id).
+ * with `relayId`, lanes held by that id). With `walSlot`, the WAL relay instead
+ * (`--source wal --wal-slot <walSlot>`), ready once a walsender reads its slot.
  */
 export async function startLatencyRelay(
   db: { url: string; brokers: string[] },
   monitor: pg.Pool,
-  options: { kafkaClient?: KafkaClientName; relayId?: string } = {},
+  options: { kafkaClient?: KafkaClientName; relayId?: string; walSlot?: string } = {},
 ): Promise<Child> {
   const args = ['relay', '--metrics-port', '-1'];
   if (options.kafkaClient) args.push('--kafka-client', options.kafkaClient);
   if (options.relayId) args.push('--relay-id', options.relayId);
-  const relay = startChild('relay', path.join(root, 'cli/main.ts'), args, {
+  if (options.walSlot) args.push('--source', 'wal', '--wal-slot', options.walSlot);
+  const relay = startChild(options.walSlot ? 'wal relay' : 'relay', path.join(root, 'cli/main.ts'), args, {
     DATABASE_URL: db.url,
     KAFKA_BROKERS: db.brokers.join(','),
     OUTBOXKIT_LOG_LEVEL: 'warn',
   });
   const held =
-    options.relayId === undefined
-      ? { text: 'SELECT 1 FROM outboxkit.relay_lanes WHERE owner_id IS NOT NULL', values: [] }
-      : { text: 'SELECT 1 FROM outboxkit.relay_lanes WHERE owner_id = $1', values: [options.relayId] };
-  await waitFor('the relay to hold its lanes', async () => (await monitor.query(held)).rowCount! > 0, {
-    timeoutMs: 60_000,
-    children: [relay],
-  });
+    options.walSlot !== undefined
+      ? { text: 'SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active', values: [options.walSlot] }
+      : options.relayId === undefined
+        ? { text: 'SELECT 1 FROM outboxkit.relay_lanes WHERE owner_id IS NOT NULL', values: [] }
+        : { text: 'SELECT 1 FROM outboxkit.relay_lanes WHERE owner_id = $1', values: [options.relayId] };
+  await waitFor(
+    options.walSlot ? 'the WAL relay to read its slot' : 'the relay to hold its lanes',
+    async () => (await monitor.query(held)).rowCount! > 0,
+    { timeoutMs: 60_000, children: [relay] },
+  );
   return relay;
 }
 
@@ -211,13 +216,20 @@ export function rawSend(producer: Producer, topic: string): (i: number) => Promi
   };
 }
 
-/** The relay path's `send`: one `enqueue()` per transaction on `writer`; the clock starts as COMMIT is sent. */
-export function relaySend(writer: pg.Pool, topic: string): (i: number) => Promise<Sent> {
+/**
+ * The relay path's `send`: one `enqueue()` per transaction on `writer` (through `outbox`, default
+ * the table writer with NOTIFY); the clock starts as COMMIT is sent.
+ */
+export function relaySend(
+  writer: pg.Pool,
+  topic: string,
+  outbox: Pick<Outbox, 'enqueue'> = { enqueue },
+): (i: number) => Promise<Sent> {
   return async (i) => {
     const c = await writer.connect();
     try {
       await c.query('BEGIN');
-      const [e] = await enqueue(c, { topic, key: `k${i % LATENCY_KEYS}`, type: 't', payload: { n: 1 } });
+      const [e] = await outbox.enqueue(c, { topic, key: `k${i % LATENCY_KEYS}`, type: 't', payload: { n: 1 } });
       const at = wallNow();
       await c.query('COMMIT');
       return { id: e!.eventId, at, reply: wallNow() };

@@ -7,7 +7,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { type Kafka } from 'kafkajs';
 import pg from 'pg';
 import { v7 as uuidv7 } from 'uuid';
-import { ensureServices } from '../scripts/services.js';
+import { ensureServices, ensureWalPostgres } from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 import { HEADER_EVENT_ID, HEADER_EVENT_TYPE } from '../src/outbox/event.js';
 
@@ -18,26 +18,40 @@ export interface BenchDatabase {
 }
 
 /**
- * Creates and migrates a throwaway database for one benchmark; `drop()` removes it. With
- * `migrated: false` the database is left empty (bench/side-by-side.ts migrates it with the code
- * it measures).
+ * Creates and migrates a throwaway database for one benchmark; `drop()` removes it (and the
+ * replication slots left on it). With `migrated: false` the database is left empty
+ * (bench/side-by-side.ts migrates it with the code it measures). With `server: 'wal'` it is made
+ * on the PostgreSQL at wal_level=logical (`ensureWalPostgres()`, WAL_DATABASE_URL) instead of the
+ * main one; `walPublication` then also creates the WAL source's publication
+ * (`migrate({ walPublication: true })`).
  */
-export async function benchDatabase(options: { migrated?: boolean } = {}): Promise<BenchDatabase> {
+export async function benchDatabase(
+  options: { migrated?: boolean; server?: 'main' | 'wal'; walPublication?: boolean } = {},
+): Promise<BenchDatabase> {
   const services = await ensureServices();
+  const serverUrl = options.server === 'wal' ? await ensureWalPostgres() : services.databaseUrl;
   const name = `outboxkit_bench_${randomBytes(4).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: services.databaseUrl });
+  const admin = new pg.Client({ connectionString: serverUrl });
   await admin.connect();
   await admin.query(`CREATE DATABASE ${name}`);
   await admin.end();
-  const url = new URL(services.databaseUrl);
+  const url = new URL(serverUrl);
   url.pathname = `/${name}`;
-  if (options.migrated !== false) await migrate({ connectionString: url.toString() });
+  if (options.migrated !== false)
+    await migrate({ connectionString: url.toString(), ...(options.walPublication ? { walPublication: true } : {}) });
   return {
     url: url.toString(),
     brokers: services.kafkaBrokers,
     async drop() {
-      const c = new pg.Client({ connectionString: services.databaseUrl });
+      const c = new pg.Client({ connectionString: serverUrl });
       await c.connect();
+      // A database with a replication slot cannot be dropped: its slots go first, after any walsender
+      // still reading one (a reader that was just stopped) has ended.
+      await c.query(
+        'SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE database = $1 AND active',
+        [name],
+      );
+      await c.query('SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1', [name]);
       await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
       await c.end();
     },
@@ -106,18 +120,27 @@ export async function pendingCount(pool: pg.Pool): Promise<number> {
 
 /**
  * Polls the pending count every 50 ms until none of `count` seeded events is left, calling
- * `onTick` before each poll (it may throw to give up). Returns the drain's duration in ms, from
+ * `onTick` before each poll (it may throw to give up) and `onFirst` when the first published event
+ * is seen. Returns the drain's duration in ms, from
  * the first poll that saw fewer than `count` (the first published event; start-up and lane
  * acquisition are not drain) to the poll that saw none.
  */
-export async function timeDrain(pool: pg.Pool, count: number, onTick: () => void = () => {}): Promise<number> {
+export async function timeDrain(
+  pool: pg.Pool,
+  count: number,
+  onTick: () => void = () => {},
+  onFirst: () => void = () => {},
+): Promise<number> {
   let t0 = 0;
   let left = count;
   while (left > 0) {
     onTick();
     await new Promise((r) => setTimeout(r, 50));
     left = await pendingCount(pool);
-    if (t0 === 0 && left < count) t0 = performance.now();
+    if (t0 === 0 && left < count) {
+      t0 = performance.now();
+      onFirst();
+    }
   }
   return performance.now() - t0;
 }
