@@ -147,8 +147,9 @@ export interface WalSlotReader {
   /**
    * The caller settled every event of the transaction that ended at `commitEndLsn` (as handed
    * over). The reader confirms to PostgreSQL the highest commit end LSN up to which every
-   * transaction handed over is confirmed, at once, so confirming out of order never moves the slot
-   * past an unconfirmed transaction. Idempotent. After the stream ended it only records: a
+   * transaction handed over is confirmed, at once (one standby status update for all the
+   * confirm() calls of one synchronous run, sent as it ends), so confirming out of order never
+   * moves the slot past an unconfirmed transaction. Idempotent. After the stream ended it only records: a
    * confirmation that reaches no server is redelivered to the next reader (a duplicate, not a loss).
    *
    * @throws {@link InvalidOptionsError} when `commitEndLsn` is not an LSN, or no transaction
@@ -226,6 +227,9 @@ export function createWalSlotReader(options: WalSlotReaderOptions): WalSlotReade
   ended.catch(() => {});
 
   /** Tells PostgreSQL the confirmed LSN (write, flush and apply alike). */
+  /** A status update is queued for the end of the current synchronous run (see `confirm()`). */
+  let statusQueued = false;
+
   function sendStatus(): void {
     if (service === undefined || frontier === undefined || finished) return;
     counts.statusUpdates += 1;
@@ -400,7 +404,15 @@ export function createWalSlotReader(options: WalSlotReaderOptions): WalSlotReade
     if (frontier === undefined) {
       throw new LifecycleError(`confirm(${commitEndLsn}): the WAL slot reader of slot ${o.slot} has not started.`);
     }
-    if (frontier.confirm(parseLsn(commitEndLsn)) !== undefined) sendStatus();
+    if (frontier.confirm(parseLsn(commitEndLsn)) !== undefined && !statusQueued) {
+      // One status update for every confirm() of one synchronous run (a relay confirms a batch's
+      // transactions in a loop): it reports the frontier as it stands then, the last of them.
+      statusQueued = true;
+      queueMicrotask(() => {
+        statusQueued = false;
+        sendStatus();
+      });
+    }
   }
 
   function stop(stopOptions: { timeoutMs?: number } = {}): Promise<void> {
