@@ -1496,6 +1496,10 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
       }
       if (failure.kind === 'record') {
         attempt = 0;
+        // A missing topic is a record's fault that one topic listing settles for every event of
+        // the call: each of them parked as it comes, without a send of its own (a send to a
+        // missing topic fails only after the client's metadata retries, seconds each).
+        if (await this.parkMissingTopics(items.slice(i))) continue;
         if (chunk.length > 1) {
           // kafkajs fails a request as a whole: find the record at fault one send at a time.
           singlesUntil = i + chunk.length;

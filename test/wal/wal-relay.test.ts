@@ -366,6 +366,30 @@ describe('WAL relay', () => {
     expect(await listParked(db.pool, 'outboxkit')).toEqual([]);
   });
 
+  // Breach caught: the events of a missing topic parked one send at a time, each after kafkajs's
+  // metadata retries (about 3.3 s): N such events held the stream for N × 3.3 s (bench/wal.ts's
+  // first version left 18 of them, parked 27 s to 77 s after the start).
+  it('parks many events of a missing topic together, not one send each', async () => {
+    const [topic] = await createTopics(['wal-exists-many'], { partitions: 1 });
+    const slot = await createSlot();
+    const relay = await startRelay(slot, { holdKeyBehindFailure: false });
+    const missing = `wal-missing-${randomBytes(4).toString('hex')}`;
+    const started = performance.now();
+    const lost = await enqueue(
+      Array.from({ length: 24 }, (_, n) => ({ topic: missing, key: `k${n}`, payload: `nowhere ${n}` })),
+    );
+    const [next] = await enqueue([{ topic: topic!, key: 'k0', payload: 'after' }]);
+    // One send's retries (a few seconds), then the whole chunk parked at once; one send each would
+    // take 24 times as long.
+    await waitFor(() => relay.stats().parked === 24, { timeoutMs: 20_000, message: 'not all parked' });
+    expect(performance.now() - started).toBeLessThan(20_000);
+    const messages = await readAll(topic!, (all) => all.length >= 1);
+    expect(messages.map((m) => m.headers['event-id'])).toEqual([next]);
+    const parked = await listParked(db.pool, 'outboxkit');
+    expect(parked.map((p) => p.event_id).sort()).toEqual([...lost].sort());
+    for (const p of parked) expect(p.last_error).toMatch(/UNKNOWN_TOPIC_OR_PARTITION/);
+  });
+
   // Breach caught: events lost or confirmed while the broker cannot be reached (a send that failed
   // taken as settled), or a relay that gives up (stops, exits) instead of holding the stream and
   // retrying until the broker answers again.
