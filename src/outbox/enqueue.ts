@@ -303,13 +303,14 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       // event that is skipped wrote nothing: only the WAL source's calls of several events with
       // an explicit id need the savepoint (ENQUEUE_SAVEPOINT says why), so the common call pays
       // no extra round trip.
-      const savepoint = wal && list.length > 1 && list.some((e) => e.eventId !== undefined);
+      const idsGiven = list.some((e) => e.eventId !== undefined);
+      const savepoint = wal && list.length > 1 && idsGiven;
       if (savepoint) await db.query(ENQUEUE_SAVEPOINT.begin);
       const seqById = new Map<string, string>();
       for (let i = 0; i < ordered.length; i += MAX_EVENTS_PER_INSERT) {
         const chunk = ordered.slice(i, i + MAX_EVENTS_PER_INSERT);
         const last = i + MAX_EVENTS_PER_INSERT >= ordered.length;
-        const insert = insertEventsSql(table, keyLocks, chunk, notify && last ? channel : null);
+        const insert = insertEventsSql(table, keyLocks, chunk, notify && last ? channel : null, idsGiven);
         const { rows } = await db.query<{ event_id: string; seq: string }>(insert.text, insert.values, {
           name: insert.name,
         });

@@ -16,8 +16,10 @@ const MAX_PREPARED_EVENTS = 8;
 
 /**
  * Inserts `events` (at most {@link MAX_EVENTS_PER_INSERT}), returning `event_id` and `seq` of each
- * row written; an `event_id` that exists already is skipped (`ON CONFLICT DO NOTHING`, so the
- * caller's transaction stays usable and the caller can tell which were skipped). With `channel`,
+ * row written. With `idsGiven` (some event's id came from the caller) an `event_id` that exists
+ * already is skipped (`ON CONFLICT DO NOTHING`, so the caller's transaction stays usable and the
+ * caller can tell which were skipped); without it every id is a new UUIDv7 that no row can have,
+ * and the plain INSERT spares the server the speculative insertion ON CONFLICT needs. With `channel`,
  * the same statement sends `NOTIFY channel` (folded by PostgreSQL into one per transaction).
  *
  * Concurrency: the statement first row-locks each distinct key's row in `keyLocks` (inserting it
@@ -44,6 +46,7 @@ export function insertEventsSql(
   keyLocks: string | null,
   events: readonly PreparedEvent[],
   channel: string | null,
+  idsGiven = true,
 ): SqlStatement {
   const rows: string[] = [];
   const values: unknown[] = [];
@@ -82,7 +85,7 @@ export function insertEventsSql(
   const insert = `INSERT INTO ${table} (event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
     SELECT v.* FROM (VALUES ${rows.join(', ')}) AS v(event_id, topic, key, lane, type, payload, headers, aggregate_type, aggregate_id)
     ${source === null ? '' : 'WHERE (SELECT count(*) FROM locked) >= 0'}
-    ON CONFLICT (event_id) DO NOTHING
+    ${idsGiven ? 'ON CONFLICT (event_id) DO NOTHING' : ''}
     RETURNING event_id, seq::text AS seq`;
   // Events without a key lock nothing, nor does any event of the WAL source.
   const ctes =
