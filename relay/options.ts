@@ -17,8 +17,40 @@ import type { KafkaClient, ProducerSettings } from '../src/kafka/types.js';
 export const KAFKA_CLIENT_NAMES = ['kafkajs', 'platformatic'] as const;
 export type KafkaClientName = (typeof KAFKA_CLIENT_NAMES)[number];
 
+/**
+ * The retention cleanup's options, the same for both relays (this one and the WAL relay,
+ * relay/wal/wal-relay.ts; the cleanup is relay/cleanup.ts): published rows past their retention
+ * are deleted by one relay at a time, the table relay holding lane 0 or the WAL relay holding the
+ * slot's reader lease.
+ */
+export interface RetentionOptions {
+  /**
+   * How long published rows are kept before deletion, in ms. Never less than 65 min in effect
+   * (`EVENT_ID_REUSE_WINDOW_MS`): a published row refuses a reused explicit event id for as long
+   * as the writer would accept that id (docs/events.md, Event ids). @defaultValue 86_400_000 (24 h)
+   */
+  publishedRetentionMs?: number;
+  /**
+   * Interval of the retention cleanup, in ms (run by one relay: the table relay holding lane 0,
+   * the WAL relay holding the slot's reader lease): how often it looks for published rows past
+   * `publishedRetentionMs`. A cleanup that finds a backlog goes on, paced by
+   * `cleanupRowsPerSecond`, until the backlog is gone. @defaultValue 60_000
+   */
+  cleanupIntervalMs?: number;
+  /** Most rows deleted by one cleanup statement. @defaultValue 1_000 */
+  cleanupBatchSize?: number;
+  /**
+   * Pace of the retention cleanup, in rows per second: after each full batch the cleaner waits
+   * so that it deletes at most this many rows per second on average, leaving the database to the
+   * writers (bench/cleanup.ts measures the writers' p99 with and without it). 0 deletes batches
+   * back to back. With the defaults, a backlog of 1,000,000 published rows is deleted in about
+   * 8 min 20 s. @defaultValue 2_000
+   */
+  cleanupRowsPerSecond?: number;
+}
+
 /** Options of {@link Relay}. */
-export interface RelayOptions {
+export interface RelayOptions extends RetentionOptions {
   /** PostgreSQL connection string (session mode). Required unless `pool` is given. */
   connectionString?: string;
   /** A pool to use instead of `connectionString`; outboxkit does not end it. */
@@ -100,28 +132,6 @@ export interface RelayOptions {
    */
   holdKeyBehindFailure?: boolean;
   /**
-   * How long published rows are kept before deletion, in ms. Never less than 65 min in effect
-   * (`EVENT_ID_REUSE_WINDOW_MS`): a published row refuses a reused explicit event id for as long
-   * as the writer would accept that id (docs/events.md, Event ids). @defaultValue 86_400_000 (24 h)
-   */
-  publishedRetentionMs?: number;
-  /**
-   * Interval of the retention cleanup, in ms (run by the holder of lane 0): how often it looks for
-   * published rows past `publishedRetentionMs`. A cleanup that finds a backlog goes on, paced by
-   * `cleanupRowsPerSecond`, until the backlog is gone. @defaultValue 60_000
-   */
-  cleanupIntervalMs?: number;
-  /** Most rows deleted by one cleanup statement. @defaultValue 1_000 */
-  cleanupBatchSize?: number;
-  /**
-   * Pace of the retention cleanup, in rows per second: after each full batch the cleaner waits
-   * so that it deletes at most this many rows per second on average, leaving the database to the
-   * writers (bench/cleanup.ts measures the writers' p99 with and without it). 0 deletes batches
-   * back to back. With the defaults, a backlog of 1,000,000 published rows is deleted in about
-   * 8 min 20 s. @defaultValue 2_000
-   */
-  cleanupRowsPerSecond?: number;
-  /**
    * Logger. Also gets kafkajs's own log entries (warn and above: `kafkajs: <message>` with
    * kafkajs's `namespace`, `broker`...) of the kafkajs client the relay makes from `brokers`;
    * without a logger those go to kafkajs's console logger. A `kafka` instance you pass keeps its own
@@ -191,6 +201,18 @@ export const RELAY_KAFKA_OPTIONS_SHAPE = {
     .default('kafkajs'),
 } satisfies Record<'brokers' | 'kafka' | 'kafkaClient', z.ZodType>;
 
+/**
+ * The retention cleanup's options of the relays (this one and the WAL relay,
+ * relay/wal/wal-relay.ts), declared once with their defaults ({@link RELAY_DEFAULTS}): spread into
+ * each relay's options schema.
+ */
+export const RELAY_RETENTION_OPTIONS_SHAPE = {
+  publishedRetentionMs: option.integer(0).default(RELAY_DEFAULTS.publishedRetentionMs),
+  cleanupIntervalMs: option.integer(100).default(RELAY_DEFAULTS.cleanupIntervalMs),
+  cleanupBatchSize: option.integer(1).default(RELAY_DEFAULTS.cleanupBatchSize),
+  cleanupRowsPerSecond: option.integer(0).default(RELAY_DEFAULTS.cleanupRowsPerSecond),
+} satisfies Record<keyof RetentionOptions, z.ZodType>;
+
 /** The relay's options, declared once: types, ranges, defaults and the rules between them. */
 const relayOptionsSchema = z
   .strictObject({
@@ -215,10 +237,7 @@ const relayOptionsSchema = z
     verifyTopics: option.boolean().default(RELAY_DEFAULTS.verifyTopics),
     maxAttempts: option.integer(1).default(RELAY_DEFAULTS.maxAttempts),
     holdKeyBehindFailure: option.boolean().default(RELAY_DEFAULTS.holdKeyBehindFailure),
-    publishedRetentionMs: option.integer(0).default(RELAY_DEFAULTS.publishedRetentionMs),
-    cleanupIntervalMs: option.integer(100).default(RELAY_DEFAULTS.cleanupIntervalMs),
-    cleanupBatchSize: option.integer(1).default(RELAY_DEFAULTS.cleanupBatchSize),
-    cleanupRowsPerSecond: option.integer(0).default(RELAY_DEFAULTS.cleanupRowsPerSecond),
+    ...RELAY_RETENTION_OPTIONS_SHAPE,
     logger: option.SHARED_OPTIONS.logger,
   } satisfies Record<keyof RelayOptions, z.ZodType>)
   .superRefine((o, ctx) => {

@@ -46,7 +46,7 @@ import {
 import { toRecord } from './record.js';
 import * as sql from './sql.js';
 import { Wake } from './wake.js';
-import { cleanupPauseMs, Pause } from './cleanup.js';
+import { RetentionCleaner } from './cleanup.js';
 
 export { RELAY_DEFAULTS, resolveRelayOptions, type RelayOptions, type ResolvedRelayOptions } from './options.js';
 
@@ -112,11 +112,9 @@ export class Relay extends EventEmitter<RelayEvents> {
   private failedTopics: string[] = [];
   private loopDone: Promise<void> | undefined;
   private maintainTimer: NodeJS.Timeout | undefined;
-  private cleanupTimer: NodeJS.Timeout | undefined;
   private maintaining: Promise<void> = Promise.resolve();
-  private cleaning: Promise<void> | undefined;
-  /** The cleanup's wait between batches, cut short by stop(). */
-  private readonly cleanupPause = new Pause();
+  /** The retention cleanup, run by the holder of lane 0 (./cleanup.ts). */
+  private readonly cleaner: RetentionCleaner;
   private stopping = false;
   private stopped: Promise<void> | undefined;
   private started = false;
@@ -227,6 +225,19 @@ export class Relay extends EventEmitter<RelayEvents> {
       },
       o.leaseMs,
     );
+    this.cleaner = new RetentionCleaner({
+      db: this.db,
+      schema: this.q,
+      publishedRetentionMs: o.publishedRetentionMs,
+      cleanupIntervalMs: o.cleanupIntervalMs,
+      cleanupBatchSize: o.cleanupBatchSize,
+      cleanupRowsPerSecond: o.cleanupRowsPerSecond,
+      // Only the holder of lane 0 cleans (one cleaner at a time); it stops between batches when
+      // the relay stops or loses lane 0.
+      mayRun: () => !this.stopping && this.lanes.has(0),
+      logger: this.logger,
+      onCleaned: (deleted) => this.emit('relay:cleaned', { deleted }),
+    });
     this.gate = client
       ? new PartitionGate(
           clusterPartitionSource(
@@ -337,13 +348,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.maintainTimer = setInterval(() => this.maintainSoon(), this.maintainEveryMs);
     this.maintainTimer.unref();
     // Its own chain: a long cleanup must never delay the lease renewals above.
-    this.cleanupTimer = setInterval(() => {
-      if (this.cleaning) return;
-      this.cleaning = this.cleanup()
-        .catch((err: Error) => this.logger.warn({ err }, 'published-row cleanup failed'))
-        .finally(() => (this.cleaning = undefined));
-    }, this.options.cleanupIntervalMs);
-    this.cleanupTimer.unref();
+    this.cleaner.start();
     this.recheckTimer = setInterval(() => void this.recheckPartitions(), PARTITION_RECHECK_MS);
     this.recheckTimer.unref();
     signal?.addEventListener('abort', () => void this.stop(), { once: true });
@@ -389,8 +394,7 @@ export class Relay extends EventEmitter<RelayEvents> {
     this.wake.stop();
     this.health.stop();
     clearInterval(this.maintainTimer);
-    clearInterval(this.cleanupTimer);
-    this.cleanupPause.cancel();
+    const cleanerStopped = this.cleaner.stop();
     clearInterval(this.recheckTimer);
     if (this.loopDone) {
       let timer: NodeJS.Timeout | undefined;
@@ -398,7 +402,7 @@ export class Relay extends EventEmitter<RelayEvents> {
       clearTimeout(timer);
     }
     await this.maintaining;
-    await this.cleaning;
+    await cleanerStopped;
     await this.readAhead?.rows;
     this.readAhead = undefined;
     await this.marks.settle().catch(() => undefined);
@@ -1119,25 +1123,6 @@ export class Relay extends EventEmitter<RelayEvents> {
       published += marked;
     }
     return { published, stop: false, unsent };
-  }
-
-  /**
-   * Deletes published rows past their retention, batch after batch until none is left, paced to
-   * `cleanupRowsPerSecond` (./cleanup.ts); only the holder of lane 0 does it, and it stops between
-   * batches when the relay stops or loses lane 0.
-   */
-  private async cleanup(): Promise<void> {
-    const { cleanupBatchSize: batchSize, cleanupRowsPerSecond: rowsPerSecond } = this.options;
-    while (!this.stopping && this.lanes.has(0)) {
-      const started = performance.now();
-      const deleted = await sql.deletePublished(this.db, this.q, {
-        retentionMs: this.options.publishedRetentionMs,
-        batchSize,
-      });
-      if (deleted > 0) this.emit('relay:cleaned', { deleted });
-      if (deleted < batchSize) break;
-      await this.cleanupPause.sleep(cleanupPauseMs(deleted, performance.now() - started, rowsPerSecond));
-    }
   }
 }
 

@@ -58,6 +58,8 @@ const OPTION_FLAGS: Record<string, string> = {
   brokerTimeoutMs: '--broker-timeout-ms',
   statusIntervalMs: '--wal-status-interval-ms',
   leaseMs: '--wal-lease-ms',
+  publishedRetentionMs: '--published-retention-ms',
+  cleanupRowsPerSecond: '--cleanup-rows-per-second',
   relayId: '--relay-id',
   slot: '--wal-slot',
   publication: '--wal-publication',
@@ -112,6 +114,8 @@ export async function runWalRelay(args: {
         statusIntervalMs: Number(opts.walStatusIntervalMs),
         leaseMs: Number(opts.walLeaseMs),
         holdKeyBehindFailure: Boolean(opts.holdKeyBehindFailure),
+        publishedRetentionMs: Number(opts.publishedRetentionMs),
+        cleanupRowsPerSecond: Number(opts.cleanupRowsPerSecond),
         relayId,
         logger,
       });
@@ -121,7 +125,7 @@ export async function runWalRelay(args: {
       const flagged = err.message
         .replace(/^createWalRelay: /, '')
         .replace(
-          /\b(batchSize|maxBatchBytes|brokerTimeoutMs|statusIntervalMs|leaseMs|relayId|slot|publication|schema)\b/g,
+          /\b(batchSize|maxBatchBytes|brokerTimeoutMs|statusIntervalMs|leaseMs|publishedRetentionMs|cleanupRowsPerSecond|relayId|slot|publication|schema)\b/g,
           (name) => OPTION_FLAGS[name]!,
         );
       throw new InvalidOptionsError(flagged, { cause: err });

@@ -28,15 +28,11 @@ import { printableJson } from '../printable.js';
 /** Where the relay reads the outbox from (`--source`). */
 export const RELAY_SOURCES = ['table', 'wal'] as const;
 
-/** Options (commander attribute names) of the table relay alone: refused with `--source wal`. */
-const TABLE_ONLY = [
-  'pollIntervalMs',
-  'leaseMs',
-  'maxAttempts',
-  'publishedRetentionMs',
-  'cleanupRowsPerSecond',
-  'listen',
-] as const;
+/**
+ * Options (commander attribute names) of the table relay alone: refused with `--source wal`. The
+ * retention flags (`--published-retention-ms`, `--cleanup-rows-per-second`) serve both sources.
+ */
+const TABLE_ONLY = ['pollIntervalMs', 'leaseMs', 'maxAttempts', 'listen'] as const;
 
 /** Options of the WAL relay alone: refused with `--source table`. */
 const WAL_ONLY = ['walSlot', 'walPublication', 'walStatusIntervalMs', 'walLeaseMs'] as const;

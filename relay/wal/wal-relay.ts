@@ -24,6 +24,11 @@
  * that the resync publishes and the stream then brings again are later duplicates with the same
  * `event-id` (docs/wal-source.md, "Slot loss and resync").
  *
+ * Retention: the rows the relay publishes are deleted at once, but rows marked published by other
+ * paths (a table relay before a switch to WAL mode, `outboxkit parked skip`) stay until the
+ * table relay's retention cleanup (../cleanup.ts) deletes them past `publishedRetentionMs`; the
+ * relay holding the slot's lease runs it, standbys do not.
+ *
  * Kafka's side (the producer, bounded sends, topics' limits, which partitions cannot take writes)
  * is ./wal-kafka.ts; the keys held in the table are ./held-keys.ts.
  *
@@ -108,8 +113,11 @@ import {
   RELAY_DEFAULTS,
   RELAY_KAFKA_OPTIONS_SHAPE,
   RELAY_PRODUCER_OPTIONS_SCHEMA,
+  RELAY_RETENTION_OPTIONS_SHAPE,
   type RelayOptions,
+  type RetentionOptions,
 } from '../options.js';
+import { RetentionCleaner } from '../cleanup.js';
 import { toRecord } from '../record.js';
 import {
   deleteRelayed,
@@ -146,8 +154,14 @@ import { checkWalServer, logWalServerNotes } from './server-check.js';
 
 export { requireLogicalWal } from './server-check.js';
 
-/** Options of {@link createWalRelay}. */
-export interface WalRelayOptions {
+/**
+ * Options of {@link createWalRelay}. The retention cleanup's (`publishedRetentionMs`,
+ * `cleanupIntervalMs`, `cleanupBatchSize`, `cleanupRowsPerSecond`) are the table relay's, with the
+ * same defaults: the relay holding the slot's reader lease deletes the rows marked published by
+ * other paths (a table relay before a switch to WAL mode, `outboxkit parked skip`) once past
+ * retention; the rows it publishes itself it deletes at once.
+ */
+export interface WalRelayOptions extends RetentionOptions {
   /**
    * PostgreSQL: a connection string or pg's client configuration. Used for the replication
    * connection (the role needs `REPLICATION`) and for a small pool that deletes and parks rows.
@@ -240,6 +254,10 @@ export const WAL_RELAY_DEFAULTS = Object.freeze({
   retryInitialMs: RELAY_DEFAULTS.retryInitialMs,
   retryMaxMs: RELAY_DEFAULTS.retryMaxMs,
   statusIntervalMs: WAL_SLOT_READER_DEFAULTS.statusIntervalMs,
+  publishedRetentionMs: RELAY_DEFAULTS.publishedRetentionMs,
+  cleanupIntervalMs: RELAY_DEFAULTS.cleanupIntervalMs,
+  cleanupBatchSize: RELAY_DEFAULTS.cleanupBatchSize,
+  cleanupRowsPerSecond: RELAY_DEFAULTS.cleanupRowsPerSecond,
 });
 
 const optionsSchema = z
@@ -264,6 +282,7 @@ const optionsSchema = z
     brokerTimeoutMs: option.integer(100).default(WAL_RELAY_DEFAULTS.brokerTimeoutMs),
     ...option.retryDelays({ initialMs: WAL_RELAY_DEFAULTS.retryInitialMs, maxMs: WAL_RELAY_DEFAULTS.retryMaxMs }, 1),
     statusIntervalMs: option.integer(10, 3_600_000).default(WAL_RELAY_DEFAULTS.statusIntervalMs),
+    ...RELAY_RETENTION_OPTIONS_SHAPE,
     logger: option.SHARED_OPTIONS.logger,
   } satisfies Record<keyof WalRelayOptions, z.ZodType>)
   .superRefine((o, ctx) => {
@@ -317,6 +336,12 @@ export interface WalRelayEvents {
   'wal:published': [
     { events: number; parked: number; held: number; deleted: number; transactions: number; lsn: string },
   ];
+  /**
+   * The retention cleanup deleted `deleted` published rows past `publishedRetentionMs` (once per
+   * batch; as the table relay's `relay:cleaned`): rows marked published by a table relay before a
+   * switch to WAL mode, or by `outboxkit parked skip`.
+   */
+  'wal:cleaned': [{ deleted: number }];
   /** An event Kafka refused for itself was parked in its row. */
   'wal:parked': [{ seq: string; eventId?: string; error: string }];
   /**
@@ -399,7 +424,8 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
   /**
    * Counters for tests and metrics: events `published` (resyncs included), `parked` and `held` (left
    * in the table behind a partition that could not take writes or a held key; published later and
-   * counted then too), rows `deleted`, the last `confirmedLsn`, transactions `queued`, keys held now
+   * counted then too), rows `deleted` once published, published rows past retention deleted by
+   * the retention cleanup (`cleaned`), the last `confirmedLsn`, transactions `queued`, keys held now
    * (`heldKeys`), the topic-partitions that cannot take writes now (`blockedPartitions`); `resyncs` ended, the events they
    * published (`resynced`), and whether one is running (`resyncing`); whether this relay holds the
    * slot's lease now (`leaseHeld`) and its fencing token (`fencingToken`, a decimal string, or
@@ -411,6 +437,7 @@ export interface WalRelay extends EventEmitter<WalRelayEvents> {
     parked: number;
     held: number;
     deleted: number;
+    cleaned: number;
     confirmedLsn: string;
     queued: number;
     heldKeys: number;
@@ -506,7 +533,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private stopPromise: Promise<void> | undefined;
   private loopDone: Promise<void> | undefined;
   private streamDone: Promise<void> | undefined;
-  private readonly counts = { published: 0, parked: 0, held: 0, deleted: 0, resyncs: 0, resynced: 0 };
+  private readonly counts = { published: 0, parked: 0, held: 0, deleted: 0, cleaned: 0, resyncs: 0, resynced: 0 };
   /** Keys whose events are held in the table: the stream's later events of them are held too. */
   private held: HeldKeys;
   private recheckTimer: NodeJS.Timeout | undefined;
@@ -531,6 +558,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private slotUndecodable = false;
   private retriedTimer: NodeJS.Timeout | undefined;
   private sweeping = false;
+  /** The retention cleanup (../cleanup.ts), made by start() once it holds the lease; run while it does. */
+  private cleaner: RetentionCleaner | undefined;
   /** The standby's last log line, so that it logs when the owner changes, not every poll. */
   private standbyOwner: string | undefined;
   private resolveEnded!: () => void;
@@ -574,7 +603,9 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     if (this.started) throw new LifecycleError('WalRelay.start() was called twice; make a new relay.');
     this.started = true;
     if (this.o.kafkaClient === 'platformatic') await loadPlatformaticKafka();
-    const pool = new pg.Pool({ ...this.connection, max: 2, application_name: 'outboxkit-wal-relay' });
+    // Deletes, parks, the lease and the held walks take two; the third is the retention cleanup's
+    // (one statement at a time), so that its batches leave the relay's own statements the two.
+    const pool = new pg.Pool({ ...this.connection, max: 3, application_name: 'outboxkit-wal-relay' });
     pool.on('error', (err) => this.log.warn({ err }, 'idle PostgreSQL connection failed'));
     this.pool = pool;
     this.db = {
@@ -649,6 +680,23 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     this.retriedTimer.unref();
     this.recheckTimer = setInterval(() => void this.recheckPartitions(), PARTITION_RECHECK_MS);
     this.recheckTimer.unref();
+    this.cleaner = new RetentionCleaner({
+      db: this.db,
+      schema: this.q,
+      publishedRetentionMs: this.o.publishedRetentionMs,
+      cleanupIntervalMs: this.o.cleanupIntervalMs,
+      cleanupBatchSize: this.o.cleanupBatchSize,
+      cleanupRowsPerSecond: this.o.cleanupRowsPerSecond,
+      // One cleaner per slot: the reader (a standby, or a relay that lost the lease, deletes
+      // nothing); it stops between batches when the relay stops or loses the lease.
+      mayRun: () => !this.stopping && this.holdsLease(),
+      logger: this.log,
+      onCleaned: (deleted) => {
+        this.counts.cleaned += deleted;
+        this.emit('wal:cleaned', { deleted });
+      },
+    });
+    this.cleaner.start();
     this.streamDone = this.watchStream(this.reader, resync).catch((err: unknown) => this.fail(err));
     this.log.info(
       {
@@ -666,6 +714,8 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
     this.stopPromise ??= (async () => {
       this.stopping = true;
       this.wakeAll();
+      // Ends a pause between cleanup batches at once; shutDown() waits for the batch in flight.
+      void this.cleaner?.stop();
       if (this.loopDone) {
         let timer: NodeJS.Timeout | undefined;
         await Promise.race([
@@ -718,6 +768,7 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
   private async shutDown(): Promise<void> {
     clearInterval(this.retriedTimer);
     clearInterval(this.recheckTimer);
+    await this.cleaner?.stop();
     await this.reader?.stop({ timeoutMs: 1_000 }).catch(() => undefined);
     await this.slotLock?.end().catch(() => undefined);
     this.slotLock = undefined;

@@ -468,6 +468,18 @@ describe('relay flags of the other source, and replication names, are refused be
         {},
         'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --wal-status-interval-ms must be an integer from 10 to 3600000, got 1.\n',
       ],
+      // The retention flags serve both sources (they were refused with --source wal): passed to the
+      // WAL relay, whose check names them by flag.
+      [
+        ['relay', '--source', 'wal', '--published-retention-ms', '3600000', '--cleanup-rows-per-second', '-1'],
+        {},
+        'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --cleanup-rows-per-second must be an integer ≥ 0, got -1.\n',
+      ],
+      [
+        ['relay', '--source', 'wal'],
+        { OUTBOXKIT_PUBLISHED_RETENTION_MS: '-5' },
+        'outboxkit: OUTBOXKIT_INVALID_OPTIONS: --published-retention-ms must be an integer ≥ 0, got -5.\n',
+      ],
     ];
     // Usage errors (commander's, with the usage line after them).
     const usage: [string[], string][] = [

@@ -50,6 +50,11 @@ describe('outboxkit/relay exports the WAL relay', () => {
       retryInitialMs: 200,
       retryMaxMs: 10_000,
       statusIntervalMs: 10_000,
+      // The retention cleanup's, the table relay's (relay/options.ts, RELAY_DEFAULTS).
+      publishedRetentionMs: 86_400_000,
+      cleanupIntervalMs: 60_000,
+      cleanupBatchSize: 1_000,
+      cleanupRowsPerSecond: 2_000,
     });
     expect(() => createWalRelay({ ...options, lane: 1 } as WalRelayOptions)).toThrow(
       expect.objectContaining({ code: 'OUTBOXKIT_INVALID_OPTIONS' }),
