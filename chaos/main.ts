@@ -142,10 +142,10 @@ function parseOptions(argv: string[]): ChaosOptions {
     .addOption(
       new Option(
         '--record-progress <mode>',
-        'consumer members with recordProgress (partition progress in PostgreSQL): mixed (odd members), all, none',
+        'consumer members with recordProgress (partition progress in PostgreSQL): mixed (odd members), all, none (default: mixed; none with --sabotage no-dedup)',
       )
-        .argParser(recordProgressMode)
-        .default('mixed'),
+        // No commander default: resolveChaosOptions() chooses it, 'none' under the no-dedup sabotage.
+        .argParser(recordProgressMode),
     )
     .option(
       '--kinds <list>',
