@@ -221,7 +221,9 @@ async function main(): Promise<number> {
       await recordCommittedEvents(pool);
       if (o.keep)
         cleanups.push(async () =>
-          log(`kept the slot ${walSlot} too: drop it with outboxkit wal drop-slot --database-url ${database.url}`),
+          log(
+            `kept the slot ${walSlot} too: drop it with outboxkit wal drop-slot --wal-slot ${walSlot} --database-url ${database.url}`,
+          ),
         );
       else cleanups.push(() => dropRelaySlot(pool, walSlot));
     }

@@ -295,7 +295,8 @@ async function main(): Promise<void> {
     // A replication slot keeps WAL, and its database from being dropped, until it is dropped.
     if (wal && !opts.keep)
       await dropRelaySlot(pool, slot).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
-    if (wal && opts.keep) log(`kept the slot too: drop it with outboxkit wal drop-slot --database-url ${databaseUrl}`);
+    if (wal && opts.keep)
+      log(`kept the slot too: drop it with outboxkit wal drop-slot --wal-slot ${slot} --database-url ${databaseUrl}`);
     await pool.end();
     if (!opts.keep) {
       await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => undefined);
