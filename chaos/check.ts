@@ -35,8 +35,17 @@ export interface Operation {
 /** What PostgreSQL and Kafka hold at the end of the run. */
 export interface Observed {
   orders: { id: string; tenant: string; cartId: string; customerId: string | null }[];
-  /** Outbox rows (committed, by definition of a read from another session). */
+  /**
+   * The committed outbox rows (committed, by definition of a read from another session): the
+   * table's rows in table mode; in WAL mode, where the relay deletes published rows, their copies
+   * made by a trigger in the writer's transaction (chaos/collect.ts, `recordCommittedEvents`).
+   */
   outbox: { eventId: string; orderId: string; key: string }[];
+  /**
+   * Outbox rows left after the drain neither published (marked in table mode, deleted in WAL mode)
+   * nor parked; absent: not read.
+   */
+  leftPending?: { eventId: string; orderId: string }[];
   /** Idempotency records still in state `processing` (or `uncertain`). */
   stuckKeys: { tenant: string; key: string; state: string }[];
   shipments: {
@@ -82,6 +91,7 @@ export interface InvariantResult {
 
 export const INVARIANTS = [
   ['committed-unpublished', 'every committed event published'],
+  ['left-pending', 'no outbox row left pending after the drain'],
   ['rolled-back-published', 'nothing published from a rolled-back transaction'],
   ['effect-duplicated', 'no effect applied more than once'],
   ['effect-missing', 'every committed event applied or dead-lettered'],
@@ -153,6 +163,10 @@ export function checkRun(operations: readonly Operation[], observed: Observed): 
     if (!eventsOfOrder.has(o.id))
       add('committed-unpublished', `order ${o.id} (${o.cartId}) committed without its event`);
   }
+
+  // G3: the relay finished its work: every row published (marked, or deleted by the WAL relay) or parked.
+  for (const e of observed.leftPending ?? [])
+    add('left-pending', `event ${e.eventId} (order ${e.orderId}): row neither published nor parked`);
 
   for (const other of observed.otherTopics ?? []) {
     const there = new Set(other.published);

@@ -8,15 +8,44 @@ import type { Kafka, KafkaMessage } from 'kafkajs';
 import type pg from 'pg';
 import { HEADER_DLQ_REASON } from '../consumer/dead-letter.js';
 import { HEADER_EVENT_ID } from '../src/outbox/event.js';
+import type { OutboxSource } from '../src/outbox/enqueue.js';
 import type { Observed } from './check.js';
 
-/** Waits until outbox rows are all published and every order is shipped or its event dead-lettered. */
+/**
+ * WAL mode: the run's record of the committed outbox rows. The WAL relay deletes each row once
+ * Kafka acknowledged its event, so the table cannot say at the end which events were committed;
+ * a trigger copies each row inserted into `outboxkit.outbox_events` to `chaos.committed_events`
+ * in the writer's own transaction, so a copy exists exactly when the row committed (a rolled-back
+ * transaction or savepoint takes its copy with it). The copy table is in no publication.
+ */
+export async function recordCommittedEvents(pool: pg.Pool): Promise<void> {
+  await pool.query(`
+    CREATE SCHEMA IF NOT EXISTS chaos;
+    CREATE TABLE IF NOT EXISTS chaos.committed_events AS
+      SELECT event_id, aggregate_id, key, topic FROM outboxkit.outbox_events WITH NO DATA;
+    CREATE OR REPLACE FUNCTION chaos.copy_committed_event() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO chaos.committed_events (event_id, aggregate_id, key, topic)
+        VALUES (NEW.event_id, NEW.aggregate_id, NEW.key, NEW.topic);
+      RETURN NULL;
+    END $$;
+    CREATE OR REPLACE TRIGGER chaos_committed_events AFTER INSERT ON outboxkit.outbox_events
+      FOR EACH ROW EXECUTE FUNCTION chaos.copy_committed_event();`);
+}
+
+/**
+ * The backlog of the drain: outbox rows still to publish, and orders neither shipped nor
+ * dead-lettered. In table mode a row is pending until marked published; in WAL mode every row
+ * left that is not parked is pending (the WAL relay deletes what Kafka acknowledged, marks nothing).
+ */
 export async function pipelineBacklog(
   pool: pg.Pool,
   deadLettered: number,
+  source: OutboxSource = 'table',
 ): Promise<{ pending: number; unshipped: number }> {
+  const pendingWhere = source === 'wal' ? 'parked_at IS NULL' : 'published_at IS NULL';
   const r = await pool.query<{ pending: string; orders: string; shipments: string }>(
-    `SELECT (SELECT count(*) FROM outboxkit.outbox_events WHERE published_at IS NULL) AS pending,
+    `SELECT (SELECT count(*) FROM outboxkit.outbox_events WHERE ${pendingWhere}) AS pending,
             (SELECT count(*) FROM orders_demo.orders) AS orders,
             (SELECT count(*) FROM orders_demo.shipments) AS shipments`,
   );
@@ -52,13 +81,26 @@ export async function drainProgress(
   }
 }
 
-/** PostgreSQL's side of a run; `topic`: the orders topic (outbox rows of other topics are checked apart). */
-export async function readDatabase(pool: pg.Pool, topic: string): Promise<Omit<Observed, 'published' | 'deadLetters'>> {
+/**
+ * PostgreSQL's side of a run; `topic`: the orders topic (outbox rows of other topics are checked
+ * apart). The committed events are the outbox rows in table mode, their copies in WAL mode
+ * ({@link recordCommittedEvents}); the rows left pending are those neither published nor parked.
+ */
+export async function readDatabase(
+  pool: pg.Pool,
+  topic: string,
+  source: OutboxSource = 'table',
+): Promise<Omit<Observed, 'published' | 'deadLetters'>> {
   const orders = await pool.query<{ id: string; tenant: string; cart_id: string; customer_id: string | null }>(
     'SELECT id, tenant, cart_id, customer_id FROM orders_demo.orders',
   );
   const outbox = await pool.query<{ event_id: string; aggregate_id: string; key: string }>(
-    'SELECT event_id, aggregate_id, key FROM outboxkit.outbox_events WHERE topic = $1',
+    `SELECT event_id, aggregate_id, key FROM ${source === 'wal' ? 'chaos.committed_events' : 'outboxkit.outbox_events'} WHERE topic = $1`,
+    [topic],
+  );
+  const left = await pool.query<{ event_id: string; aggregate_id: string }>(
+    `SELECT event_id, aggregate_id FROM outboxkit.outbox_events
+      WHERE topic = $1 AND published_at IS NULL AND parked_at IS NULL`,
     [topic],
   );
   const stuck = await pool.query<{ tenant: string; key: string; state: string }>(
@@ -75,6 +117,7 @@ export async function readDatabase(pool: pg.Pool, topic: string): Promise<Omit<O
   return {
     orders: orders.rows.map((o) => ({ id: o.id, tenant: o.tenant, cartId: o.cart_id, customerId: o.customer_id })),
     outbox: outbox.rows.map((e) => ({ eventId: e.event_id, orderId: e.aggregate_id, key: e.key })),
+    leftPending: left.rows.map((e) => ({ eventId: e.event_id, orderId: e.aggregate_id })),
     stuckKeys: stuck.rows,
     shipments: shipments.rows.map((s) => ({
       orderId: s.order_id,

@@ -2,6 +2,8 @@
  * The fault kinds of the chaos harness, the seeded schedule, and the injection of one fault.
  */
 import type pg from 'pg';
+import type { OutboxSource } from '../src/outbox/enqueue.js';
+import { backendsOfProcess } from './backends.js';
 import type { Random } from './random.js';
 import type { Role, Service, Supervisor } from './supervisor.js';
 
@@ -16,7 +18,9 @@ export const FAULT_KINDS = {
   'kill-broker': 'kill -9 of the Kafka broker, restarted 1-5 s later',
   'pg-terminate-relay': "pg_terminate_backend on one relay's pooled connections",
   'pg-terminate-consumer': "pg_terminate_backend on one consumer's connections",
-  'pg-terminate-listener': "pg_terminate_backend on one relay's LISTEN connection",
+  'pg-terminate-listener': "pg_terminate_backend on one relay's LISTEN connection (table mode)",
+  'pg-terminate-walsender':
+    "pg_terminate_backend of the walsender reading the WAL relays' slot (pg_replication_slots.active_pid; WAL mode)",
   'clock-skew': 'one relay or consumer restarted under faketime with a skewed clock (or back to the true clock)',
   'kill-leader':
     'kill -9 of the cluster node that leads most partitions of the orders topic, restarted 7-12 s later (--cluster)',
@@ -40,23 +44,35 @@ export const CLUSTER_FAULT_KINDS: ReadonlySet<FaultKind> = new Set<FaultKind>([
 /**
  * The kinds a run schedules: without `--cluster` every kind but the cluster's (`kill-broker` only
  * with the harness's own broker, i.e. without `--brokers`); with it, the cluster's instead of
- * `kill-broker`. `only` (`--kinds`) narrows the list.
+ * `kill-broker`. `pg-terminate-listener` in table mode only (a WAL relay has no LISTEN
+ * connection), `pg-terminate-walsender` in WAL mode only. `only` (`--kinds`) narrows the list.
  */
 export function runKinds(o: {
   cluster: boolean;
   brokers: unknown;
   kinds: readonly FaultKind[] | undefined;
+  source?: OutboxSource;
 }): FaultKind[] {
+  const wal = o.source === 'wal';
   return (Object.keys(FAULT_KINDS) as FaultKind[]).filter((k) => {
     if (o.kinds !== undefined && !o.kinds.includes(k)) return false;
     if (CLUSTER_FAULT_KINDS.has(k)) return o.cluster;
     if (k === 'kill-broker') return !o.cluster && !o.brokers;
+    if (k === 'pg-terminate-listener') return !wal;
+    if (k === 'pg-terminate-walsender') return wal;
     return true;
   });
 }
 
-/** Crash points (src/crash-point.ts) and the role whose process reaches them. */
-export const CRASH_POINTS: readonly { point: string; role: Role; after: [number, number] }[] = [
+/** A crash point (src/crash-point.ts), the role whose process reaches it, and its arrivals to crash at. */
+export interface CrashPoint {
+  point: string;
+  role: Role;
+  after: [number, number];
+}
+
+/** The crash points of table mode: the orders service's, the table relay's, the consumer's. */
+export const CRASH_POINTS: readonly CrashPoint[] = [
   { point: 'idempotency:after-claim', role: 'orders', after: [1, 10] },
   { point: 'idempotency:before-commit', role: 'orders', after: [1, 10] },
   { point: 'idempotency:after-commit', role: 'orders', after: [1, 10] },
@@ -64,6 +80,25 @@ export const CRASH_POINTS: readonly { point: string; role: Role; after: [number,
   { point: 'relay:after-send', role: 'relay', after: [1, 4] },
   { point: 'consumer:after-commit', role: 'consumer', after: [1, 10] },
 ];
+
+/**
+ * The crash points of WAL mode: the table relay's replaced by the WAL relay's that a running
+ * relay reaches (relay/wal/wal-relay.ts): before a send, after Kafka's acknowledgement (rows not
+ * deleted, slot not confirmed), after the delete (slot not confirmed). Its fourth,
+ * `wal-relay:slot-created`, is reached only where a relay creates the slot (the run's first
+ * start, or after a slot loss), never by a process restarted armed: left out.
+ */
+export const WAL_CRASH_POINTS: readonly CrashPoint[] = [
+  ...CRASH_POINTS.filter((cp) => cp.role !== 'relay'),
+  { point: 'wal-relay:before-send', role: 'relay', after: [1, 4] },
+  { point: 'wal-relay:after-send', role: 'relay', after: [1, 4] },
+  { point: 'wal-relay:after-delete', role: 'relay', after: [1, 4] },
+];
+
+/** The crash points the processes of a run in mode `source` reach. */
+export function crashPointsOf(source: OutboxSource): readonly CrashPoint[] {
+  return source === 'wal' ? WAL_CRASH_POINTS : CRASH_POINTS;
+}
 
 /** Relative frequency of each kind after the first of each. */
 const WEIGHTS: Record<FaultKind, number> = {
@@ -77,6 +112,7 @@ const WEIGHTS: Record<FaultKind, number> = {
   'pg-terminate-relay': 2,
   'pg-terminate-consumer': 2,
   'pg-terminate-listener': 2,
+  'pg-terminate-walsender': 2,
   'clock-skew': 1.5,
   // A cluster fault holds the cluster for 30-90 s on a loaded machine (kill, 7-12 s down, restart,
   // ISR caught up), and they go one at a time: one of each kind per run (the plan's first of each
@@ -117,13 +153,14 @@ export function planFaults(
   count: number,
   seconds: number,
   kinds: readonly FaultKind[],
+  points: readonly CrashPoint[] = CRASH_POINTS,
 ): PlannedFault[] {
   // The cluster's kinds first: never drawn by weight, they come only from here.
   const firsts: FaultKind[] = [
     ...kinds.filter((k) => CLUSTER_FAULT_KINDS.has(k)),
     ...kinds.filter((k) => !CLUSTER_FAULT_KINDS.has(k)),
   ];
-  if (kinds.includes('crash-point')) for (let i = 1; i < CRASH_POINTS.length; i++) firsts.push('crash-point');
+  if (kinds.includes('crash-point')) for (let i = 1; i < points.length; i++) firsts.push('crash-point');
   const drawn: FaultKind[] = firsts.slice(0, count);
   while (drawn.length < count) drawn.push(drawKind(random, kinds));
   for (let i = drawn.length - 1; i > 0; i--) {
@@ -151,9 +188,10 @@ export function chooseCrashPoint(
   available: (role: Role) => boolean,
   armedNow: ReadonlySet<string>,
   first: readonly string[] = [],
-): (typeof CRASH_POINTS)[number] | undefined {
-  const open = CRASH_POINTS.filter((cp) => available(cp.role) && !armedNow.has(cp.point));
-  const count = (cp: (typeof CRASH_POINTS)[number]) => stats.get(cp.point) ?? { armed: 0, fired: 0 };
+  points: readonly CrashPoint[] = CRASH_POINTS,
+): CrashPoint | undefined {
+  const open = points.filter((cp) => available(cp.role) && !armedNow.has(cp.point));
+  const count = (cp: CrashPoint) => stats.get(cp.point) ?? { armed: 0, fired: 0 };
   // The nth listing of a point is a witness while the point has been armed fewer than n times.
   const listed = new Map<string, number>();
   const witness = first
@@ -224,6 +262,10 @@ export interface FaultContext {
   crashPoints: CrashPointStats;
   /** Crash points to arm before any other (a sabotaged run's witnesses); default none. */
   firstCrashPoints?: readonly string[];
+  /** The crash points this run's processes reach ({@link crashPointsOf}); default {@link CRASH_POINTS}. */
+  crashPointList?: readonly CrashPoint[];
+  /** WAL mode: the WAL relays' replication slot (`pg-terminate-walsender`, `pg-terminate-relay`). */
+  walSlot?: string;
   log(message: string): void;
 }
 
@@ -266,7 +308,9 @@ export function canInject(kind: FaultKind, c: FaultContext): boolean {
       return targets(sup, 'consumer').length > 0;
     case 'crash-point': {
       const armedNow = new Set([...sup.services.values()].flatMap((s) => (s.arming ? [s.arming.point] : [])));
-      return CRASH_POINTS.some((cp) => !armedNow.has(cp.point) && targets(sup, cp.role).length > 0);
+      return (c.crashPointList ?? CRASH_POINTS).some(
+        (cp) => !armedNow.has(cp.point) && targets(sup, cp.role).length > 0,
+      );
     }
     case 'consumer-join':
       return targets(sup, 'consumer').length < c.maxConsumers && sup.byRole('consumer').some((s) => !s.wanted);
@@ -281,6 +325,7 @@ export function canInject(kind: FaultKind, c: FaultContext): boolean {
       return c.cluster !== undefined && !c.brokerDown;
     case 'pg-terminate-relay':
     case 'pg-terminate-listener':
+    case 'pg-terminate-walsender':
       return ready('relay');
     case 'pg-terminate-consumer':
       return ready('consumer');
@@ -307,7 +352,14 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
     }
     case 'crash-point': {
       const armedNow = new Set([...sup.services.values()].flatMap((s) => (s.arming ? [s.arming.point] : [])));
-      const cp = chooseCrashPoint(random, c.crashPoints, (role) => live(role).length > 0, armedNow, c.firstCrashPoints);
+      const cp = chooseCrashPoint(
+        random,
+        c.crashPoints,
+        (role) => live(role).length > 0,
+        armedNow,
+        c.firstCrashPoints,
+        c.crashPointList,
+      );
       if (!cp) return skipped('no live process without a crash point armed');
       const s = one(cp.role)!;
       const arming = { point: cp.point, after: random.int(cp.after[0], cp.after[1]) };
@@ -358,9 +410,23 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
     case 'kill-two-brokers':
     case 'kill-rf1-broker':
       return killClusterNodes(kind, c);
+    case 'pg-terminate-walsender': {
+      if (c.walSlot === undefined) return { ...skipped('WAL mode only (--source wal)'), final: true };
+      // The walsender of the reader's replication connection: the reader loses its stream, checks
+      // its lease and its slot again and reads on from the slot's confirmed position.
+      const r = await c.pool.query<{ pid: number | null }>(
+        'SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1',
+        [c.walSlot],
+      );
+      const pid = r.rows[0]?.pid;
+      if (pid === null || pid === undefined) return skipped('no walsender reads the slot');
+      await c.pool.query('SELECT pg_terminate_backend($1)', [pid]);
+      return { injected: true, detail: `pg_terminate_backend of walsender ${pid} (slot ${c.walSlot})` };
+    }
     case 'pg-terminate-relay':
     case 'pg-terminate-consumer':
     case 'pg-terminate-listener': {
+      if (kind === 'pg-terminate-relay' && c.walSlot !== undefined) return terminateWalRelayBackends(c, live('relay'));
       let pattern: string;
       if (kind === 'pg-terminate-listener') {
         pattern = 'outboxkit-relay-listener';
@@ -391,6 +457,23 @@ export async function injectFault(kind: FaultKind, c: FaultContext): Promise<Fau
       return { injected: true, detail: `${s.name} restarted ${skew ? `with clock ${skew}` : 'on the true clock'}` };
     }
   }
+}
+
+/**
+ * `pg-terminate-relay` in WAL mode. A WAL relay names its connections itself
+ * (`outboxkit-wal-relay-<random>`), not after `PGAPPNAME`: its backends are found by the
+ * process's own sockets. Its walsender is left to `pg-terminate-walsender`.
+ */
+async function terminateWalRelayBackends(c: FaultContext, live: Service[]): Promise<FaultOutcome> {
+  // Among the processes that said they are ready: one just restarted has no backend yet.
+  const ready = live.filter((t) => t.readyAt !== undefined);
+  const s = ready.length === 0 ? undefined : c.random.pick(ready);
+  const pid = s?.child?.proc.pid;
+  if (s === undefined || pid === undefined) return skipped('no live target');
+  const pids = await backendsOfProcess(c.pool, pid);
+  if (pids.length === 0) return skipped(`no backend of ${s.name}`);
+  await c.pool.query('SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid', [pids]);
+  return { injected: true, detail: `pg_terminate_backend ${pids.length} backend(s) of ${s.name}` };
 }
 
 /**

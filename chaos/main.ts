@@ -19,8 +19,14 @@ import { Command, Option } from 'commander';
 import { Kafka, logLevel } from 'kafkajs';
 import pg from 'pg';
 import { ensureDemoSchema } from '../examples/orders/db.js';
-import { createRunDatabase, waitUntil, type Child } from '../examples/orders/processes.js';
-import { ensureKafkaCluster, ensurePostgres, startScratchBroker, type ScratchBroker } from '../scripts/services.js';
+import { createRunDatabase, dropRelaySlot, slotReader, waitUntil, type Child } from '../examples/orders/processes.js';
+import {
+  ensureKafkaCluster,
+  ensurePostgres,
+  ensureWalPostgres,
+  startScratchBroker,
+  type ScratchBroker,
+} from '../scripts/services.js';
 import { migrate } from '../src/migrate.js';
 import { checkRun } from './check.js';
 import { createClusterTopics, localCluster, outboxIds, writeAuditEvents, type ClusterTopics } from './cluster.js';
@@ -29,6 +35,7 @@ import {
   drainProgress,
   pipelineBacklog,
   readDatabase,
+  recordCommittedEvents,
   readTopic,
   toDeadLetters,
   toEventIds,
@@ -36,9 +43,9 @@ import {
 } from './collect.js';
 import { runFaultPhase } from './fault-phase.js';
 import {
-  CRASH_POINTS,
   FAULT_KINDS,
   canInject,
+  crashPointsOf,
   injectFault,
   planFaults,
   runKinds,
@@ -58,6 +65,7 @@ import {
   recordsProgress,
   sabotageList,
   seedValue,
+  sourceName,
   type ChaosOptions,
   type ProfileName,
 } from './options.js';
@@ -89,6 +97,14 @@ function parseOptions(argv: string[]): ChaosOptions {
   const flags = new Command('chaos')
     .description('Run the orders pipeline under load and injected faults; check its invariants (docs/chaos.md).')
     .addOption(new Option('--profile <name>', 'tiny, short (CI) or long').argParser(profileName).default('short'))
+    .addOption(
+      new Option(
+        '--source <source>',
+        "the outbox's source: table (the table relay) or wal (the WAL relay, on the PostgreSQL at wal_level=logical)",
+      )
+        .argParser(sourceName)
+        .default('table'),
+    )
     .option(
       '--faults <n>',
       `faults that must be injected; skipped ones are replaced for up to ${OVERRUN_FRACTION * 100} % of --seconds more, else exit 3 (profile default)`,
@@ -100,9 +116,10 @@ function parseOptions(argv: string[]): ChaosOptions {
     .option('--consumers <n>', 'consumer group members at the start; one more may join (profile default)', positiveInt)
     .option('--rate <n>', 'new logical requests per second (profile default)', positiveInt)
     .addOption(
-      new Option('--database-url <url>', 'PostgreSQL server; a database outboxkit_chaos_<pid> is created on it').env(
-        'CHAOS_DATABASE_URL',
-      ),
+      new Option(
+        '--database-url <url>',
+        'PostgreSQL server; a database outboxkit_chaos_<pid> is created on it (--source wal: default WAL_DATABASE_URL, else 127.0.0.1:5433)',
+      ).env('CHAOS_DATABASE_URL'),
     )
     .addOption(
       new Option('--brokers <list>', "Kafka brokers to use instead of the harness's own (no broker kill then)").env(
@@ -125,10 +142,10 @@ function parseOptions(argv: string[]): ChaosOptions {
     .addOption(
       new Option(
         '--record-progress <mode>',
-        'consumer members with recordProgress (partition progress in PostgreSQL): mixed (odd members), all, none',
+        'consumer members with recordProgress (partition progress in PostgreSQL): mixed (odd members), all, none (default: mixed; none with --sabotage no-dedup)',
       )
-        .argParser(recordProgressMode)
-        .default('mixed'),
+        // No commander default: resolveChaosOptions() chooses it, 'none' under the no-dedup sabotage.
+        .argParser(recordProgressMode),
     )
     .option(
       '--kinds <list>',
@@ -155,8 +172,9 @@ async function main(): Promise<number> {
   const startedAt = Date.now();
   const log = (m: string) => console.log(`[chaos +${((Date.now() - startedAt) / 1000).toFixed(0)} s] ${m}`);
   const faketime = findFaketimeLibrary();
+  const wal = o.source === 'wal';
   log(
-    `profile ${o.profile}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers (recordProgress: ${o.recordProgress}), seed ${o.seed}`,
+    `profile ${o.profile}, source ${o.source}: ${o.faults} faults in ${o.seconds} s, ${o.rate} requests/s, ${o.relays} relays, ${o.consumers} consumers (recordProgress: ${o.recordProgress}), seed ${o.seed}`,
   );
   if (!faketime) log('faketime is NOT installed: clock-skew faults will be skipped (apt-get install faketime)');
   if (o.sabotage.length > 0)
@@ -169,7 +187,8 @@ async function main(): Promise<number> {
     throw new Error(
       '--kinds leaves no fault kind this run can inject (kill-broker needs the harness own broker, the cluster kinds --cluster)',
     );
-  const serverUrl = o.databaseUrl ?? (await ensurePostgres(log));
+  // WAL mode needs a server at wal_level=logical: the local one on 5433 (or WAL_DATABASE_URL).
+  const serverUrl = o.databaseUrl ?? (wal ? await ensureWalPostgres(log) : await ensurePostgres(log));
   let scratch: ScratchBroker | undefined;
   const cleanups: (() => Promise<unknown>)[] = [];
   const supervisorHolder: { sup?: Supervisor } = {};
@@ -188,11 +207,26 @@ async function main(): Promise<number> {
     const brokers = clusterBrokers ?? o.brokers ?? scratch!.brokers;
     const database = await createRunDatabase(serverUrl, `outboxkit_chaos_${process.pid}`);
     if (!o.keep) cleanups.push(() => database.drop());
-    await migrate({ connectionString: database.url });
+    // WAL mode: the publication of the outbox's inserts too (the relays create their slot).
+    await migrate({ connectionString: database.url, walPublication: wal });
     const pool = new pg.Pool({ connectionString: database.url, max: 4, application_name: 'chaos-harness' });
     pool.on('error', () => undefined);
     cleanups.push(() => pool.end());
     await ensureDemoSchema(pool);
+    // WAL mode: a slot of the run's own (slot names are unique in the whole cluster), shared by
+    // its relays, dropped at the end once they stopped (a slot keeps WAL, and the database from
+    // being dropped); and a record of the committed events, whose rows the WAL relay deletes.
+    const walSlot = wal ? `outboxkit_chaos_${process.pid}` : undefined;
+    if (walSlot !== undefined) {
+      await recordCommittedEvents(pool);
+      if (o.keep)
+        cleanups.push(async () =>
+          log(
+            `kept the slot ${walSlot} too: drop it with outboxkit wal drop-slot --wal-slot ${walSlot} --database-url ${database.url}`,
+          ),
+        );
+      else cleanups.push(() => dropRelaySlot(pool, walSlot));
+    }
 
     const topic = `chaos.orders.${process.pid}`;
     const dlq = `${topic}.dlq`;
@@ -219,7 +253,7 @@ async function main(): Promise<number> {
         await a.disconnect();
       });
     log(
-      `database ${database.name}, topic ${topic}, brokers ${brokers.join(',')}` +
+      `database ${database.name}${walSlot ? ` (WAL relays on slot ${walSlot})` : ''}, topic ${topic}, brokers ${brokers.join(',')}` +
         (clusterTopics
           ? `; topics at replication factor 3, audit topic ${clusterTopics.audit} at 1 on node ${clusterTopics.auditNode}`
           : ''),
@@ -248,6 +282,9 @@ async function main(): Promise<number> {
         PORT: String(port),
         // Test-only (examples/orders/server.ts, shipping.ts): empty in a real run.
         CHAOS_SABOTAGE: o.sabotage.join(','),
+        ORDERS_OUTBOX_SOURCE: o.source,
+        // The WAL cluster allows 60 connections, for this run's processes and whatever else uses it.
+        ...(walSlot ? { OUTBOXKIT_WAL_SLOT: walSlot, ORDERS_POOL_SIZE: '8' } : {}),
       },
       // Short leases: a dead relay's lanes are taken over within seconds (with a broker timeout
       // below the lease, as the relay requires: three quarters of it). Published rows are kept
@@ -258,19 +295,24 @@ async function main(): Promise<number> {
         s.role === 'consumer' && recordsProgress(o.recordProgress, Number(s.name.split('-')[1]))
           ? { SHIPPING_RECORD_PROGRESS: '1' }
           : {},
-      relayArgs: [
-        'relay',
-        '--lease-ms',
-        '3000',
-        '--broker-timeout-ms',
-        '2250',
-        '--poll-interval-ms',
-        '250',
-        '--published-retention-ms',
-        '604800000',
-        '--log-level',
-        'info',
-      ],
+      // WAL mode: the slot's reader lease as short (a standby takes over from a killed reader
+      // within seconds), the same broker timeout below it; no polling, nothing retained (published
+      // rows are deleted: the check reads the trigger's copies).
+      relayArgs: wal
+        ? ['relay', '--source', 'wal', '--wal-lease-ms', '3000', '--broker-timeout-ms', '2250', '--log-level', 'info']
+        : [
+            'relay',
+            '--lease-ms',
+            '3000',
+            '--broker-timeout-ms',
+            '2250',
+            '--poll-interval-ms',
+            '250',
+            '--published-retention-ms',
+            '604800000',
+            '--log-level',
+            'info',
+          ],
       random: seededRandom(o.seed + 3),
       faketimeLibrary: faketime,
       events: {
@@ -304,11 +346,20 @@ async function main(): Promise<number> {
       sup.byRole('consumer').every((s) => !s.wanted || s.child?.lines.some((l) => l.includes('SHIPPING_READY')));
     await waitUntil('the orders service', ordersUp, 90_000, upChildren);
     await waitUntil('the consumers', consumersReady, 90_000, upChildren);
+    // WAL mode: a relay reads the slot (it created it) before the first order is written.
+    if (walSlot !== undefined)
+      await waitUntil(
+        'a WAL relay reading the slot',
+        async () => (await slotReader(pool, walSlot)) !== null,
+        90_000,
+        upChildren,
+      );
     log(`pipeline up; load and faults for ${o.seconds} s`);
 
     // The faults: planned up front from the seed, injected on time; skipped ones replaced (the floor).
-    for (const cp of CRASH_POINTS) crashPoints.set(cp.point, { armed: 0, fired: 0 });
-    const plan = planFaults(random, o.faults, o.seconds, kinds);
+    const crashPointList = crashPointsOf(o.source);
+    for (const cp of crashPointList) crashPoints.set(cp.point, { armed: 0, fired: 0 });
+    const plan = planFaults(random, o.faults, o.seconds, kinds, crashPointList);
     const injected = new Map<FaultKind, number>();
     const skipped = new Map<FaultKind, string[]>();
     const clusterFaultLines: string[] = [];
@@ -327,8 +378,10 @@ async function main(): Promise<number> {
       // A sabotaged run arms first the crash points that make its broken guarantee show (the
       // consumer's twice: one redelivery may land where the check cannot see it).
       firstCrashPoints: o.sabotage.includes('no-dedup')
-        ? ['consumer:after-commit', 'relay:after-send', 'consumer:after-commit']
+        ? ['consumer:after-commit', wal ? 'wal-relay:after-send' : 'relay:after-send', 'consumer:after-commit']
         : [],
+      crashPointList,
+      ...(walSlot ? { walSlot } : {}),
       log,
     };
     const loadStart = Date.now();
@@ -411,7 +464,7 @@ async function main(): Promise<number> {
       'the pipeline to drain',
       async () => {
         const kafkaSide = await drainProgress(kafka, { topic, deadLetterTopic: dlq, groupId: shippingGroup });
-        const b = await pipelineBacklog(pool, kafkaSide.deadLettered);
+        const b = await pipelineBacklog(pool, kafkaSide.deadLettered, o.source);
         if (b.pending === 0 && b.unshipped <= 0 && kafkaSide.lag === 0) return true;
         if (Date.now() - lastReport >= 15_000) {
           lastReport = Date.now();
@@ -440,7 +493,7 @@ async function main(): Promise<number> {
     await sleep(3_000);
     await sup.close();
 
-    const db = await readDatabase(pool, topic);
+    const db = await readDatabase(pool, topic, o.source);
     const published = toPublished(await readTopic(kafka, topic));
     const deadLetters = toDeadLetters(await readTopic(kafka, dlq));
     const offsets = await committedOffsets(kafka, shippingGroup, topic);

@@ -2,6 +2,7 @@
  * Options of the chaos harness (`npm run chaos -- --help`), its profiles and their validation.
  */
 import { InvalidArgumentError } from 'commander';
+import { OUTBOX_SOURCES, type OutboxSource } from '../src/outbox/enqueue.js';
 import { FAULT_KINDS, type FaultKind } from './faults.js';
 
 /** A named set of defaults; flags given on the command line override it. */
@@ -67,6 +68,14 @@ export type ProfileName = keyof typeof PROFILES;
 /** Everything a run needs, after the profile and the flags were merged. */
 export interface ChaosOptions extends Profile {
   profile: ProfileName;
+  /**
+   * The outbox's source (`--source`): `table`, the table relay (`outboxkit relay`) reading rows the
+   * orders service writes with `createOutbox()`; `wal`, the WAL relay (`outboxkit relay --source
+   * wal`, one slot of the run's own, one reader and standbys) reading what the orders service
+   * writes with `createOutbox({ source: 'wal' })`, on the PostgreSQL at `wal_level=logical`
+   * (docs/chaos.md, "WAL mode"). @defaultValue 'table'
+   */
+  source: OutboxSource;
   /** Seed of the fault schedule and of the load's mix (printed, so that a run can be replayed). */
   seed: number;
   /** PostgreSQL server: the harness creates (and drops) a database `outboxkit_chaos_<pid>` on it. */
@@ -158,6 +167,12 @@ export function kindList(value: string): FaultKind[] {
   return [...new Set(kinds)] as FaultKind[];
 }
 
+export function sourceName(value: string): OutboxSource {
+  if (!(OUTBOX_SOURCES as readonly string[]).includes(value))
+    throw new InvalidArgumentError(`Expected one of ${OUTBOX_SOURCES.join(', ')}.`);
+  return value as OutboxSource;
+}
+
 export function profileName(value: string): ProfileName {
   if (!(value in PROFILES)) throw new InvalidArgumentError(`Expected one of ${Object.keys(PROFILES).join(', ')}.`);
   return value as ProfileName;
@@ -170,6 +185,7 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
   const pick = <K extends keyof Profile>(k: K): Profile[K] => flags[k] ?? base[k];
   const options: ChaosOptions = {
     profile,
+    source: flags.source ?? 'table',
     faults: pick('faults'),
     seconds: pick('seconds'),
     rate: pick('rate'),
@@ -198,6 +214,15 @@ export function resolveChaosOptions(flags: Partial<ChaosOptions> & { profile?: P
   if (options.cluster && options.brokers)
     throw new InvalidArgumentError(
       '--cluster and --brokers exclude each other (--cluster uses the local 3-node cluster).',
+    );
+  if (options.source === 'wal' && options.cluster)
+    throw new InvalidArgumentError(
+      '--source wal and --cluster exclude each other for now (the cluster audit stream is checked from table rows).',
+    );
+  if (options.source === 'wal' && options.sabotage.includes('lose-events'))
+    throw new InvalidArgumentError(
+      '--sabotage lose-events does not apply to --source wal: it marks events published, and the WAL relay ' +
+        'publishes what the replication stream brings, whatever the row says afterwards (use no-dedup).',
     );
   return options;
 }

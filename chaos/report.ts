@@ -52,7 +52,7 @@ export function formatReport(facts: RunFacts, result: CheckResult): string[] {
   if (o.sabotage.length > 0)
     out.push(`SABOTAGED RUN (test-only: ${o.sabotage.join(', ')}): violations are expected; a PASS would be a defect`);
   out.push(
-    `profile ${o.profile}, seed ${o.seed}, ${facts.loadSeconds.toFixed(0)} s of load (planned ${o.seconds}) at ${o.rate}/s, ${o.relays} relays, ${o.consumers} consumers; ${(facts.elapsedMs / 1000).toFixed(0)} s in all`,
+    `profile ${o.profile}, source ${o.source === 'wal' ? 'wal (WAL relays on one replication slot)' : 'table'}, seed ${o.seed}, ${facts.loadSeconds.toFixed(0)} s of load (planned ${o.seconds}) at ${o.rate}/s, ${o.relays} relays, ${o.consumers} consumers; ${(facts.elapsedMs / 1000).toFixed(0)} s in all`,
   );
   out.push(
     '',

@@ -88,11 +88,15 @@ export function findFaketimeLibrary(): string | undefined {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** The line each role prints once it serves (the relay's at log level info). */
-export const READY_LINES: Readonly<Record<Role, string>> = Object.freeze({
-  orders: 'ORDERS_LISTENING',
-  consumer: 'SHIPPING_READY',
-  relay: 'relay started',
+/**
+ * The lines each role prints once it serves (the relay's at log level info): a table relay's
+ * `relay started`; a WAL relay's `WAL relay started` when it reads the slot, or `standing by`
+ * when another relay does (a standby serves its role: it takes over when the reader is gone).
+ */
+export const READY_LINES: Readonly<Record<Role, readonly string[]>> = Object.freeze({
+  orders: ['ORDERS_LISTENING'],
+  consumer: ['SHIPPING_READY'],
+  relay: ['relay started', 'standing by'],
 });
 
 /** How long a process may take to say it is ready before its arming's timeout counts anyway, in ms. */
@@ -178,7 +182,7 @@ export class Supervisor {
     );
     const child = startChild(s.name, script, args, env, 100, (line) => {
       logFile?.write(`${new Date().toISOString()} ${line}\n`);
-      if (s.readyAt === undefined && s.child === child && line.includes(ready)) s.readyAt = Date.now();
+      if (s.readyAt === undefined && s.child === child && ready.some((r) => line.includes(r))) s.readyAt = Date.now();
     });
     s.child = child;
     child.proc.once('exit', (code, signal) => void this.onExit(s, child, code, signal));

@@ -20,10 +20,18 @@ import { ensureServices } from '../../scripts/services.js';
 import { migrate } from '../../src/migrate.js';
 import { ensureDemoSchema } from './db.js';
 import { runLoad, type LoadStats } from './loadgen.js';
-import { SCRIPTS, createRunDatabase, startChild, stopChild, waitUntil, type Child } from './processes.js';
+import {
+  SCRIPTS,
+  createRunDatabase,
+  dropRelaySlot,
+  slotReader,
+  startChild,
+  stopChild,
+  waitUntil,
+  type Child,
+} from './processes.js';
 import { ensureTopics } from '../../src/kafka/index.js';
 import { OUTBOX_SOURCES, type OutboxSource } from '../../src/outbox/enqueue.js';
-import { dropWalSlot, walSlotsStatus } from '../../relay/wal/slot-sql.js';
 
 function int(v: string): number {
   const n = Number(v);
@@ -53,18 +61,6 @@ interface WalRun {
   relays: string[];
   readerAtStart: string | null;
   readerAtEnd: string | null;
-}
-
-/** The relay holding the lease of the WAL relays' slot `slot` (null when none). */
-async function slotReader(pool: pg.Pool, slot: string): Promise<string | null> {
-  const db = {
-    query: async <R>(text: string, values: readonly unknown[] = []) => {
-      const r = await pool.query(text, [...values]);
-      return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
-    },
-  };
-  const [status] = await walSlotsStatus(db, '"outboxkit"', slot);
-  return status?.active === true && (status.leaseRemainingMs ?? 0) > 0 ? status.leaseOwner : null;
 }
 
 /** The WAL relays' line of the report: who read the slot, who stood by. */
@@ -298,8 +294,9 @@ async function main(): Promise<void> {
     await Promise.all(children.map((c) => stopChild(c)));
     // A replication slot keeps WAL, and its database from being dropped, until it is dropped.
     if (wal && !opts.keep)
-      await dropSlot(pool, slot).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
-    if (wal && opts.keep) log(`kept the slot too: drop it with outboxkit wal drop-slot --database-url ${databaseUrl}`);
+      await dropRelaySlot(pool, slot).catch((err: Error) => log(`the slot was not dropped: ${err.message}`));
+    if (wal && opts.keep)
+      log(`kept the slot too: drop it with outboxkit wal drop-slot --wal-slot ${slot} --database-url ${databaseUrl}`);
     await pool.end();
     if (!opts.keep) {
       await kadmin.deleteTopics({ topics: [topic, `${topic}.dlq`] }).catch(() => undefined);
@@ -308,27 +305,6 @@ async function main(): Promise<void> {
     await kadmin.disconnect();
   }
   process.exitCode = pass ? 0 : 1;
-}
-
-/** Drops the relays' slot once their walsenders have ended (they end with the stopped relays' connections). */
-async function dropSlot(pool: pg.Pool, slot: string): Promise<void> {
-  let last: unknown;
-  await waitUntil(
-    'the WAL relays to release the slot',
-    async () => {
-      try {
-        await dropWalSlot(pool, '"outboxkit"', slot);
-        return true;
-      } catch (err) {
-        last = err;
-        return false;
-      }
-    },
-    20_000,
-    () => [],
-  ).catch((err: Error) => {
-    throw last ?? err;
-  });
 }
 
 main().catch((err: unknown) => {

@@ -1,13 +1,15 @@
 /**
  * What the demo (`npm run demo`) and the chaos harness (`npm run chaos`) share to run the
  * pipeline: child processes of the example's services with their last output lines, a poll-until
- * helper that notices a dead child, and a database of their own for one run.
+ * helper that notices a dead child, a database of their own for one run, and in WAL mode the WAL
+ * relays' slot (who reads it; dropping it at the end).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import pg from 'pg';
+import { dropWalSlot, walSlotsStatus } from '../../relay/wal/slot-sql.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
@@ -120,4 +122,41 @@ export async function createRunDatabase(adminUrl: string, name: string): Promise
   const url = new URL(adminUrl);
   url.pathname = `/${name}`;
   return { name, url: url.toString(), drop: () => admin(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`) };
+}
+
+/** The relay holding the lease of the WAL relays' slot `slot` (null when none). */
+export async function slotReader(pool: pg.Pool, slot: string): Promise<string | null> {
+  const db = {
+    query: async <R>(text: string, values: readonly unknown[] = []) => {
+      const r = await pool.query(text, [...values]);
+      return { rows: r.rows as R[], rowCount: r.rowCount ?? 0 };
+    },
+  };
+  const [status] = await walSlotsStatus(db, '"outboxkit"', slot);
+  return status?.active === true && (status.leaseRemainingMs ?? 0) > 0 ? status.leaseOwner : null;
+}
+
+/**
+ * Drops the WAL relays' slot `slot` (and its rows) once their walsenders have ended (they end with
+ * the stopped relays' connections): a slot keeps WAL, and its database from being dropped, until
+ * it is dropped. Tries for up to 20 s; then throws the last error.
+ */
+export async function dropRelaySlot(pool: pg.Pool, slot: string): Promise<void> {
+  let last: unknown;
+  await waitUntil(
+    'the WAL relays to release the slot',
+    async () => {
+      try {
+        await dropWalSlot(pool, '"outboxkit"', slot);
+        return true;
+      } catch (err) {
+        last = err;
+        return false;
+      }
+    },
+    20_000,
+    () => [],
+  ).catch((err: Error) => {
+    throw last ?? err;
+  });
 }

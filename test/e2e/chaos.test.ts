@@ -1,5 +1,6 @@
 /**
- * `npm run chaos`, tiny, twice at once: a clean run must pass, and a sabotaged run must fail (a
+ * `npm run chaos`, tiny, three times at once: a clean run must pass, the same in WAL mode
+ * (`--source wal`: the WAL relays on one slot, the walsender terminated), and a sabotaged run must fail (a
  * harness that cannot fail is a defect). The clean run: the whole pipeline under 6 faults for 20 s
  * (on the shared broker, so without the broker kill, which the CI's short profile covers), then the
  * report and a zero exit. The sabotaged run (test-only `--sabotage no-dedup,lose-events`): the
@@ -12,10 +13,14 @@ import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it, inject } from 'vitest';
+import { requireWalDatabaseUrl } from '../helpers/wal.js';
 
 const run = promisify(execFile);
 
-/** Runs the harness on the shared services; resolves with its exit code and output. */
+/**
+ * Runs the harness on the shared services (the WAL server with `--source wal`); resolves with its
+ * exit code and output.
+ */
 async function chaos(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   const argv = [
     '--import',
@@ -23,7 +28,7 @@ async function chaos(args: string[]): Promise<{ code: number; stdout: string; st
     path.resolve('chaos/main.ts'),
     ...args,
     '--database-url',
-    inject('databaseUrl'),
+    args.includes('wal') ? await requireWalDatabaseUrl() : inject('databaseUrl'),
     '--brokers',
     inject('kafkaBrokers').join(','),
   ];
@@ -68,6 +73,34 @@ describe.concurrent('chaos harness', () => {
     expect(Number(summary![2])).toBeGreaterThan(50);
     expect(violations(stdout, 'every committed event published')).toBe(0);
     expect(violations(stdout, 'no effect applied more than once')).toBe(0);
+  }, 175_000);
+
+  it('--source wal: drives the WAL relays on one slot, terminates the walsender, and passes', async () => {
+    const { code, stdout, stderr } = await chaos([
+      '--profile',
+      'tiny',
+      '--source',
+      'wal',
+      '--seconds',
+      '20',
+      '--faults',
+      '6',
+      '--kinds',
+      'kill-relay,pg-terminate-walsender,crash-point,kill-consumer,pg-terminate-relay,kill-orders',
+      '--seed',
+      '13',
+    ]);
+    const lines = stdout.trim().split('\n');
+    const tail = `${lines.slice(-45).join('\n')}\nstderr:\n${stderr.slice(-3_000)}`;
+    expect(lines.at(-1), tail).toMatch(/^CHAOS PASS: \d+ faults injected, \d+ requests, 0 violations \(seed 13\)$/);
+    expect(code).toBe(0);
+    expect(stdout).toMatch(/^profile tiny, source wal \(WAL relays on one replication slot\)/m);
+    // The walsender fault instead of the LISTEN one, the WAL relay's crash points instead of the table relay's.
+    expect(stdout).toMatch(/^ {2}pg-terminate-walsender +\d/m);
+    expect(stdout).not.toMatch(/pg-terminate-listener|^ {2}relay:/m);
+    expect(stdout).toMatch(/^ {2}wal-relay:after-send +\d+ \/ \d+$/m);
+    expect(violations(stdout, 'every committed event published')).toBe(0);
+    expect(violations(stdout, 'no outbox row left pending after the drain')).toBe(0);
   }, 175_000);
 
   it('catches broken guarantees: a sabotaged run (no-dedup, lose-events) fails under their invariants', async () => {

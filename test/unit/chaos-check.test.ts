@@ -90,6 +90,14 @@ describe('chaos checker', () => {
     expect(v['committed-unpublished']).toEqual([`event ${EVENT_2} (order ${ORDER_2})`]);
   });
 
+  it('reports an outbox row left neither published nor parked after the drain (a WAL relay that never deleted it)', () => {
+    const { operations, observed } = cleanRun();
+    // Published to Kafka, yet its row is still in the table: the relay did not finish its work.
+    observed.leftPending = [{ eventId: EVENT_2, orderId: ORDER_2 }];
+    const v = violationsOf(checkRun(operations, observed));
+    expect(v).toEqual({ 'left-pending': [`event ${EVENT_2} (order ${ORDER_2}): row neither published nor parked`] });
+  });
+
   it('--cluster: reports an audit event committed and not in its topic, or there without its row; duplicates are fine', () => {
     const { operations, observed } = cleanRun();
     observed.otherTopics = [{ topic: 'audit', committed: ['a1', 'a2'], published: ['a1', 'a1', 'a2'] }];

@@ -10,6 +10,7 @@ import {
   chooseCrashPoint,
   CLUSTER_FAULT_KINDS,
   CRASH_POINTS,
+  crashPointsOf,
   FAULT_KINDS,
   injectFault,
   planFaults,
@@ -25,6 +26,7 @@ import {
   recordsProgress,
   resolveChaosOptions,
   sabotageList,
+  sourceName,
 } from '../../chaos/options.js';
 import { seededRandom } from '../../chaos/random.js';
 
@@ -249,6 +251,50 @@ describe('chaos options', () => {
   it('parses --kinds and rejects an unknown kind', () => {
     expect(kindList('crash-point,kill-consumer')).toEqual(['crash-point', 'kill-consumer']);
     expect(() => kindList('crash-point,kill-everything')).toThrow(InvalidArgumentError);
+  });
+});
+
+describe('--source wal', () => {
+  it('replaces the LISTEN connection fault by the walsender fault, and the table relay crash points by the WAL relay ones', () => {
+    const table = runKinds({ cluster: false, brokers: undefined, kinds: undefined, source: 'table' });
+    expect(table).toContain('pg-terminate-listener');
+    expect(table).not.toContain('pg-terminate-walsender');
+    const wal = runKinds({ cluster: false, brokers: undefined, kinds: undefined, source: 'wal' });
+    expect(wal).toContain('pg-terminate-walsender');
+    expect(wal).not.toContain('pg-terminate-listener');
+    expect(wal.filter((k) => k !== 'pg-terminate-walsender')).toEqual(
+      table.filter((k) => k !== 'pg-terminate-listener'),
+    );
+    expect(crashPointsOf('table')).toBe(CRASH_POINTS);
+    const points = crashPointsOf('wal').map((cp) => cp.point);
+    expect(points.filter((p) => p.startsWith('relay:'))).toEqual([]);
+    expect(points.filter((p) => p.startsWith('wal-relay:'))).toEqual([
+      'wal-relay:before-send',
+      'wal-relay:after-send',
+      'wal-relay:after-delete',
+    ]);
+    // One crash-point fault per point of the run's list, when the count allows.
+    const plan = planFaults(seededRandom(3), 60, 150, wal, crashPointsOf('wal'));
+    expect(plan.filter((f) => f.kind === 'crash-point').length).toBeGreaterThanOrEqual(crashPointsOf('wal').length);
+    const armed = chooseCrashPoint(
+      seededRandom(1),
+      new Map(),
+      (role) => role === 'relay',
+      new Set(),
+      [],
+      crashPointsOf('wal'),
+    );
+    expect(armed!.point).toMatch(/^wal-relay:/);
+  });
+
+  it('defaults to table, and refuses the combinations that do not apply', () => {
+    expect(resolveChaosOptions({}).source).toBe('table');
+    expect(sourceName('wal')).toBe('wal');
+    expect(() => sourceName('binlog')).toThrow(InvalidArgumentError);
+    // lose-events marks rows published: the WAL relay publishes what the stream brings regardless.
+    expect(() => resolveChaosOptions({ source: 'wal', sabotage: ['lose-events'] })).toThrow(/does not apply/);
+    expect(resolveChaosOptions({ source: 'wal', sabotage: ['no-dedup'] }).sabotage).toEqual(['no-dedup']);
+    expect(() => resolveChaosOptions({ source: 'wal', cluster: true })).toThrow(InvalidArgumentError);
   });
 });
 
