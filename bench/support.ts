@@ -84,6 +84,27 @@ export async function businessTransaction(
   }
 }
 
+/**
+ * B1's transaction on `pool` with the outbox writer `createOutbox` makes (a tree's built code, or
+ * this checkout's): creates the business table, checkpoints, and returns the operation (one
+ * business row plus `enqueue()` of one 256-byte JSON event, NOTIFY on, a fresh key each).
+ */
+export async function b1Operation(
+  pool: pg.Pool,
+  createOutbox: (options: { notify: boolean }) => {
+    enqueue(tx: pg.PoolClient, event: { topic: string; key: string; type: string; payload: unknown }): Promise<unknown>;
+  },
+): Promise<() => Promise<void>> {
+  await pool.query(BUSINESS_TABLE_DDL);
+  await pool.query('CHECKPOINT');
+  const outbox = createOutbox({ notify: true });
+  const payload = paddedJson({ orderId: 'x' }, 256);
+  return () =>
+    businessTransaction(pool, (c, id) =>
+      outbox.enqueue(c, { topic: 'orders', key: id, type: 'order.created', payload }),
+    );
+}
+
 /** A JSON object of `fields` padded (member `pad`) to `bytes` bytes of JSON text, for fixed-size events. */
 export function paddedJson(fields: Record<string, unknown>, bytes: number): Record<string, unknown> {
   const pad = bytes - Buffer.byteLength(JSON.stringify({ ...fields, pad: '' }));

@@ -20,7 +20,7 @@ import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import type * as Core from '../../src/index.js';
 import { throughput } from '../lib.js';
-import { BUSINESS_TABLE_DDL, businessTransaction, paddedJson } from '../support.js';
+import { b1Operation } from '../support.js';
 
 const [beforeDir, afterDir, clientsArg] = process.argv.slice(2);
 const clients = Number(clientsArg);
@@ -46,15 +46,7 @@ async function side(tree: string, databaseUrl: string) {
     max: clients,
     ...(process.env.BENCH_SYNC_COMMIT === 'off' ? { options: '-c synchronous_commit=off' } : {}),
   });
-  await pool.query(BUSINESS_TABLE_DDL);
-  await pool.query('CHECKPOINT');
-  const outbox = core.createOutbox({ notify: true });
-  const payload = paddedJson({ orderId: 'x' }, 256);
-  const op = () =>
-    businessTransaction(pool, (c, id) =>
-      outbox.enqueue(c, { topic: 'orders', key: id, type: 'order.created', payload }),
-    );
-  return { op, pool };
+  return { op: await b1Operation(pool, core.createOutbox), pool };
 }
 
 const before = await side(beforeDir, env('DATABASE_URL_BEFORE'));

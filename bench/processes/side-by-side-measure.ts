@@ -29,14 +29,7 @@ import pg from 'pg';
 import type * as ConsumerEntry from '../../consumer/index.js';
 import type * as Core from '../../src/index.js';
 import { clock, clockRate, throughput, withTimeout } from '../lib.js';
-import {
-  BUSINESS_TABLE_DDL,
-  businessTransaction,
-  paddedJson,
-  seedPending,
-  startRelayDaemon,
-  timeDrain,
-} from '../support.js';
+import { b1Operation, seedPending, startRelayDaemon, timeDrain } from '../support.js';
 
 /** How long (ms) a drain or a consumer run may take before the measurement fails. */
 const RUN_TIMEOUT_MS = 20 * 60_000;
@@ -76,14 +69,7 @@ async function b1(clients: number): Promise<number> {
     ...(syncCommitOff ? { options: '-c synchronous_commit=off' } : {}),
   });
   try {
-    await pool.query(BUSINESS_TABLE_DDL);
-    await pool.query('CHECKPOINT');
-    const outbox = core.createOutbox({ notify: true });
-    const payload = paddedJson({ orderId: 'x' }, 256);
-    const op = () =>
-      businessTransaction(pool, (c, id) =>
-        outbox.enqueue(c, { topic: 'orders', key: id, type: 'order.created', payload }),
-      );
+    const op = await b1Operation(pool, core.createOutbox);
     // A fresh process: its first second is the JIT's.
     await throughput(op, 1_000, clients);
     return await throughput(op, Number(env('BENCH_B1_MS')), clients);

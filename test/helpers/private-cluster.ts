@@ -14,6 +14,24 @@ import * as path from 'node:path';
 
 import { localCluster, runAs, startLocalCluster } from '../../scripts/services.js';
 
+/**
+ * The settings every private cluster of the tests starts from, on `port`: loopback only, logical
+ * WAL with a few slots and senders, a small server, and no fsync (a throwaway cluster on a loaded
+ * machine). A test spreads its own settings over them.
+ */
+export function privateClusterBaseSettings(port: number): Record<string, string> {
+  return {
+    listen_addresses: `'127.0.0.1'`,
+    port: String(port),
+    wal_level: 'logical',
+    max_replication_slots: '4',
+    max_wal_senders: '4',
+    max_connections: '30',
+    shared_buffers: `'16MB'`,
+    fsync: 'off',
+  };
+}
+
 export interface PrivateClusterOptions {
   /** The test file, in the skip warning: `test/wal/slot-invalidation.test.ts`. */
   file: string;

@@ -26,7 +26,7 @@ import { withPgTransaction } from '../../src/database.js';
 import { migrate } from '../../src/migrate.js';
 import { createOutbox } from '../../src/outbox/enqueue.js';
 import { createTopics, messagesIn, readTopic } from '../helpers/kafka.js';
-import { privateCluster } from '../helpers/private-cluster.js';
+import { privateCluster, privateClusterBaseSettings } from '../helpers/private-cluster.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { confirmedFlush, lsnToBigInt } from '../helpers/wal.js';
 
@@ -38,19 +38,11 @@ const cluster = privateCluster({
   folder: 'outboxkit-visibility-sync',
   what: 'commit visibility test',
   settings: (port) => ({
-    listen_addresses: `'127.0.0.1'`,
-    port: String(port),
-    wal_level: 'logical',
-    max_replication_slots: '4',
-    max_wal_senders: '4',
-    max_connections: '30',
-    shared_buffers: `'16MB'`,
+    ...privateClusterBaseSettings(port),
     synchronous_standby_names: `'${ABSENT_STANDBY}'`,
     // Every session's default: only the writer that sets `on` waits for the absent standby (the
     // relay's lease renewals, the tests' other writers and the migration commit at once).
     synchronous_commit: 'local',
-    // A throwaway cluster on a loaded machine.
-    fsync: 'off',
   }),
 });
 

@@ -30,7 +30,7 @@ import { migrate } from '../../src/migrate.js';
 import { createOutbox, type Outbox } from '../../src/outbox/enqueue.js';
 import { walSlotName } from '../../src/schema-name.js';
 import { createTopics, messagesIn, readTopic } from '../helpers/kafka.js';
-import { privateCluster } from '../helpers/private-cluster.js';
+import { privateCluster, privateClusterBaseSettings } from '../helpers/private-cluster.js';
 import { spawnCli, type Spawned } from '../helpers/processes.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { waitForSlotInactive } from '../helpers/wal.js';
@@ -53,20 +53,12 @@ const skipReason = cluster.skipReason;
  */
 function settings(port: number): Record<string, string> {
   return {
-    listen_addresses: `'127.0.0.1'`,
-    port: String(port),
-    wal_level: 'logical',
-    max_replication_slots: '4',
-    max_wal_senders: '4',
-    max_connections: '30',
-    shared_buffers: `'16MB'`,
+    ...privateClusterBaseSettings(port),
     max_slot_wal_keep_size: `'1MB'`,
     wal_keep_size: '0',
     min_wal_size: `'32MB'`,
     max_wal_size: `'32MB'`,
     checkpoint_timeout: `'1h'`,
-    // A throwaway cluster on a loaded machine.
-    fsync: 'off',
   };
 }
 
