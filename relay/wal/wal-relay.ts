@@ -940,17 +940,36 @@ class WalRelayImpl extends EventEmitter<WalRelayEvents> implements WalRelay {
             if (this.held === base) this.held = stay;
             return undefined;
           }
-          const items: QueuedItem[] = [];
+          const settled = { events: 0, parked: 0, held: 0, deleted: 0 };
+          let items: QueuedItem[] = [];
+          let itemKeys = new Set<string | null>();
+          /** Settles the rows gathered so far; false when the relay stopped first. */
+          const flush = async (): Promise<boolean> => {
+            if (items.length === 0) return true;
+            const done = await this.settle(items, stay, false);
+            if (done === undefined) return false;
+            settled.events += done.events;
+            settled.parked += done.parked;
+            settled.deleted += done.deleted;
+            items = [];
+            itemKeys = new Set();
+            return true;
+          };
           for (const row of rows) {
             if (row.parked) {
-              // It stays parked; with holdKeyBehindFailure its key's later rows stay behind it.
-              if (this.o.holdKeyBehindFailure) stay.add(row.key);
+              // It stays parked; with holdKeyBehindFailure its key's LATER rows stay behind it. A
+              // row of its key before it (an operator retried the oldest of several parked events
+              // of one key) goes first: what was gathered is settled before the key is held.
+              if (this.o.holdKeyBehindFailure) {
+                if (itemKeys.has(row.key) && !(await flush())) return undefined;
+                stay.add(row.key);
+              }
               continue;
             }
             items.push(tableItem(row));
+            itemKeys.add(row.key);
           }
-          const settled =
-            items.length === 0 ? { events: 0, parked: 0, held: 0, deleted: 0 } : await this.settle(items, stay, false);
+          if (!(await flush())) return undefined;
           const last = rows[rows.length - 1]!;
           after = { lsn: last.lsn, seq: last.seq };
           return settled;

@@ -390,6 +390,27 @@ describe('WAL relay', () => {
     for (const p of parked) expect(p.last_error).toMatch(/UNKNOWN_TOPIC_OR_PARTITION/);
   });
 
+  // Breach caught (a new-user trial): with holdKeyBehindFailure, the oldest of several parked
+  // events of one key retried by an operator stayed pending for good: the walk of held rows held
+  // the key for the parked rows after it before it settled the retried one before them.
+  it('publishes the retried oldest of several parked events of one key; the later ones stay parked', async () => {
+    const slot = await createSlot();
+    const relay = await startRelay(slot, { holdKeyBehindFailure: true });
+    const missing = `wal-missing-${randomBytes(4).toString('hex')}`;
+    const ids = await enqueue([0, 1, 2].map((n) => ({ topic: missing, key: 'one-key', payload: `n${n}` })));
+    await waitFor(() => relay.stats().parked === 3, { timeoutMs: 20_000, message: 'not all parked' });
+    await createTopicsOn(testKafka(), [{ topic: missing, numPartitions: 1 }]);
+    expect(await retryParked(db.pool, '"outboxkit"', [ids[0]!])).toBe(1);
+    const published = await readAll(missing, (all) => all.length >= 1);
+    expect(published.map((m) => m.headers['event-id'])).toEqual([ids[0]]);
+    const parked = await listParked(db.pool, 'outboxkit');
+    expect(parked.map((p) => p.event_id).sort()).toEqual([ids[1], ids[2]].sort());
+    // Retried in order, the others follow it.
+    expect(await retryParked(db.pool, '"outboxkit"', [ids[1]!, ids[2]!])).toBe(2);
+    const all = await readAll(missing, (m) => m.length >= 3);
+    expect(all.map((m) => m.headers['event-id'])).toEqual(ids);
+  });
+
   // Breach caught: events lost or confirmed while the broker cannot be reached (a send that failed
   // taken as settled), or a relay that gives up (stops, exits) instead of holding the stream and
   // retrying until the broker answers again.
