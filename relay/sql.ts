@@ -506,13 +506,16 @@ export interface ParkedRow {
   header_bytes: number;
 }
 
-/** Lists parked events, oldest first. */
+/**
+ * Lists parked events, oldest first: by the column `e.seq` (a bigint), not the output column `seq`
+ * (its text), which sorted seq 10 before 9.
+ */
 export function listParkedSql(schema: string, limit: number): SqlStatement {
   return {
     text: `SELECT seq::text AS seq, event_id, topic, key, type, attempts, last_error, parked_at, octet_length(payload) AS bytes,
             (SELECT coalesce(sum(octet_length(h.key) + octet_length(h.value)), 0)::int FROM jsonb_each_text(headers) AS h) AS header_bytes
-       FROM ${schema}.outbox_events WHERE published_at IS NULL AND parked_at IS NOT NULL
-      ORDER BY seq LIMIT $1`,
+       FROM ${schema}.outbox_events e WHERE published_at IS NULL AND parked_at IS NOT NULL
+      ORDER BY e.seq LIMIT $1`,
     values: [limit],
   };
 }
