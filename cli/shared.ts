@@ -28,8 +28,11 @@ export const lifetime = { daemon: false };
 export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/postgres';
 
 export function int(value: string): number {
+  // Decimal digits only: Number() reads '' and ' ' as 0 (an empty variable of a deployment
+  // template would silently become 0: no pacing, the shortest retention) and '0x10' as 16.
+  if (!/^\s*[-+]?\d+\s*$/.test(value)) throw new InvalidArgumentError('Not an integer.');
   const n = Number(value);
-  if (!Number.isInteger(n)) throw new InvalidArgumentError('Not an integer.');
+  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError(`Out of range: at most ${Number.MAX_SAFE_INTEGER}.`);
   return n;
 }
 
