@@ -493,7 +493,11 @@ describe('WAL slot reader', () => {
       new Promise((r) => setTimeout(() => r('still connected'), timeoutMs * 3)),
     ]);
     expect(outcome).toBe('still connected');
-    expect(reader.stats().keepalivesAnswered).toBeGreaterThan(0);
+    // Answered: with the periodic update 10 minutes away and nothing confirmed, every status
+    // update came from a keepalive, asked for (keepalivesAnswered) or one whose position the reader
+    // confirmed on its own (other databases of the shared server writing, which CI's parallel WAL
+    // test files do: the walsender then never has to ask).
+    expect(reader.stats().statusUpdates).toBeGreaterThan(0);
     await insert(db.pool, 'still-flowing');
     await waitForKey('still-flowing');
   });
